@@ -1,0 +1,1 @@
+# Installation and the exported package (dcpConfig.cmake): see the launcher issue.

@@ -1,0 +1,31 @@
+#include "collectives/communicator.h"
+
+#include <string>
+#include <vector>
+
+#include "runtime/status.h"
+
+namespace dcp {
+
+absl::Status AgreeOnStatus(Communicator& comm, const absl::Status& local) {
+  const int world = comm.world_size();
+  std::vector<int64_t> codes(world);
+  DCP_RETURN_IF_ERROR(comm.HostAllGather(static_cast<int64_t>(local.code()), absl::MakeSpan(codes)));
+  int first_failed = -1;
+  for (int r = 0; r < world; ++r) {
+    if (codes[r] != static_cast<int64_t>(absl::StatusCode::kOk)) {
+      first_failed = r;
+      break;
+    }
+  }
+  if (first_failed < 0) return absl::OkStatus();
+
+  std::string message = first_failed == comm.rank() ? std::string(local.message()) : "";
+  int64_t length = static_cast<int64_t>(message.size());
+  DCP_RETURN_IF_ERROR(comm.HostBroadcast(&length, sizeof(length), first_failed));
+  message.resize(static_cast<size_t>(length));
+  DCP_RETURN_IF_ERROR(comm.HostBroadcast(message.data(), message.size(), first_failed));
+  return absl::Status(static_cast<absl::StatusCode>(codes[first_failed]), message);
+}
+
+}  // namespace dcp

@@ -1,0 +1,242 @@
+#include "collectives/mpi_communicator.h"
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "runtime/status.h"
+
+namespace dcp {
+namespace {
+
+// bf16 + bf16 in fp32, one rounding: the user op behind ReduceScatterSum on BF16.
+void SumBf16(void* in, void* inout, int* length, MPI_Datatype*) {
+  const auto* a = static_cast<const bf16*>(in);
+  auto* b = static_cast<bf16*>(inout);
+  for (int i = 0; i < *length; ++i) {
+    b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+  }
+}
+
+MPI_Op Bf16SumOp() {
+  static MPI_Op op = [] {
+    MPI_Op created;
+    MPI_Op_create(&SumBf16, /*commute=*/1, &created);
+    return created;
+  }();
+  return op;
+}
+
+MPI_Datatype MpiType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kBF16: return MPI_UINT16_T;
+    case DType::kI32: return MPI_INT32_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op SumOp(DType dtype) { return dtype == DType::kBF16 ? Bf16SumOp() : MPI_SUM; }
+
+// MPI counts are int: a larger request is an error, never a silent truncation.
+absl::Status ToInt(size_t value, const char* what, int* out) {
+  if (value > static_cast<size_t>(INT_MAX)) {
+    return DCP_ERROR(InvalidArgument, "%s: %d elements exceed MPI's int count limit", what,
+                     value);
+  }
+  *out = static_cast<int>(value);
+  return absl::OkStatus();
+}
+
+absl::Status ToInts(absl::Span<const size_t> values, const char* what, std::vector<int>* out) {
+  out->resize(values.size());
+  for (size_t i = 0; i < values.size(); ++i) DCP_RETURN_IF_ERROR(ToInt(values[i], what, &(*out)[i]));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::Create(MPI_Comm comm,
+                                                                          double timeout_s) {
+  int initialized = 0;
+  DCP_MPI_CHECK(MPI_Initialized(&initialized));
+  DCP_CHECK_ARG(initialized, "MpiCommunicator: MPI is not initialized");
+  DCP_CHECK_ARG(timeout_s > 0, "MpiCommunicator: timeout must be positive, got %g", timeout_s);
+  MPI_Comm dup;
+  DCP_MPI_CHECK(MPI_Comm_dup(comm, &dup));
+  DCP_MPI_CHECK(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN));
+  int rank = 0, world = 0;
+  DCP_MPI_CHECK(MPI_Comm_rank(dup, &rank));
+  DCP_MPI_CHECK(MPI_Comm_size(dup, &world));
+  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, rank, world, timeout_s));
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, int rank, int world_size, double timeout_s)
+    : comm_(comm), rank_(rank), world_size_(world_size), timeout_s_(timeout_s) {}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  // Requests that timed out complete if the late peers arrive; give them a moment, and leave a
+  // communicator with requests still in flight alone (freeing it could block).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  bool all_done = true;
+  for (MPI_Request& request : abandoned_) {
+    int done = 0;
+    while (MPI_Test(&request, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    all_done = all_done && done;
+  }
+  if (all_done) MPI_Comm_free(&comm_);
+}
+
+absl::Status MpiCommunicator::CheckUsable(const char* what) const {
+  if (broken_) {
+    return DCP_ERROR(FailedPrecondition, "%s on a broken MPI communicator (%s)", what,
+                     broken_reason_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MpiCommunicator::Wait(MPI_Request* request, const char* what) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+  int done = 0;
+  for (int polls = 0;; ++polls) {
+    const int code = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    if (code != MPI_SUCCESS) {
+      broken_ = true;
+      broken_reason_ = std::string(what) + " failed";
+      return MpiCodeToStatus(code, what, __FILE__, __LINE__);
+    }
+    if (done) return absl::OkStatus();
+    if (Clock::now() > deadline) {
+      broken_ = true;
+      broken_reason_ = std::string(what) + " timed out";
+      abandoned_.push_back(*request);
+      return DCP_ERROR(DeadlineExceeded,
+                       "%s did not complete within %.1f s: a peer rank failed or never joined",
+                       what, timeout_s_);
+    }
+    // Spin briefly for latency, then back off so a waiting rank does not starve a busy one on
+    // an oversubscribed machine.
+    if (polls > 64) std::this_thread::sleep_for(std::chrono::microseconds(polls > 4096 ? 200 : 20));
+  }
+}
+
+absl::Status MpiCommunicator::AllGather(const void* send, void* recv, size_t count,
+                                        DType dtype) {
+  DCP_RETURN_IF_ERROR(CheckUsable("AllGather"));
+  int n = 0;
+  DCP_RETURN_IF_ERROR(ToInt(count, "AllGather", &n));
+  MPI_Request request;
+  DCP_MPI_CHECK(MPI_Iallgather(send, n, MpiType(dtype), recv, n, MpiType(dtype), comm_, &request));
+  return Wait(&request, "MPI_Iallgather");
+}
+
+absl::Status MpiCommunicator::AllGatherV(const void* send, size_t send_count, void* recv,
+                                         absl::Span<const size_t> counts, DType dtype) {
+  DCP_RETURN_IF_ERROR(CheckUsable("AllGatherV"));
+  DCP_CHECK_ARG(counts.size() == size_t(world_size_), "AllGatherV: counts has %d entries, not %d",
+                counts.size(), world_size_);
+  DCP_CHECK_ARG(counts[rank_] == send_count, "AllGatherV: send_count %d != counts[%d] = %d",
+                send_count, rank_, counts[rank_]);
+  std::vector<int> recv_counts, displs(world_size_);
+  DCP_RETURN_IF_ERROR(ToInts(counts, "AllGatherV", &recv_counts));
+  size_t offset = 0;
+  for (int r = 0; r < world_size_; ++r) {
+    DCP_RETURN_IF_ERROR(ToInt(offset, "AllGatherV displacement", &displs[r]));
+    offset += counts[r];
+  }
+  MPI_Request request;
+  DCP_MPI_CHECK(MPI_Iallgatherv(send, recv_counts[rank_], MpiType(dtype), recv,
+                                recv_counts.data(), displs.data(), MpiType(dtype), comm_,
+                                &request));
+  return Wait(&request, "MPI_Iallgatherv");
+}
+
+absl::Status MpiCommunicator::ReduceScatterSum(const void* send, void* recv, size_t count,
+                                               DType dtype) {
+  DCP_RETURN_IF_ERROR(CheckUsable("ReduceScatterSum"));
+  int n = 0;
+  DCP_RETURN_IF_ERROR(ToInt(count, "ReduceScatterSum", &n));
+  MPI_Request request;
+  DCP_MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, n, MpiType(dtype), SumOp(dtype), comm_,
+                                          &request));
+  return Wait(&request, "MPI_Ireduce_scatter_block");
+}
+
+absl::Status MpiCommunicator::AllToAll(const void* send, void* recv, size_t count,
+                                       DType dtype) {
+  DCP_RETURN_IF_ERROR(CheckUsable("AllToAll"));
+  int n = 0;
+  DCP_RETURN_IF_ERROR(ToInt(count, "AllToAll", &n));
+  MPI_Request request;
+  DCP_MPI_CHECK(MPI_Ialltoall(send, n, MpiType(dtype), recv, n, MpiType(dtype), comm_, &request));
+  return Wait(&request, "MPI_Ialltoall");
+}
+
+absl::Status MpiCommunicator::AllToAllV(const void* send, absl::Span<const size_t> send_counts,
+                                        absl::Span<const size_t> send_displs, void* recv,
+                                        absl::Span<const size_t> recv_counts,
+                                        absl::Span<const size_t> recv_displs, DType dtype) {
+  DCP_RETURN_IF_ERROR(CheckUsable("AllToAllV"));
+  const size_t world = size_t(world_size_);
+  DCP_CHECK_ARG(send_counts.size() == world && send_displs.size() == world &&
+                    recv_counts.size() == world && recv_displs.size() == world,
+                "AllToAllV: counts and displacements must have %d entries", world_size_);
+  std::vector<int> sc, sd, rc, rd;
+  DCP_RETURN_IF_ERROR(ToInts(send_counts, "AllToAllV", &sc));
+  DCP_RETURN_IF_ERROR(ToInts(send_displs, "AllToAllV", &sd));
+  DCP_RETURN_IF_ERROR(ToInts(recv_counts, "AllToAllV", &rc));
+  DCP_RETURN_IF_ERROR(ToInts(recv_displs, "AllToAllV", &rd));
+  MPI_Request request;
+  DCP_MPI_CHECK(MPI_Ialltoallv(send, sc.data(), sd.data(), MpiType(dtype), recv, rc.data(),
+                               rd.data(), MpiType(dtype), comm_, &request));
+  return Wait(&request, "MPI_Ialltoallv");
+}
+
+absl::Status MpiCommunicator::Broadcast(void* data, size_t bytes, int root) {
+  return HostBroadcast(data, bytes, root);
+}
+
+absl::Status MpiCommunicator::Barrier() {
+  DCP_RETURN_IF_ERROR(CheckUsable("Barrier"));
+  MPI_Request request;
+  DCP_MPI_CHECK(MPI_Ibarrier(comm_, &request));
+  return Wait(&request, "MPI_Ibarrier");
+}
+
+absl::Status MpiCommunicator::HostAllGather(int64_t value, absl::Span<int64_t> values) {
+  DCP_RETURN_IF_ERROR(CheckUsable("HostAllGather"));
+  DCP_CHECK_ARG(values.size() == size_t(world_size_), "HostAllGather: values must hold %d",
+                world_size_);
+  MPI_Request request;
+  DCP_MPI_CHECK(MPI_Iallgather(&value, 1, MPI_INT64_T, values.data(), 1, MPI_INT64_T, comm_,
+                               &request));
+  return Wait(&request, "MPI_Iallgather(control)");
+}
+
+absl::Status MpiCommunicator::HostBroadcast(void* data, size_t bytes, int root) {
+  DCP_RETURN_IF_ERROR(CheckUsable("Broadcast"));
+  DCP_CHECK_ARG(root >= 0 && root < world_size_, "Broadcast: root %d outside [0, %d)", root,
+                world_size_);
+  int n = 0;
+  DCP_RETURN_IF_ERROR(ToInt(bytes, "Broadcast", &n));
+  MPI_Request request;
+  DCP_MPI_CHECK(MPI_Ibcast(data, n, MPI_BYTE, root, comm_, &request));
+  return Wait(&request, "MPI_Ibcast");
+}
+
+void MpiCommunicator::Abort(int exit_code) {
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+}  // namespace dcp

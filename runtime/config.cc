@@ -1,0 +1,98 @@
+#include "runtime/config.h"
+
+#include <cmath>
+
+#include "runtime/status.h"
+
+namespace dcp {
+
+ModelDims ModelDims::DeepSeekV32() {
+  ModelDims dims;
+  dims.num_heads = 128;
+  dims.kv_lora_rank = 512;
+  dims.qk_nope_head_dim = 128;
+  dims.qk_rope_head_dim = 64;
+  dims.v_head_dim = 128;
+  return dims;
+}
+
+float ModelDims::scale() const {
+  if (softmax_scale != 0.0f) return softmax_scale;
+  return 1.0f / std::sqrt(static_cast<float>(qk_head_dim()));
+}
+
+absl::Status ModelDims::Validate() const {
+  DCP_CHECK_ARG(num_heads > 0, "model.num_heads must be positive, got %d", num_heads);
+  DCP_CHECK_ARG(kv_lora_rank > 0, "model.kv_lora_rank must be positive, got %d", kv_lora_rank);
+  DCP_CHECK_ARG(qk_nope_head_dim > 0, "model.qk_nope_head_dim must be positive, got %d",
+                qk_nope_head_dim);
+  DCP_CHECK_ARG(qk_rope_head_dim >= 0, "model.qk_rope_head_dim must be >= 0, got %d",
+                qk_rope_head_dim);
+  DCP_CHECK_ARG(v_head_dim > 0, "model.v_head_dim must be positive, got %d", v_head_dim);
+  DCP_CHECK_ARG(std::isfinite(softmax_scale) && softmax_scale >= 0.0f,
+                "model.softmax_scale must be finite and >= 0 (0 = default), got %g",
+                softmax_scale);
+  return absl::OkStatus();
+}
+
+const char* combine_backend_name(CombineBackend backend) {
+  return backend == CombineBackend::kAllToAll ? "a2a" : "ag_rs";
+}
+
+absl::Status ParseCombineBackend(const std::string& text, CombineBackend* backend) {
+  if (text == "ag_rs") {
+    *backend = CombineBackend::kAllGatherReduceScatter;
+  } else if (text == "a2a") {
+    *backend = CombineBackend::kAllToAll;
+  } else {
+    return DCP_ERROR(InvalidArgument, "dcp.combine must be ag_rs or a2a, got '%s'", text);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DcpConfig::Validate() const {
+  DCP_CHECK_ARG(world_size > 0, "dcp.world_size must be positive, got %d", world_size);
+  DCP_CHECK_ARG(rank >= 0 && rank < world_size, "dcp.rank must be in [0, %d), got %d",
+                world_size, rank);
+  DCP_CHECK_ARG(interleave > 0, "dcp.interleave must be positive, got %d", interleave);
+  DCP_CHECK_ARG(comm_timeout_s > 0, "dcp.comm_timeout_s must be positive, got %g",
+                comm_timeout_s);
+  return absl::OkStatus();
+}
+
+absl::Status SchedulerConfig::Validate() const {
+  DCP_CHECK_ARG(max_num_seqs > 0, "scheduler.max_num_seqs must be positive, got %d",
+                max_num_seqs);
+  DCP_CHECK_ARG(max_model_len > 0, "scheduler.max_model_len must be positive, got %d",
+                max_model_len);
+  DCP_CHECK_ARG(block_size > 0, "scheduler.block_size must be positive, got %d", block_size);
+  DCP_CHECK_ARG(decode_threshold >= 1, "scheduler.decode_threshold must be >= 1, got %d",
+                decode_threshold);
+  DCP_CHECK_ARG(num_kv_blocks >= 0, "scheduler.num_kv_blocks must be >= 0, got %d",
+                num_kv_blocks);
+  return absl::OkStatus();
+}
+
+absl::Status AttentionConfig::Validate() const {
+  DCP_CHECK_ARG(index_topk > 0, "attention.index_topk must be positive, got %d", index_topk);
+  DCP_CHECK_ARG(!prefill_backend.empty(), "attention.prefill_backend must not be empty "
+                "(auto, none or a backend name)");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateConfigs(const ModelDims& model, const DcpConfig& dcp,
+                             const SchedulerConfig& scheduler, const AttentionConfig& attention) {
+  DCP_RETURN_IF_ERROR(model.Validate());
+  DCP_RETURN_IF_ERROR(dcp.Validate());
+  DCP_RETURN_IF_ERROR(scheduler.Validate());
+  DCP_RETURN_IF_ERROR(attention.Validate());
+  DCP_CHECK_ARG(model.num_heads % dcp.world_size == 0,
+                "model.num_heads (%d) must be divisible by dcp.world_size (%d)", model.num_heads,
+                dcp.world_size);
+  DCP_CHECK_ARG(scheduler.block_size % dcp.interleave == 0,
+                "dcp.interleave (%d) must divide scheduler.block_size (%d)", dcp.interleave,
+                scheduler.block_size);
+  return absl::OkStatus();
+}
+
+}  // namespace dcp

@@ -1,0 +1,66 @@
+// The configuration of one DCP group: model dimensions, the group itself, the scheduler's
+// limits and the attention options. Every struct validates itself with a clear message that
+// names the offending field; nothing downstream re-checks these invariants.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace dcp {
+
+// DESIGN.md section 2. DeepSeek-V3.2: H 128, R 512, Dn 128, Dr 64, Dv 128.
+struct ModelDims {
+  int num_heads = 16;          // H: query heads of the whole DCP group
+  int kv_lora_rank = 64;       // R: latent width of kv_c
+  int qk_nope_head_dim = 32;   // Dn
+  int qk_rope_head_dim = 16;   // Dr
+  int v_head_dim = 32;         // Dv
+  float softmax_scale = 0.0f;  // 0 = 1/sqrt(Dn + Dr)
+
+  static ModelDims DeepSeekV32();
+  int latent_width() const { return kv_lora_rank + qk_rope_head_dim; }  // R + Dr (576)
+  int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }  // Dn + Dr (192)
+  float scale() const;
+  absl::Status Validate() const;
+};
+
+enum class CombineBackend { kAllGatherReduceScatter, kAllToAll };  // ag_rs, a2a
+const char* combine_backend_name(CombineBackend backend);
+absl::Status ParseCombineBackend(const std::string& text, CombineBackend* backend);
+
+struct DcpConfig {
+  int world_size = 1;  // W
+  int rank = 0;
+  int interleave = 1;  // I: cp_kv_cache_interleave_size; divides the block size
+  CombineBackend combine = CombineBackend::kAllGatherReduceScatter;
+  double comm_timeout_s = 300.0;  // a collective stuck longer than this is an error
+
+  absl::Status Validate() const;
+};
+
+struct SchedulerConfig {
+  int max_num_seqs = 64;        // N
+  int max_model_len = 4096;     // M
+  int block_size = 64;          // B
+  int decode_threshold = 1;     // query_len <= this is a decode
+  int num_kv_blocks = 0;        // per-rank KV block pool; 0 = enough for N full sequences
+
+  absl::Status Validate() const;
+};
+
+struct AttentionConfig {
+  int index_topk = 2048;              // K
+  bool is_sparse = true;
+  bool force_mqa = false;
+  std::string prefill_backend = "auto";  // auto | none | <name>
+
+  absl::Status Validate() const;
+};
+
+// Every cross-struct rule: H % W, I divides B, ... Call before building anything.
+absl::Status ValidateConfigs(const ModelDims& model, const DcpConfig& dcp,
+                             const SchedulerConfig& scheduler, const AttentionConfig& attention);
+
+}  // namespace dcp

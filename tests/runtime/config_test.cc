@@ -1,0 +1,76 @@
+#include "runtime/config.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace dcp {
+namespace {
+
+void ExpectInvalid(const absl::Status& status, const std::string& field) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find(field), std::string::npos)
+      << "message does not name " << field << ": " << status.message();
+}
+
+TEST(ConfigTest, DefaultsAndDeepSeekAreValid) {
+  EXPECT_TRUE(ValidateConfigs(ModelDims{}, DcpConfig{}, SchedulerConfig{}, AttentionConfig{}).ok());
+  const ModelDims deepseek = ModelDims::DeepSeekV32();
+  EXPECT_EQ(deepseek.latent_width(), 576);
+  EXPECT_EQ(deepseek.qk_head_dim(), 192);
+  EXPECT_FLOAT_EQ(deepseek.scale(), 1.0f / std::sqrt(192.0f));
+  DcpConfig dcp;
+  dcp.world_size = 8;
+  dcp.rank = 7;
+  EXPECT_TRUE(ValidateConfigs(deepseek, dcp, SchedulerConfig{}, AttentionConfig{}).ok());
+}
+
+TEST(ConfigTest, HeadsNotDivisibleByWorld) {
+  ModelDims model;
+  model.num_heads = 6;
+  DcpConfig dcp;
+  dcp.world_size = 4;
+  ExpectInvalid(ValidateConfigs(model, dcp, SchedulerConfig{}, AttentionConfig{}),
+                "model.num_heads");
+}
+
+TEST(ConfigTest, InterleaveMustDivideBlockSize) {
+  DcpConfig dcp;
+  dcp.interleave = 3;
+  SchedulerConfig scheduler;
+  scheduler.block_size = 64;
+  ExpectInvalid(ValidateConfigs(ModelDims{}, dcp, scheduler, AttentionConfig{}), "dcp.interleave");
+}
+
+TEST(ConfigTest, ZeroSizesNameTheField) {
+  ModelDims model;
+  model.kv_lora_rank = 0;
+  ExpectInvalid(model.Validate(), "model.kv_lora_rank");
+  SchedulerConfig scheduler;
+  scheduler.block_size = 0;
+  ExpectInvalid(scheduler.Validate(), "scheduler.block_size");
+  scheduler = SchedulerConfig{};
+  scheduler.max_num_seqs = 0;
+  ExpectInvalid(scheduler.Validate(), "scheduler.max_num_seqs");
+  AttentionConfig attention;
+  attention.index_topk = 0;
+  ExpectInvalid(attention.Validate(), "attention.index_topk");
+  DcpConfig dcp;
+  dcp.world_size = 0;
+  ExpectInvalid(dcp.Validate(), "dcp.world_size");
+  dcp = DcpConfig{};
+  dcp.rank = 1;
+  ExpectInvalid(dcp.Validate(), "dcp.rank");
+}
+
+TEST(ConfigTest, CombineBackendParsing) {
+  CombineBackend backend;
+  ASSERT_TRUE(ParseCombineBackend("a2a", &backend).ok());
+  EXPECT_EQ(backend, CombineBackend::kAllToAll);
+  ASSERT_TRUE(ParseCombineBackend("ag_rs", &backend).ok());
+  EXPECT_EQ(backend, CombineBackend::kAllGatherReduceScatter);
+  ExpectInvalid(ParseCombineBackend("ring", &backend), "dcp.combine");
+}
+
+}  // namespace
+}  // namespace dcp
