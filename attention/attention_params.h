@@ -1,0 +1,121 @@
+// Parameters of every attention kernel family, shared by the CPU (attention/cpu/) and CUDA
+// (attention/cuda/) implementations. Flat POD structs: each pointer carries its shape, strides
+// are in elements, and nullability is stated. Pointers are host memory for the CPU functions and
+// device memory for the CUDA launchers. The math is DESIGN.md section 3; outputs are fp32.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/dtype.h"
+
+namespace dcp {
+
+// Row-major strided batched GEMM with fp32 accumulation, the one shape behind every
+// up-projection: for b in [0, batch): C[b] = alpha * op(A[b]) @ op(B[b]) (+ beta * C[b]).
+// op(A) is [m, k] (A stored [k, m] when trans_a), op(B) is [k, n] (B stored [n, k] when
+// trans_b). Batch strides may be 0 (the same matrix for every b).
+struct GemmParams {
+  const void* a = nullptr;  // A of dtype a_dtype, leading dimension lda, batch stride stride_a
+  const void* b = nullptr;  // B of dtype b_dtype
+  void* c = nullptr;        // C of dtype c_dtype
+  DType a_dtype = DType::kF32, b_dtype = DType::kF32, c_dtype = DType::kF32;
+  bool trans_a = false, trans_b = false;
+  int m = 0, n = 0, k = 0, batch = 1;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  float alpha = 1.0f, beta = 0.0f;
+};
+
+// Dense multi-head attention over packed variable-length sequences (the prefill backend).
+// Sequence s has query tokens [cu_seqlens_q[s], cu_seqlens_q[s+1]) and key tokens
+// [cu_seqlens_k[s], cu_seqlens_k[s+1]). causal: query i of a sequence with Lq queries and Lk
+// keys sees keys [0, Lk - Lq + i] (bottom-right aligned: new tokens after their context);
+// otherwise every key. A query that sees no key gets out 0, lse -inf.
+struct DenseMhaParams {
+  const void* q = nullptr;  // [Tq, H, qk_dim], strides q_token_stride / q_head_stride
+  const void* k = nullptr;  // [Tk, H, qk_dim], strides k_token_stride / k_head_stride
+  const void* v = nullptr;  // [Tk, H, v_dim], strides v_token_stride / v_head_stride
+  float* out = nullptr;     // [Tq, H, v_dim], strides out_token_stride / out_head_stride
+  float* lse = nullptr;     // [Tq, H] natural log, stride lse_token_stride; may be null
+  const int32_t* cu_seqlens_q = nullptr;  // [num_seqs + 1], host for CPU, device for CUDA
+  const int32_t* cu_seqlens_k = nullptr;  // [num_seqs + 1]
+  DType dtype = DType::kF32;              // of q, k, v
+  int num_seqs = 0, num_heads = 0, qk_dim = 0, v_dim = 0;
+  int max_seqlen_q = 0, max_seqlen_k = 0;  // upper bounds (launch sizing on CUDA)
+  int64_t q_token_stride = 0, q_head_stride = 0;
+  int64_t k_token_stride = 0, k_head_stride = 0;
+  int64_t v_token_stride = 0, v_head_stride = 0;
+  int64_t out_token_stride = 0, out_head_stride = 0;
+  int64_t lse_token_stride = 0;
+  bool causal = true;
+  float scale = 1.0f;
+};
+
+// Sparse top-k MQA in the latent space: one KV head (the cache row [kv_c | k_pe]) shared by
+// every query head. Token t attends over the cache rows indices[t][0..topk) that are in
+// [0, num_slots) (-1 and anything else out of range is skipped; the checked entry points reject
+// out-of-range values before this runs). The value of row j is its first v_dim columns (kv_c).
+struct SparseMqaParams {
+  const void* q = nullptr;         // [T, H, head_dim] absorbed queries [ql | q_rope], dtype
+  const void* kv_cache = nullptr;  // [num_slots, head_dim] latent rows, row stride kv_row_stride
+  const int32_t* indices = nullptr;  // [T, topk] slots, row stride indices_token_stride
+  float* out = nullptr;            // [T, H, v_dim] o_lat, strides out_token_stride / out_head_stride
+  float* lse = nullptr;            // [T, H], stride lse_token_stride; never null
+  DType dtype = DType::kF32;       // of q and kv_cache
+  int num_tokens = 0, num_heads = 0, head_dim = 0, v_dim = 0, topk = 0;
+  int64_t num_slots = 0;
+  int64_t q_token_stride = 0, q_head_stride = 0;
+  int64_t kv_row_stride = 0;
+  int64_t indices_token_stride = 0;
+  int64_t out_token_stride = 0, out_head_stride = 0;
+  int64_t lse_token_stride = 0;
+  float scale = 1.0f;
+};
+
+// merge_attn_states of two partials over disjoint key sets, per (token, head):
+// lse = log(e^lse_a + e^lse_b), out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b.
+// NaN or +inf LSE count as -inf; both -inf gives out 0, lse -inf. out/lse may alias a or b.
+struct MergeStatesParams {
+  const float* out_a = nullptr;  // [T, H, dim] contiguous
+  const float* lse_a = nullptr;  // [T, H]
+  const float* out_b = nullptr;  // [T, H, dim]
+  const float* lse_b = nullptr;  // [T, H]
+  float* out = nullptr;          // [T, H, dim]
+  float* lse = nullptr;          // [T, H]
+  int num_tokens = 0, num_heads = 0, dim = 0;
+};
+
+// DCP combine, ag_rs form, step 1 on each rank: given every rank's LSE of the same (token,
+// head) grid, scale this rank's partial in place by e^(lse_rank - lse_total) (0 where
+// lse_rank is -inf) and write lse_total. A reduce-scatter sum of the scaled partials then
+// gives the combined output of each rank's heads.
+struct DcpCorrectParams {
+  float* out = nullptr;              // [T, H, dim] this rank's partial, scaled in place
+  const float* lse_all = nullptr;    // [W, T, H] every rank's LSE (all-gathered)
+  float* lse_total = nullptr;        // [T, H] combined LSE; may be null
+  int world_size = 1, rank = 0, num_tokens = 0, num_heads = 0, dim = 0;
+};
+
+// DCP combine, a2a form: W partials of the same (token, head) grid, received by head group,
+// combined into one. Empty everywhere gives out 0, lse -inf.
+struct DcpCombineParams {
+  const float* outs = nullptr;  // [W, T, H, dim] partial of each rank
+  const float* lses = nullptr;  // [W, T, H]
+  float* out = nullptr;         // [T, H, dim]
+  float* lse = nullptr;         // [T, H]; may be null
+  int world_size = 1, num_tokens = 0, num_heads = 0, dim = 0;
+};
+
+// Top-k request-local positions -> this rank's cache slots. Token t belongs to batch request
+// token_request[t] at position token_position[t]; a position another rank owns becomes -1.
+struct TopkToSlotsParams {
+  const int32_t* topk = nullptr;            // [T, topk] positions, -1 = none
+  const int32_t* token_request = nullptr;   // [T] request index in the batch
+  const int32_t* token_position = nullptr;  // [T] request-local position of the token
+  const int32_t* block_tables = nullptr;    // [num_requests, max_blocks] physical block ids
+  int32_t* slots = nullptr;                 // [T, topk] out: slot or -1
+  int num_tokens = 0, topk = 0, num_requests = 0, max_blocks = 0;
+  int world_size = 1, interleave = 1, rank = 0, block_size = 1;
+};
+
+}  // namespace dcp
