@@ -1,0 +1,84 @@
+// Where a rank's tensors live and how its kernels run: the worker is written once against this
+// interface; CpuDevice (host memory, attention/cpu) and CudaDevice (device memory, one stream,
+// attention/cuda + cuBLAS) implement it. Every call may be asynchronous on CudaDevice (ordered
+// on the device's stream); Synchronize() waits for all of them. Errors are Statuses.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "attention/attention_params.h"
+#include "collectives/communicator.h"
+#include "runtime/dtype.h"
+#include "workspace/workspace_params.h"
+
+namespace dcp {
+
+class Device;
+
+// An owned allocation on a Device; movable, freed on destruction.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Device* device, void* data, size_t bytes) : device_(device), data_(data), bytes_(bytes) {}
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { reset(); }
+
+  void reset();
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+
+ private:
+  Device* device_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual MemorySpace memory_space() const = 0;
+  virtual std::string name() const = 0;  // "cpu", "cuda:0"
+  // The storage dtype of cache, workspace and projected K/V/queries on this device.
+  virtual DType storage_dtype() const = 0;
+
+  virtual absl::StatusOr<Buffer> Allocate(size_t bytes) = 0;
+  virtual void Free(void* data) = 0;
+
+  virtual absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status Copy(void* dst, const void* src, size_t bytes) = 0;
+  // rows x row_bytes, strides in bytes, device to device.
+  virtual absl::Status Copy2D(void* dst, size_t dst_stride, const void* src, size_t src_stride,
+                              size_t row_bytes, size_t rows) = 0;
+  virtual absl::Status Memset(void* dst, int value, size_t bytes) = 0;
+  // dst[i] = src[i] converted, count elements; F32 <-> BF16 (and same-type copies).
+  virtual absl::Status Convert(void* dst, DType dst_dtype, const void* src, DType src_dtype,
+                               size_t count) = 0;
+
+  virtual absl::Status Gemm(const GemmParams& params) = 0;
+  virtual absl::Status DenseMha(const DenseMhaParams& params) = 0;
+  virtual absl::Status SparseMqa(const SparseMqaParams& params) = 0;
+  virtual absl::Status MergeStates(const MergeStatesParams& params) = 0;
+  virtual absl::Status DcpCorrect(const DcpCorrectParams& params) = 0;
+  virtual absl::Status DcpCombine(const DcpCombineParams& params) = 0;
+  virtual absl::Status TopkToSlots(const TopkToSlotsParams& params) = 0;
+  virtual absl::Status GatherRows(const GatherRowsParams& params) = 0;
+  virtual absl::Status ScatterRows(const ScatterRowsParams& params) = 0;
+
+  virtual absl::Status Synchronize() = 0;
+};
+
+// Host memory, kernels of attention/cpu and workspace/cpu. Storage dtype F32 or BF16.
+std::unique_ptr<Device> MakeCpuDevice(DType storage_dtype = DType::kF32);
+
+}  // namespace dcp
