@@ -1,39 +1,19 @@
-// The KV cache one CPU rank holds: a pool of blocks of B rows of width R+Dr, and one block
-// table per request. Block tables are shared by the whole group: every rank performs the same
-// sequence of AddRequest/Grow/FreeRequest calls and its deterministic allocator hands out the
-// same block ids, so a "virtual block" of B*W tokens has the same id on every rank and each
-// rank keeps its B rows of it (DESIGN.md section 4).
+// The KV cache one CPU rank holds: a pool of blocks of B rows of width R+Dr in host memory,
+// addressed through BlockTables (shared by the group, see block_tables.h).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "runtime/dtype.h"
+#include "runtime/block_tables.h"
 #include "runtime/kv_layout.h"
 
 namespace dcp {
-
-// Deterministic pool of block ids: the lowest free id first, so that equal call sequences
-// give equal tables on every rank.
-class BlockAllocator {
- public:
-  explicit BlockAllocator(int num_blocks);
-  int num_blocks() const { return static_cast<int>(used_.size()); }
-  int num_free() const { return num_free_; }
-  // Fails with ResourceExhausted (and allocates nothing) when fewer than `count` are free.
-  absl::Status Allocate(int count, std::vector<int32_t>* out);
-  void Free(absl::Span<const int32_t> blocks);
-
- private:
-  std::vector<bool> used_;
-  int num_free_;
-  int search_from_ = 0;
-};
 
 struct KvShardConfig {
   int block_size = 64;  // B: rows per block on this rank
@@ -49,14 +29,14 @@ class PagedKvShard {
   static absl::StatusOr<PagedKvShard> Create(const KvShardConfig& config);
 
   const KvShardConfig& config() const { return config_; }
-  int num_free_blocks() const { return allocator_.num_free(); }
+  int num_free_blocks() const { return tables_.num_free_blocks(); }
 
   // Registers a request and sizes its table for `capacity_tokens` global tokens.
   absl::Status AddRequest(int64_t request_id, int64_t capacity_tokens);
   // Makes room for a request of `seq_len` global tokens (no-op when it already has room).
   absl::Status Grow(int64_t request_id, int64_t seq_len);
   absl::Status FreeRequest(int64_t request_id);
-  bool HasRequest(int64_t request_id) const { return tables_.contains(request_id); }
+  bool HasRequest(int64_t request_id) const { return tables_.HasRequest(request_id); }
 
   // Physical block ids of the request, in local-row order.
   absl::StatusOr<absl::Span<const int32_t>> block_table(int64_t request_id) const;
@@ -77,14 +57,10 @@ class PagedKvShard {
  private:
   explicit PagedKvShard(const KvShardConfig& config);
   size_t row_bytes() const { return size_t(config_.row_width) * dtype_size(config_.dtype); }
-  int64_t capacity_rows(const std::vector<int32_t>& table) const {
-    return int64_t(table.size()) * config_.block_size;
-  }
 
   KvShardConfig config_;
-  BlockAllocator allocator_;
+  BlockTables tables_;
   std::vector<std::byte> storage_;
-  absl::flat_hash_map<int64_t, std::vector<int32_t>> tables_;
 };
 
 }  // namespace dcp

@@ -1,0 +1,90 @@
+#include "runtime/block_tables.h"
+
+#include "runtime/status.h"
+
+namespace dcp {
+
+BlockAllocator::BlockAllocator(int num_blocks)
+    : used_(static_cast<size_t>(num_blocks), false), num_free_(num_blocks) {}
+
+absl::Status BlockAllocator::Allocate(int count, std::vector<int32_t>* out) {
+  if (count > num_free_) {
+    return DCP_ERROR(ResourceExhausted,
+                     "out of KV blocks: %d needed, %d of %d free (raise scheduler.num_kv_blocks)",
+                     count, num_free_, num_blocks());
+  }
+  for (int i = 0, id = search_from_; i < count; ++id) {
+    if (!used_[id]) {
+      used_[id] = true;
+      out->push_back(id);
+      ++i;
+      search_from_ = id + 1;
+    }
+  }
+  num_free_ -= count;
+  return absl::OkStatus();
+}
+
+void BlockAllocator::Free(absl::Span<const int32_t> blocks) {
+  for (int32_t id : blocks) {
+    if (used_[id]) {
+      used_[id] = false;
+      ++num_free_;
+      if (id < search_from_) search_from_ = id;
+    }
+  }
+}
+
+BlockTables::BlockTables(int num_blocks, int block_size, KvLayout layout, int rank)
+    : block_size_(block_size), layout_(layout), rank_(rank), allocator_(num_blocks) {}
+
+absl::Status BlockTables::AddRequest(int64_t request_id, int64_t capacity_tokens) {
+  DCP_CHECK_ARG(!tables_.contains(request_id), "request %d is already registered", request_id);
+  DCP_CHECK_ARG(capacity_tokens >= 0, "request %d capacity must be >= 0, got %d", request_id,
+                capacity_tokens);
+  tables_[request_id];
+  absl::Status status = Grow(request_id, capacity_tokens);
+  if (!status.ok()) tables_.erase(request_id);
+  return status;
+}
+
+absl::Status BlockTables::Grow(int64_t request_id, int64_t seq_len) {
+  auto it = tables_.find(request_id);
+  DCP_CHECK_ARG(it != tables_.end(), "request %d is not registered", request_id);
+  const int64_t rows = layout_.local_length(seq_len, 0);
+  const int64_t needed = (rows + block_size_ - 1) / block_size_;
+  const int64_t have = static_cast<int64_t>(it->second.size());
+  if (needed <= have) return absl::OkStatus();
+  return allocator_.Allocate(static_cast<int>(needed - have), &it->second);
+}
+
+absl::Status BlockTables::FreeRequest(int64_t request_id) {
+  auto it = tables_.find(request_id);
+  DCP_CHECK_ARG(it != tables_.end(), "request %d is not registered", request_id);
+  allocator_.Free(it->second);
+  tables_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Span<const int32_t>> BlockTables::table(int64_t request_id) const {
+  auto it = tables_.find(request_id);
+  DCP_CHECK_ARG(it != tables_.end(), "request %d is not registered", request_id);
+  return absl::Span<const int32_t>(it->second);
+}
+
+absl::StatusOr<int64_t> BlockTables::capacity_rows(int64_t request_id) const {
+  DCP_ASSIGN_OR_RETURN(auto blocks, table(request_id));
+  return static_cast<int64_t>(blocks.size()) * block_size_;
+}
+
+absl::StatusOr<int64_t> BlockTables::slot(int64_t request_id, int64_t g) const {
+  DCP_ASSIGN_OR_RETURN(auto blocks, table(request_id));
+  DCP_CHECK_ARG(g >= 0, "token %d of request %d is negative", g, request_id);
+  if (layout_.owner(g) != rank_) return int64_t{-1};
+  const int64_t j = layout_.local_index(g);
+  DCP_CHECK_ARG(j < static_cast<int64_t>(blocks.size()) * block_size_,
+                "token %d of request %d is beyond its allocated blocks", g, request_id);
+  return slot_of_local_row(blocks.data(), block_size_, j);
+}
+
+}  // namespace dcp

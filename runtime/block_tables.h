@@ -1,0 +1,68 @@
+// Block tables of the requests a rank holds: a deterministic pool of block ids and one table
+// per request. Tables are shared by the whole group: every rank performs the same sequence of
+// AddRequest/Grow/FreeRequest calls and the allocator hands out the same ids, so a "virtual
+// block" of B*W tokens has the same id on every rank and each rank keeps its B rows of it
+// (DESIGN.md section 4). Storage is elsewhere (PagedKvShard on the host, the worker's device
+// cache); this class only maps tokens to slots.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "runtime/kv_layout.h"
+
+namespace dcp {
+
+// Lowest free id first, so that equal call sequences give equal tables on every rank.
+class BlockAllocator {
+ public:
+  explicit BlockAllocator(int num_blocks);
+  int num_blocks() const { return static_cast<int>(used_.size()); }
+  int num_free() const { return num_free_; }
+  // Fails with ResourceExhausted (and allocates nothing) when fewer than `count` are free.
+  absl::Status Allocate(int count, std::vector<int32_t>* out);
+  void Free(absl::Span<const int32_t> blocks);
+
+ private:
+  std::vector<bool> used_;
+  int num_free_;
+  int search_from_ = 0;
+};
+
+class BlockTables {
+ public:
+  // block_size: B rows per block on each rank; layout and rank: how tokens map to this rank.
+  BlockTables(int num_blocks, int block_size, KvLayout layout, int rank);
+
+  int block_size() const { return block_size_; }
+  const KvLayout& layout() const { return layout_; }
+  int rank() const { return rank_; }
+  int num_free_blocks() const { return allocator_.num_free(); }
+  int num_blocks() const { return allocator_.num_blocks(); }
+
+  absl::Status AddRequest(int64_t request_id, int64_t capacity_tokens);
+  // Makes room for `seq_len` global tokens (no-op when there is room). Blocks follow rank 0's
+  // local length, the largest of any rank, so that tables agree across ranks.
+  absl::Status Grow(int64_t request_id, int64_t seq_len);
+  absl::Status FreeRequest(int64_t request_id);
+  bool HasRequest(int64_t request_id) const { return tables_.contains(request_id); }
+
+  absl::StatusOr<absl::Span<const int32_t>> table(int64_t request_id) const;
+  // Local rows the request's table can hold on this rank.
+  absl::StatusOr<int64_t> capacity_rows(int64_t request_id) const;
+  // Slot of global token g, or -1 when another rank owns it; error beyond the table.
+  absl::StatusOr<int64_t> slot(int64_t request_id, int64_t g) const;
+
+ private:
+  int block_size_;
+  KvLayout layout_;
+  int rank_;
+  BlockAllocator allocator_;
+  absl::flat_hash_map<int64_t, std::vector<int32_t>> tables_;
+};
+
+}  // namespace dcp
