@@ -109,12 +109,16 @@ struct DcpCombineParams {
 // Top-k request-local positions -> this rank's cache slots. Token t belongs to batch request
 // token_request[t] at position token_position[t]; a position another rank owns becomes -1.
 struct TopkToSlotsParams {
-  const int32_t* topk = nullptr;            // [T, topk] positions, -1 = none
+  const int32_t* topk = nullptr;            // [T, topk_width] positions, -1 = none
   const int32_t* token_request = nullptr;   // [T] request index in the batch
-  const int32_t* token_position = nullptr;  // [T] request-local position of the token
-  const int32_t* block_tables = nullptr;    // [num_requests, max_blocks] physical block ids
-  int32_t* slots = nullptr;                 // [T, topk] out: slot or -1
-  int num_tokens = 0, topk = 0, num_requests = 0, max_blocks = 0;
+  // [T] request-local position of the token; may be null. When given, a position beyond the
+  // token's own (invalid input) also becomes -1.
+  const int32_t* token_position = nullptr;
+  // [num_requests, max_blocks] physical block ids; a negative id (unallocated) gives -1
+  const int32_t* block_tables = nullptr;
+  int32_t* slots = nullptr;                 // [T, topk_width] out: slot or -1
+  // topk_width: columns of topk/slots (the pointer above already owns the name `topk`).
+  int num_tokens = 0, topk_width = 0, num_requests = 0, max_blocks = 0;
   int world_size = 1, interleave = 1, rank = 0, block_size = 1;
 };
 
