@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "collectives/communicator.h"
+#include "runtime/batch.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
@@ -43,24 +44,22 @@ struct MutableTensorView {
   int64_t num_elements() const;
 };
 
+class Worker;
+
 struct DcpOptions {
   ModelDims model;
   DcpConfig dcp;  // world_size and rank must match the communicator's
   SchedulerConfig scheduler;
   AttentionConfig attention;
+  // Rows S of the chunked-prefill workspace; 0 = the seed's formula (DESIGN.md section 6).
+  // Rounded up to lcm(B, W*I). For tests that force several chunks, and for tuning.
+  int64_t workspace_rows_override = 0;
 };
 
 // The layer's up-projection weights for this rank's heads [rank*H/W, (rank+1)*H/W).
 struct LayerWeights {
   TensorView w_uk;  // [H/W, Dn, R]: k_nope[h][j] = w_uk[h] @ kv_c[j]
   TensorView w_uv;  // [H/W, R, Dv]: v[h][j] = w_uv[h]^T @ kv_c[j]
-};
-
-// One request of a batch: query_len new tokens at positions [seq_len - query_len, seq_len).
-struct BatchRequest {
-  int64_t request_id = 0;
-  int32_t seq_len = 0;
-  int32_t query_len = 0;
 };
 
 // Inputs of one layer for a batch; T = sum of query_lens, tokens in the batch's request order.
@@ -75,9 +74,6 @@ struct BatchOutputs {
   MutableTensorView out;  // [T, H/W, Dv] F32
   MutableTensorView lse;  // [T, H/W] F32, natural log; -inf where a token selected no key
 };
-
-enum class Route { kDenseMha, kSparseMqa };
-const char* route_name(Route route);
 
 // Wall time of each phase of the last Forward, seconds, and the bytes each collective moved.
 struct ForwardStats {
@@ -119,11 +115,12 @@ class DcpContext {
   // The prefill route available after start-up resolution (false: sparse MQA only).
   bool dense_mha_available() const;
 
-  class Impl;
+  // Test hook: damages rank 0's next plan broadcast (the plan-mismatch tests).
+  void DamageNextPlanForTesting();
 
  private:
-  explicit DcpContext(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit DcpContext(std::unique_ptr<Worker> worker);
+  std::unique_ptr<Worker> worker_;
 };
 
 }  // namespace dcp

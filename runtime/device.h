@@ -51,6 +51,14 @@ class Device {
   // The storage dtype of cache, workspace and projected K/V/queries on this device.
   virtual DType storage_dtype() const = 0;
 
+  // Whether DenseMha runs these head sizes here (the prefill backend's availability); the
+  // error says why not.
+  virtual absl::Status DenseMhaSupport(int qk_dim, int v_dim) const {
+    (void)qk_dim;
+    (void)v_dim;
+    return absl::OkStatus();
+  }
+
   virtual absl::StatusOr<Buffer> Allocate(size_t bytes) = 0;
   virtual void Free(void* data) = 0;
 

@@ -19,6 +19,9 @@ absl::StatusOr<WorkspaceSize> ComputeWorkspaceSize(const WorkspaceSizeInputs& in
   int64_t s = std::max({8 * m, 4 * n * b});
   s = std::min({s, kWorkspaceRowCap, n * in.index_topk});
   s = std::max(s, n * b);
+  DCP_CHECK_ARG(in.override_rows >= 0, "workspace rows override must be >= 0, got %d",
+                in.override_rows);
+  if (in.override_rows > 0) s = in.override_rows;
   const int64_t alignment = std::lcm(b, in.world_size * in.interleave);
   s = (s + alignment - 1) / alignment * alignment;
 

@@ -26,6 +26,7 @@ struct WorkspaceSizeInputs {
   int64_t world_size = 1;     // W
   int64_t interleave = 1;     // I
   int row_width = 0;          // R + Dr
+  int64_t override_rows = 0;  // > 0: use this S instead of the formula (still aligned)
 };
 
 inline constexpr int64_t kWorkspaceRowCap = 65536;

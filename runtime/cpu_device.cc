@@ -1,0 +1,95 @@
+// Device on the host: plain memory and the kernels of attention/cpu and workspace/cpu.
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "attention/cpu/attention_cpu.h"
+#include "runtime/device.h"
+#include "runtime/status.h"
+#include "workspace/cpu/rows_cpu.h"
+
+namespace dcp {
+namespace {
+
+class CpuDevice final : public Device {
+ public:
+  explicit CpuDevice(DType storage_dtype) : storage_dtype_(storage_dtype) {}
+
+  MemorySpace memory_space() const override { return MemorySpace::kHost; }
+  std::string name() const override { return "cpu"; }
+  DType storage_dtype() const override { return storage_dtype_; }
+
+  absl::StatusOr<Buffer> Allocate(size_t bytes) override {
+    if (bytes == 0) return Buffer(this, nullptr, 0);
+    // 64-byte alignment for vector loads; size rounded up as aligned_alloc requires.
+    void* data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (data == nullptr) {
+      return DCP_ERROR(ResourceExhausted, "host allocation of %d bytes failed", bytes);
+    }
+    return Buffer(this, data, bytes);
+  }
+  void Free(void* data) override { std::free(data); }
+
+  absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) override {
+    return Copy(dst, src, bytes);
+  }
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
+    return Copy(dst, src, bytes);
+  }
+  absl::Status Copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status Copy2D(void* dst, size_t dst_stride, const void* src, size_t src_stride,
+                      size_t row_bytes, size_t rows) override {
+    for (size_t i = 0; i < rows; ++i) {
+      std::memcpy(static_cast<std::byte*>(dst) + i * dst_stride,
+                  static_cast<const std::byte*>(src) + i * src_stride, row_bytes);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Memset(void* dst, int value, size_t bytes) override {
+    if (bytes > 0) std::memset(dst, value, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status Convert(void* dst, DType dst_dtype, const void* src, DType src_dtype,
+                       size_t count) override {
+    if (dst_dtype == src_dtype) return Copy(dst, src, count * dtype_size(src_dtype));
+    if (src_dtype == DType::kF32 && dst_dtype == DType::kBF16) {
+      const auto* in = static_cast<const float*>(src);
+      auto* out = static_cast<bf16*>(dst);
+      for (size_t i = 0; i < count; ++i) out[i] = float_to_bf16(in[i]);
+      return absl::OkStatus();
+    }
+    if (src_dtype == DType::kBF16 && dst_dtype == DType::kF32) {
+      const auto* in = static_cast<const bf16*>(src);
+      auto* out = static_cast<float*>(dst);
+      for (size_t i = 0; i < count; ++i) out[i] = bf16_to_float(in[i]);
+      return absl::OkStatus();
+    }
+    return DCP_ERROR(InvalidArgument, "Convert %s -> %s is not supported", dtype_name(src_dtype),
+                     dtype_name(dst_dtype));
+  }
+
+  absl::Status Gemm(const GemmParams& p) override { return cpu::Gemm(p); }
+  absl::Status DenseMha(const DenseMhaParams& p) override { return cpu::DenseMha(p); }
+  absl::Status SparseMqa(const SparseMqaParams& p) override { return cpu::SparseMqa(p); }
+  absl::Status MergeStates(const MergeStatesParams& p) override { return cpu::MergeStates(p); }
+  absl::Status DcpCorrect(const DcpCorrectParams& p) override { return cpu::DcpCorrect(p); }
+  absl::Status DcpCombine(const DcpCombineParams& p) override { return cpu::DcpCombine(p); }
+  absl::Status TopkToSlots(const TopkToSlotsParams& p) override { return cpu::TopkToSlots(p); }
+  absl::Status GatherRows(const GatherRowsParams& p) override { return cpu::GatherRows(p); }
+  absl::Status ScatterRows(const ScatterRowsParams& p) override { return cpu::ScatterRows(p); }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+ private:
+  DType storage_dtype_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> MakeCpuDevice(DType storage_dtype) {
+  return std::make_unique<CpuDevice>(storage_dtype);
+}
+
+}  // namespace dcp

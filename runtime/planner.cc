@@ -1,0 +1,139 @@
+#include "runtime/planner.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "runtime/logging.h"
+#include "runtime/status.h"
+
+namespace dcp {
+
+absl::StatusOr<bool> ResolvePrefillBackend(const AttentionConfig& attention,
+                                           const absl::Status& device_support) {
+  const std::string& name = attention.prefill_backend;
+  if (name == "none") return false;
+  if (name == "auto") {
+    if (device_support.ok()) return true;
+    DCP_LOG(WARNING) << "no prefill backend is available (" << device_support.message()
+                     << "); every batch takes the sparse MQA route";
+    return false;
+  }
+  if (name == "native") {
+    if (!device_support.ok()) {
+      return DCP_ERROR(FailedPrecondition,
+                       "attention.prefill_backend 'native' was requested but is unavailable: %s",
+                       device_support.message());
+    }
+    return true;
+  }
+  return DCP_ERROR(InvalidArgument,
+                   "attention.prefill_backend '%s' is not available (choose auto, none or native)",
+                   name);
+}
+
+absl::Status ValidateBatch(absl::Span<const BatchRequest> batch, const SchedulerConfig& scheduler) {
+  DCP_CHECK_ARG(static_cast<int64_t>(batch.size()) <= scheduler.max_num_seqs,
+                "batch has %d requests, more than scheduler.max_num_seqs = %d", batch.size(),
+                scheduler.max_num_seqs);
+  absl::flat_hash_set<int64_t> ids;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BatchRequest& r = batch[i];
+    DCP_CHECK_ARG(r.seq_len >= 1, "request %d (id %d): seq_len %d must be >= 1", i, r.request_id,
+                  r.seq_len);
+    DCP_CHECK_ARG(r.seq_len <= scheduler.max_model_len,
+                  "request %d (id %d): seq_len %d exceeds scheduler.max_model_len = %d", i,
+                  r.request_id, r.seq_len, scheduler.max_model_len);
+    DCP_CHECK_ARG(r.query_len >= 1 && r.query_len <= r.seq_len,
+                  "request %d (id %d): query_len %d must be in [1, seq_len = %d]", i,
+                  r.request_id, r.query_len, r.seq_len);
+    DCP_CHECK_ARG(ids.insert(r.request_id).second, "request id %d appears twice in the batch",
+                  r.request_id);
+  }
+  return absl::OkStatus();
+}
+
+Route ChooseRoute(const AttentionConfig& attention, bool dense_mha_available, int num_prefills,
+                  int max_prefill_seq_len) {
+  const bool use_mha = attention.is_sparse && dense_mha_available && num_prefills > 0 &&
+                       max_prefill_seq_len <= attention.index_topk && !attention.force_mqa;
+  return use_mha ? Route::kDenseMha : Route::kSparseMqa;
+}
+
+absl::StatusOr<Plan> BuildPlan(absl::Span<const BatchRequest> batch, const PlannerConfig& config) {
+  DCP_RETURN_IF_ERROR(ValidateBatch(batch, config.scheduler));
+  Plan plan;
+  plan.workspace = config.workspace;
+
+  std::vector<int64_t> caller_begin(batch.size() + 1, 0);
+  for (size_t i = 0; i < batch.size(); ++i) caller_begin[i + 1] = caller_begin[i] + batch[i].query_len;
+  plan.num_tokens = caller_begin.back();
+
+  int max_prefill_seq_len = 0;
+  for (int pass = 0; pass < 2; ++pass) {  // decodes, then prefills
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const bool is_decode = batch[i].query_len <= config.scheduler.decode_threshold;
+      if (is_decode != (pass == 0)) continue;
+      PlannedRequest r;
+      r.request_id = batch[i].request_id;
+      r.batch_index = static_cast<int32_t>(i);
+      r.seq_len = batch[i].seq_len;
+      r.query_len = batch[i].query_len;
+      r.caller_token_begin = caller_begin[i];
+      r.token_begin = plan.requests.empty()
+                          ? 0
+                          : plan.requests.back().token_begin + plan.requests.back().query_len;
+      r.is_decode = is_decode;
+      if (is_decode) {
+        ++plan.num_decodes;
+        plan.num_decode_tokens += r.query_len;
+      } else {
+        ++plan.num_prefills;
+        max_prefill_seq_len = std::max(max_prefill_seq_len, r.seq_len);
+      }
+      plan.requests.push_back(r);
+    }
+  }
+
+  plan.route = ChooseRoute(config.attention, config.dense_mha_available, plan.num_prefills,
+                           max_prefill_seq_len);
+  if (plan.route == Route::kDenseMha) {
+    std::vector<int64_t> context_lengths;
+    for (int p = 0; p < plan.num_prefills; ++p) {
+      context_lengths.push_back(plan.requests[plan.num_decodes + p].context_len());
+    }
+    DCP_ASSIGN_OR_RETURN(plan.chunks, PlanContextChunks(context_lengths,
+                                                        config.workspace.rows_per_chunk,
+                                                        config.layout));
+  }
+  return plan;
+}
+
+absl::StatusOr<Plan> ExchangePlan(Communicator& comm, absl::Span<const BatchRequest> batch,
+                                  const PlannerConfig& config, bool damage_for_testing) {
+  // Every rank plans from its own view; rank 0's plan is the one that runs.
+  absl::StatusOr<Plan> own = BuildPlan(batch, config);
+  DCP_RETURN_IF_ERROR(AgreeOnStatus(comm, own.status()));
+
+  std::string bytes;
+  if (comm.rank() == 0) {
+    bytes = SerializePlan(*own);
+    if (damage_for_testing) bytes[bytes.size() / 2] ^= 0x5a;
+  }
+  int64_t length = static_cast<int64_t>(bytes.size());
+  DCP_RETURN_IF_ERROR(comm.HostBroadcast(&length, sizeof(length), 0));
+  bytes.resize(static_cast<size_t>(length));
+  DCP_RETURN_IF_ERROR(comm.HostBroadcast(bytes.data(), bytes.size(), 0));
+
+  absl::StatusOr<Plan> received = DeserializePlan(bytes);
+  absl::Status check = received.status();
+  if (check.ok() && SerializePlan(*received) != SerializePlan(*own)) {
+    check = DCP_ERROR(FailedPrecondition,
+                      "the plan from rank 0 differs from this rank's view of the batch "
+                      "(different requests, lengths or configuration on some rank)");
+  }
+  DCP_RETURN_IF_ERROR(AgreeOnStatus(comm, check));
+  return received;
+}
+
+}  // namespace dcp

@@ -1,0 +1,54 @@
+// The rank-0 batch planner (DESIGN.md section 5): validates the batch, orders it decodes
+// first, applies the seed's routing rule, plans the context chunks of the dense route, and
+// shares the plan with every rank, which checks it against its own view of the batch.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "collectives/communicator.h"
+#include "runtime/batch.h"
+#include "runtime/config.h"
+#include "runtime/kv_layout.h"
+#include "runtime/plan.h"
+#include "workspace/workspace_size.h"
+
+namespace dcp {
+
+struct PlannerConfig {
+  SchedulerConfig scheduler;
+  AttentionConfig attention;
+  KvLayout layout;
+  bool dense_mha_available = false;  // the prefill backend resolved at start-up
+  WorkspaceSize workspace;
+};
+
+// Start-up resolution of attention.prefill_backend: "none" -> false; "auto" -> whether the
+// device's dense kernel supports the model (`device_support` OK), warning once when not;
+// "native" (the dense MHA kernel of the rank's device) -> true, or the device's error; any
+// other name -> an error listing what is available.
+absl::StatusOr<bool> ResolvePrefillBackend(const AttentionConfig& attention,
+                                           const absl::Status& device_support);
+
+// Request counts and lengths against the scheduler's limits; unique ids.
+absl::Status ValidateBatch(absl::Span<const BatchRequest> batch, const SchedulerConfig& scheduler);
+
+// The seed's rule, exactly:
+//   use_mha = is_sparse && prefill backend && num_prefills > 0
+//             && max(prefill seq_len) <= index_topk && !force_mqa
+Route ChooseRoute(const AttentionConfig& attention, bool dense_mha_available, int num_prefills,
+                  int max_prefill_seq_len);
+
+// Deterministic: the same batch and config give the same plan on every rank.
+absl::StatusOr<Plan> BuildPlan(absl::Span<const BatchRequest> batch, const PlannerConfig& config);
+
+// Collective. Rank 0 builds the plan and broadcasts it; every rank checks version and checksum
+// and that the plan equals the one it builds from its own view of the batch. Any failure, on
+// any rank, is returned on every rank. `damage_for_testing` flips a byte of rank 0's broadcast
+// after the checksum was taken (the plan-mismatch tests).
+absl::StatusOr<Plan> ExchangePlan(Communicator& comm, absl::Span<const BatchRequest> batch,
+                                  const PlannerConfig& config, bool damage_for_testing = false);
+
+}  // namespace dcp
