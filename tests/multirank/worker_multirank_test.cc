@@ -1,0 +1,488 @@
+// The core promise: W ranks give, for their heads, the single-rank float64 reference of the
+// whole problem, on both routes, for I in {1, B}, both combines, and any number of chunks.
+//
+// Data comes from (seed, tensor, global index) so every rank builds its own shard (its heads,
+// the cached rows it owns, found by scanning positions) and the reference builds the whole,
+// with no scatter code shared with the runtime.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "runtime/dcp.h"
+#include "tests/multirank/multirank_test.h"
+#include "tests/reference/mla_reference.h"
+
+namespace dcp::testing {
+namespace {
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [-scale, scale), a pure function of (seed, tensor, index).
+float Value(uint64_t seed, int tensor, int64_t index, float scale) {
+  const uint64_t bits = Mix(seed ^ Mix(uint64_t(tensor) * 1000003ull + uint64_t(index)));
+  return scale * (static_cast<float>(bits >> 40) / float(1 << 24) * 2.0f - 1.0f);
+}
+
+enum Tensor { kQNope = 1, kQRope, kKvC, kKPe, kWUk, kWUv };
+
+struct Scenario {
+  std::vector<int> seq_lens, query_lens;
+  int block_size = 16;
+  int interleave = 1;
+  int index_topk = 64;
+  bool give_topk = false;  // else every causal key (needs seq_len <= K)
+  bool force_mqa = false;
+  CombineBackend combine = CombineBackend::kAllGatherReduceScatter;
+  int64_t workspace_rows = 0;
+  int max_num_seqs = 16;
+  int max_model_len = 1024;
+  int num_kv_blocks = 0;
+  std::vector<int> order;  // request ids in batch order (default: 0..B-1)
+};
+
+struct Dims {
+  int heads = 12, r = 32, dn = 16, dr = 8, dv = 16;
+};
+
+// The whole problem, as the reference sees it, and each rank's share of it.
+struct Problem {
+  reference::MlaProblem whole;
+  std::vector<int64_t> token_begin;  // [B+1] first token of each request (batch order)
+  std::vector<int64_t> row_begin;    // [B+1] first kv row of each request
+};
+
+Problem BuildProblem(const Scenario& s, const Dims& d, uint64_t seed) {
+  Problem p;
+  auto& w = p.whole;
+  w.num_heads = d.heads;
+  w.kv_lora_rank = d.r;
+  w.qk_nope_head_dim = d.dn;
+  w.qk_rope_head_dim = d.dr;
+  w.v_head_dim = d.dv;
+  w.seq_lens = s.seq_lens;
+  w.query_lens = s.query_lens;
+  const size_t b = s.seq_lens.size();
+  p.token_begin.assign(b + 1, 0);
+  p.row_begin.assign(b + 1, 0);
+  for (size_t i = 0; i < b; ++i) {
+    p.token_begin[i + 1] = p.token_begin[i] + s.query_lens[i];
+    p.row_begin[i + 1] = p.row_begin[i] + s.seq_lens[i];
+  }
+  const int64_t t = p.token_begin[b], n = p.row_begin[b];
+  auto fill = [&](std::vector<double>& v, int tensor, int64_t count, float scale) {
+    v.resize(count);
+    for (int64_t i = 0; i < count; ++i) v[i] = Value(seed, tensor, i, scale);
+  };
+  fill(w.q_nope, kQNope, t * d.heads * d.dn, 1.0f);
+  fill(w.q_rope, kQRope, t * d.heads * d.dr, 1.0f);
+  fill(w.kv_c, kKvC, n * d.r, 1.0f);
+  fill(w.k_pe, kKPe, n * d.dr, 1.0f);
+  fill(w.w_uk, kWUk, int64_t(d.heads) * d.dn * d.r, 0.3f);
+  fill(w.w_uv, kWUv, int64_t(d.heads) * d.r * d.dv, 0.3f);
+  if (s.give_topk) {
+    w.topk_width = s.index_topk;
+    w.topk.assign(t * s.index_topk, -1);
+    for (size_t i = 0; i < b; ++i) {
+      for (int q = 0; q < s.query_lens[i]; ++q) {
+        const int64_t token = p.token_begin[i] + q;
+        const int position = s.seq_lens[i] - s.query_lens[i] + q;
+        std::vector<int32_t> keys(position + 1);
+        std::iota(keys.begin(), keys.end(), 0);
+        std::mt19937_64 rng(Mix(seed + token));
+        std::shuffle(keys.begin(), keys.end(), rng);
+        if (int(keys.size()) > s.index_topk) {
+          // Keep the newest token, as an indexer would, and a random rest.
+          std::iter_swap(keys.begin(), std::find(keys.begin(), keys.end(), position));
+          keys.resize(s.index_topk - (token % 3 == 0 ? 5 : 0));  // some rows padded with -1
+        }
+        std::shuffle(keys.begin(), keys.end(), rng);
+        std::copy(keys.begin(), keys.end(), w.topk.begin() + token * s.index_topk);
+      }
+    }
+  }
+  return p;
+}
+
+struct RankRun {
+  absl::Status status;
+  std::vector<float> out, lse;  // this rank's heads
+  ForwardStats stats;
+};
+
+// Runs the scenario on this rank; the context is loaded as earlier steps would have left it.
+RankRun RunRank(Communicator& comm, const Scenario& s, const Dims& d, const Problem& p,
+                bool damage_plan = false) {
+  const int world = comm.world_size(), rank = comm.rank();
+  const int hl = d.heads / world, width = d.r + d.dr;
+  RankRun run;
+  DcpOptions options;
+  options.model.num_heads = d.heads;
+  options.model.kv_lora_rank = d.r;
+  options.model.qk_nope_head_dim = d.dn;
+  options.model.qk_rope_head_dim = d.dr;
+  options.model.v_head_dim = d.dv;
+  options.dcp.world_size = world;
+  options.dcp.rank = rank;
+  options.dcp.interleave = s.interleave;
+  options.dcp.combine = s.combine;
+  options.dcp.comm_timeout_s = 60;
+  options.scheduler.block_size = s.block_size;
+  options.scheduler.max_num_seqs = s.max_num_seqs;
+  options.scheduler.max_model_len = s.max_model_len;
+  options.scheduler.num_kv_blocks = s.num_kv_blocks;
+  options.attention.index_topk = s.index_topk;
+  options.attention.force_mqa = s.force_mqa;
+  options.workspace_rows_override = s.workspace_rows;
+
+  // This rank's heads of the weights and queries.
+  const auto& w = p.whole;
+  std::vector<float> w_uk(size_t(hl) * d.dn * d.r), w_uv(size_t(hl) * d.r * d.dv);
+  for (size_t i = 0; i < w_uk.size(); ++i) w_uk[i] = float(w.w_uk[size_t(rank) * hl * d.dn * d.r + i]);
+  for (size_t i = 0; i < w_uv.size(); ++i) w_uv[i] = float(w.w_uv[size_t(rank) * hl * d.r * d.dv + i]);
+  LayerWeights weights{{w_uk.data(), DType::kF32, {hl, d.dn, d.r}},
+                       {w_uv.data(), DType::kF32, {hl, d.r, d.dv}}};
+  auto device = MakeCpuDevice(DType::kF32);
+  auto ctx = DcpContext::Create(options, comm, *device, weights);
+  if (!ctx.ok()) {
+    run.status = ctx.status();
+    return run;
+  }
+
+  const size_t b = s.seq_lens.size();
+  std::vector<int> order = s.order;
+  if (order.empty()) {
+    order.resize(b);
+    std::iota(order.begin(), order.end(), 0);
+  }
+  auto row = [&](int64_t global_row, std::vector<float>& dst) {
+    for (int c = 0; c < d.r; ++c) dst.push_back(float(w.kv_c[global_row * d.r + c]));
+    for (int c = 0; c < d.dr; ++c) dst.push_back(float(w.k_pe[global_row * d.dr + c]));
+  };
+  for (size_t i = 0; i < b; ++i) {
+    if (absl::Status st = (*ctx)->AddRequest(int64_t(i) + 100); !st.ok()) {
+      run.status = st;
+      return run;
+    }
+    // Cached rows this rank owns: scan the context's positions for runs dealt to this rank.
+    const int context = std::max(0, s.seq_lens[i] - s.query_lens[i]);
+    std::vector<float> rows;
+    int64_t count = 0;
+    for (int g = 0; g < context; ++g) {
+      if ((g / s.interleave) % world == rank) {
+        row(p.row_begin[i] + g, rows);
+        ++count;
+      }
+    }
+    absl::Status st = (*ctx)->LoadCachedKv(int64_t(i) + 100, context,
+                                           TensorView{rows.data(), DType::kF32, {count, width}});
+    if (!st.ok()) {
+      run.status = st;
+      return run;
+    }
+  }
+
+  // The batch in `order`; inputs follow it.
+  std::vector<BatchRequest> batch;
+  std::vector<float> q_nope, q_rope, kv_new;
+  std::vector<int32_t> topk;
+  for (int i : order) {
+    batch.push_back({int64_t(i) + 100, s.seq_lens[i], s.query_lens[i]});
+    for (int q = 0; q < s.query_lens[i]; ++q) {
+      const int64_t token = p.token_begin[i] + q;
+      for (int h = rank * hl; h < (rank + 1) * hl; ++h) {
+        for (int c = 0; c < d.dn; ++c) q_nope.push_back(float(w.q_nope[(token * d.heads + h) * d.dn + c]));
+        for (int c = 0; c < d.dr; ++c) q_rope.push_back(float(w.q_rope[(token * d.heads + h) * d.dr + c]));
+      }
+      row(p.row_begin[i] + s.seq_lens[i] - s.query_lens[i] + q, kv_new);
+      if (s.give_topk) {
+        topk.insert(topk.end(), w.topk.begin() + token * s.index_topk,
+                    w.topk.begin() + (token + 1) * s.index_topk);
+      }
+    }
+  }
+  const int64_t t = int64_t(q_nope.size()) / (hl * d.dn);
+  BatchInputs inputs{{q_nope.data(), DType::kF32, {t, hl, d.dn}},
+                     {q_rope.data(), DType::kF32, {t, hl, d.dr}},
+                     {kv_new.data(), DType::kF32, {t, width}},
+                     {}};
+  if (s.give_topk) inputs.topk = {topk.data(), DType::kI32, {t, s.index_topk}};
+  std::vector<float> out(size_t(t) * hl * d.dv, std::nanf("")), lse(size_t(t) * hl, std::nanf(""));
+  BatchOutputs outputs{{out.data(), DType::kF32, {t, hl, d.dv}},
+                       {lse.data(), DType::kF32, {t, hl}}};
+  if (damage_plan && rank == 0) (*ctx)->DamageNextPlanForTesting();
+  run.status = (*ctx)->Forward(batch, inputs, outputs);
+  run.stats = (*ctx)->last_stats();
+  // Back to the reference's request order for comparison.
+  std::vector<int64_t> caller_begin;
+  int64_t offset = 0;
+  for (int i : order) {
+    caller_begin.push_back(offset);
+    offset += s.query_lens[i];
+  }
+  run.out.resize(out.size());
+  run.lse.resize(lse.size());
+  for (size_t k = 0; k < order.size(); ++k) {
+    const int i = order[k];
+    for (int q = 0; q < s.query_lens[i]; ++q) {
+      const int64_t from = caller_begin[k] + q, to = p.token_begin[i] + q;
+      std::copy_n(out.begin() + from * hl * d.dv, hl * d.dv, run.out.begin() + to * hl * d.dv);
+      std::copy_n(lse.begin() + from * hl, hl, run.lse.begin() + to * hl);
+    }
+  }
+  return run;
+}
+
+// Every value of this rank's heads against the reference; NaN never passes.
+void ExpectMatchesReference(const RankRun& run, const Problem& p, const Dims& d, int world,
+                            int rank) {
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  const reference::MlaResult ref = reference::ReferenceAttention(p.whole);
+  const int hl = d.heads / world;
+  const int64_t t = p.token_begin.back();
+  double worst = 0;
+  for (int64_t token = 0; token < t; ++token) {
+    for (int hh = 0; hh < hl; ++hh) {
+      const int h = rank * hl + hh;
+      const double ref_lse = ref.lse[token * d.heads + h];
+      const float got_lse = run.lse[token * hl + hh];
+      ASSERT_FALSE(std::isnan(got_lse)) << "token " << token << " head " << h;
+      if (std::isinf(ref_lse)) {
+        ASSERT_TRUE(std::isinf(got_lse) && got_lse < 0) << "token " << token << " head " << h;
+      } else {
+        ASSERT_NEAR(got_lse, ref_lse, 1e-4 * (1 + std::abs(ref_lse)))
+            << "lse token " << token << " head " << h;
+      }
+      for (int c = 0; c < d.dv; ++c) {
+        const double want = ref.out[(token * d.heads + h) * d.dv + c];
+        const float got = run.out[(token * hl + hh) * d.dv + c];
+        ASSERT_FALSE(std::isnan(got)) << "token " << token << " head " << h << " c " << c;
+        worst = std::max(worst, std::abs(got - want));
+        ASSERT_NEAR(got, want, 2e-4 * (1 + std::abs(want)))
+            << "out token " << token << " head " << h << " c " << c;
+      }
+    }
+  }
+}
+
+class WorkerTest : public MultiRankTest {
+ protected:
+  // One seed per test from rank 0, so that every rank draws the same batch.
+  uint64_t SharedSeed() {
+    uint64_t seed = std::random_device{}() | (uint64_t(std::random_device{}()) << 32);
+    EXPECT_TRUE(comm().HostBroadcast(&seed, sizeof(seed), 0).ok());
+    return seed;
+  }
+};
+
+// Random mixed batch: decodes, short prefills, prefills with context, seq_len 1, lengths not
+// multiples of B or W*I; all seq_len <= K so the dense route applies.
+Scenario RandomMixedBatch(std::mt19937_64& rng, int index_topk, int count) {
+  Scenario s;
+  s.index_topk = index_topk;
+  for (int i = 0; i < count; ++i) {
+    const int kind = rng() % 4;
+    int seq = 1 + rng() % index_topk, query;
+    if (kind == 0) query = 1;                                  // decode
+    else if (kind == 1) query = seq;                           // prefill without context
+    else query = 1 + rng() % seq;                              // extend (context + new)
+    if (i == 0) seq = query = 1;                               // the lone one-token prefill
+    s.seq_lens.push_back(seq);
+    s.query_lens.push_back(query);
+  }
+  s.order.resize(count);
+  std::iota(s.order.begin(), s.order.end(), 0);
+  std::shuffle(s.order.begin(), s.order.end(), rng);  // decodes and prefills mixed
+  return s;
+}
+
+TEST_F(WorkerTest, RandomMixedBatchesMatchTheReferenceOnBothRoutes) {
+  const uint64_t seed = SharedSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  const Dims dims;
+  for (int interleave : {1, 16}) {
+    for (CombineBackend combine :
+         {CombineBackend::kAllGatherReduceScatter, CombineBackend::kAllToAll}) {
+      for (bool force_mqa : {false, true}) {
+        Scenario s = RandomMixedBatch(rng, 48, 6);
+        s.interleave = interleave;
+        s.combine = combine;
+        s.force_mqa = force_mqa;
+        s.give_topk = rng() % 2;
+        SCOPED_TRACE(::testing::Message() << "I " << interleave << " combine "
+                                          << combine_backend_name(combine) << " force_mqa "
+                                          << force_mqa << " topk " << s.give_topk);
+        const Problem p = BuildProblem(s, dims, seed + interleave);
+        const RankRun run = RunRank(comm(), s, dims, p);
+        ExpectMatchesReference(run, p, dims, world(), rank());
+        const bool any_prefill = std::any_of(s.query_lens.begin(), s.query_lens.end(),
+                                             [](int q) { return q > 1; });
+        EXPECT_EQ(run.stats.route,
+                  !force_mqa && any_prefill ? Route::kDenseMha : Route::kSparseMqa);
+      }
+    }
+  }
+}
+
+TEST_F(WorkerTest, PrefillLongerThanTopkTakesSparseMqaAndMatches) {
+  const uint64_t seed = SharedSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Dims dims;
+  for (CombineBackend combine :
+       {CombineBackend::kAllGatherReduceScatter, CombineBackend::kAllToAll}) {
+    Scenario s;
+    s.index_topk = 32;
+    s.give_topk = true;
+    s.combine = combine;
+    s.interleave = 4;
+    s.seq_lens = {70, 1, 33, 200};
+    s.query_lens = {20, 1, 33, 3};
+    s.order = {3, 1, 0, 2};
+    const Problem p = BuildProblem(s, dims, seed);
+    const RankRun run = RunRank(comm(), s, dims, p);
+    ExpectMatchesReference(run, p, dims, world(), rank());
+    EXPECT_EQ(run.stats.route, Route::kSparseMqa);
+  }
+}
+
+TEST_F(WorkerTest, ChunkCountDoesNotChangeTheAnswer) {
+  const uint64_t seed = SharedSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Dims dims;
+  const int unit = world() * 4;  // W*I with I = 4; lcm(B = 16, W*I) below
+  const int64_t align = std::lcm<int64_t>(16, unit);
+  Scenario s;
+  s.index_topk = 128;
+  s.interleave = 4;
+  s.seq_lens = {120, 90, 1, 75, 128};
+  s.query_lens = {7, 90, 1, 30, 1};  // contexts 113, 0, -, 45, (decode)
+  // Many chunks: the smallest aligned workspace; two: about half the padded context; one: all.
+  struct Want {
+    int64_t rows;
+    int min_chunks, max_chunks;
+  };
+  for (const Want& want : {Want{align, 3, 1000}, Want{align * ((180 / align) / 2 + 1), 2, 2},
+                           Want{0, 1, 1}}) {
+    s.workspace_rows = want.rows;
+    const Problem p = BuildProblem(s, dims, seed);
+    const RankRun run = RunRank(comm(), s, dims, p);
+    ExpectMatchesReference(run, p, dims, world(), rank());
+    EXPECT_EQ(run.stats.route, Route::kDenseMha);
+    EXPECT_GE(run.stats.num_chunks, want.min_chunks) << "rows " << want.rows;
+    EXPECT_LE(run.stats.num_chunks, want.max_chunks) << "rows " << want.rows;
+  }
+}
+
+// The seed's test cases (vLLM test_sparse_backend_prefill_correctness), heads scaled down.
+TEST_F(WorkerTest, SeedCasesRouteAsTheSeedSays) {
+  const uint64_t seed = SharedSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Dims dims;
+  dims.heads = 4 * (world() == 3 ? 3 : 4);
+  struct Case {
+    const char* name;
+    std::vector<int> seq_lens, query_lens;
+    bool force_mqa;
+    Route route;
+  };
+  const Case cases[] = {
+      {"short_dense_mha", {64, 128}, {64, 128}, false, Route::kDenseMha},
+      {"short_context_dense_mha", {128, 160}, {64, 32}, false, Route::kDenseMha},
+      {"short_dense_mha force_mqa", {64, 128}, {64, 128}, true, Route::kSparseMqa},
+      {"short_context_dense_mha force_mqa", {128, 160}, {64, 32}, true, Route::kSparseMqa},
+      {"one prefill of 513", {64, 513}, {64, 17}, false, Route::kSparseMqa},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Scenario s;
+    s.index_topk = 512;
+    s.block_size = 64;
+    s.max_num_seqs = 2;
+    s.max_model_len = 1024;
+    s.seq_lens = c.seq_lens;
+    s.query_lens = c.query_lens;
+    s.force_mqa = c.force_mqa;
+    s.give_topk = c.seq_lens[1] > 512;
+    const Problem p = BuildProblem(s, dims, seed);
+    const RankRun run = RunRank(comm(), s, dims, p);
+    ExpectMatchesReference(run, p, dims, world(), rank());
+    EXPECT_EQ(run.stats.route, c.route);
+  }
+}
+
+// Bad input: the same clear error on every rank, no hang.
+TEST_F(WorkerTest, BadInputFailsOnEveryRankWithOneMessage) {
+  const Dims dims;
+  Scenario good;
+  good.seq_lens = {20, 5};
+  good.query_lens = {4, 5};
+  good.max_num_seqs = 4;
+  good.max_model_len = 64;
+  good.index_topk = 32;
+  struct Case {
+    const char* name;
+    Scenario scenario;
+    const char* message;
+    bool damage_plan = false;
+  };
+  std::vector<Case> cases;
+  {
+    Scenario s = good;
+    s.seq_lens[0] = 65;
+    cases.push_back({"seq_len > max_model_len", s, "exceeds scheduler.max_model_len"});
+  }
+  {
+    Scenario s = good;
+    s.seq_lens = {3, 3, 3, 3, 3};
+    s.query_lens = {1, 1, 1, 1, 1};
+    s.num_kv_blocks = 64;  // room in the cache: the batch itself is what is too large
+    cases.push_back({"more requests than max_num_seqs", s, "more than scheduler.max_num_seqs"});
+  }
+  {
+    Scenario s = good;
+    s.query_lens[1] = 6;
+    cases.push_back({"query_len > seq_len", s, "query_len"});
+  }
+  {
+    Scenario s = good;
+    s.give_topk = true;
+    cases.push_back({"invalid top-k", s, "top-k"});
+  }
+  cases.push_back({"plan checksum mismatch", good, "checksum", true});
+  {
+    Scenario s = good;
+    s.num_kv_blocks = 1;
+    s.block_size = 4;
+    cases.push_back({"out of KV blocks", s, "out of KV blocks"});
+  }
+  for (Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Problem p = BuildProblem(c.scenario, dims, 7);
+    if (std::string(c.name) == "invalid top-k") {
+      p.whole.topk[3] = 19;  // token 0 sits at position 16: 19 is in its future
+    }
+    const RankRun run = RunRank(comm(), c.scenario, dims, p, c.damage_plan);
+    ASSERT_FALSE(run.status.ok());
+    EXPECT_NE(run.status.message().find(c.message), std::string::npos) << run.status;
+    // The same message on every rank.
+    std::vector<int64_t> hashes(world());
+    ASSERT_TRUE(comm()
+                    .HostAllGather(int64_t(std::hash<std::string>{}(std::string(run.status.message()))),
+                                   absl::MakeSpan(hashes))
+                    .ok());
+    for (int64_t h : hashes) EXPECT_EQ(h, hashes[0]) << run.status;
+  }
+}
+
+}  // namespace
+}  // namespace dcp::testing
