@@ -142,7 +142,7 @@ TEST(DenseMhaCpuTest, RandomCausalRaggedBatches) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(testing::SeedTrace(seed));
   Rng rng(seed);
-  for (int iteration = 0; iteration < 12; ++iteration) {
+  for (int iteration = 0; iteration < 30; ++iteration) {
     DenseCase c;
     const int num_seqs = rng.Int(1, 4);
     for (int s = 0; s < num_seqs; ++s) {
@@ -166,7 +166,7 @@ TEST(DenseMhaCpuTest, RandomNonCausalContextChunks) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(testing::SeedTrace(seed));
   Rng rng(seed);
-  for (int iteration = 0; iteration < 8; ++iteration) {
+  for (int iteration = 0; iteration < 20; ++iteration) {
     DenseCase c;
     c.causal = false;
     const int num_seqs = rng.Int(1, 4);

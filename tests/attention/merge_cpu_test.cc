@@ -147,7 +147,7 @@ TEST(MergeCpuTest, AnySplitMergesToTheWhole) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(testing::SeedTrace(seed));
   Rng rng(seed);
-  for (int iteration = 0; iteration < 30; ++iteration) {
+  for (int iteration = 0; iteration < 60; ++iteration) {
     const Split split = MakeSplit(rng, rng.Int(2, 8), 1.0);
     SCOPED_TRACE(Describe(split));
     CheckMergesOfSplit(split);

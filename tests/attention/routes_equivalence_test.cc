@@ -261,7 +261,7 @@ TEST(RoutesEquivalenceTest, DenseAndSparseAgreeOnFullCausalTopk) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(testing::SeedTrace(seed));
   Rng rng(seed);
-  for (int iteration = 0; iteration < 8; ++iteration) {
+  for (int iteration = 0; iteration < 20; ++iteration) {
     const Dims dims{rng.Int(1, 4), rng.Int(4, 48), rng.Int(1, 24), rng.Int(1, 12),
                     rng.Int(1, 24)};
     MlaProblem pb = RandomProblem(rng, dims, 3, 80);
@@ -291,7 +291,7 @@ TEST(RoutesEquivalenceTest, SparseRouteMatchesReferenceOnSubsetTopk) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(testing::SeedTrace(seed));
   Rng rng(seed);
-  for (int iteration = 0; iteration < 6; ++iteration) {
+  for (int iteration = 0; iteration < 15; ++iteration) {
     const Dims dims{rng.Int(1, 4), rng.Int(4, 40), rng.Int(1, 16), rng.Int(1, 8), rng.Int(1, 16)};
     MlaProblem pb = RandomProblem(rng, dims, 3, 90);
     const DType dtype = testing::RandomFloatDType(rng);

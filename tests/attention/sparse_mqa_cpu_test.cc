@@ -133,7 +133,7 @@ TEST(SparseMqaCpuTest, RandomShapesAndSelections) {
   const uint64_t seed = FreshSeed();
   SCOPED_TRACE(testing::SeedTrace(seed));
   Rng rng(seed);
-  for (int iteration = 0; iteration < 15; ++iteration) {
+  for (int iteration = 0; iteration < 40; ++iteration) {
     SparseCase c;
     c.tokens = rng.Int(1, 6), c.heads = rng.Int(1, 20);
     c.head_dim = rng.Int(1, 90), c.v_dim = rng.Int(1, c.head_dim);
