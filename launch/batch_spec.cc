@@ -1,0 +1,112 @@
+#include "launch/batch_spec.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "runtime/status.h"
+
+namespace dcp::launch {
+namespace {
+
+constexpr int64_t kMaxValue = std::numeric_limits<int32_t>::max();
+// Keeps a typo like "100000q1" from allocating a batch the size of the machine.
+constexpr int64_t kMaxRequests = 1 << 20;
+
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+// Reads digits[k] at text[*pos]; false (and *pos unchanged) when no digit is there.
+absl::StatusOr<bool> ReadNumber(std::string_view term, size_t* pos, int64_t* value) {
+  size_t begin = *pos;
+  int64_t number = 0;
+  while (*pos < term.size() && IsDigit(term[*pos])) {
+    number = number * 10 + (term[*pos] - '0');
+    if (number > kMaxValue) {
+      return DCP_ERROR(InvalidArgument, "number in batch term '%s' is too large", term);
+    }
+    ++*pos;
+  }
+  if (*pos == begin) return false;
+  if (*pos < term.size() && term[*pos] == 'k') {
+    number *= 1024;
+    ++*pos;
+    if (number > kMaxValue) {
+      return DCP_ERROR(InvalidArgument, "number in batch term '%s' is too large", term);
+    }
+  }
+  *value = number;
+  return true;
+}
+
+absl::Status ParseTerm(std::string_view term, std::vector<RequestShape>* requests) {
+  const auto bad = [&](std::string_view why) {
+    return DCP_ERROR(InvalidArgument,
+                     "bad batch term '%s': %s (grammar: [count]q<qlen>[s<seqlen>], k = x1024, "
+                     "e.g. q2k, 8q1s1k, 16q64s128)",
+                     term, why);
+  };
+  size_t pos = 0;
+  int64_t count = 1;
+  // A leading count takes no `k` suffix in vLLM's grammar; accept it anyway (8k requests).
+  DCP_ASSIGN_OR_RETURN(bool has_count, ReadNumber(term, &pos, &count));
+  if (pos >= term.size() || term[pos] != 'q') return bad("expected 'q'");
+  ++pos;
+  int64_t query_len = 0;
+  DCP_ASSIGN_OR_RETURN(bool has_query, ReadNumber(term, &pos, &query_len));
+  if (!has_query) return bad("expected a query length after 'q'");
+  int64_t seq_len = query_len;
+  if (pos < term.size() && term[pos] == 's') {
+    ++pos;
+    DCP_ASSIGN_OR_RETURN(bool has_seq, ReadNumber(term, &pos, &seq_len));
+    if (!has_seq) return bad("expected a sequence length after 's'");
+  }
+  if (pos != term.size()) {
+    return bad(absl::StrFormat("unexpected '%s'", term.substr(pos)));
+  }
+  if (has_count && count < 1) return bad("count must be >= 1");
+  if (query_len < 1) return bad("query length must be >= 1");
+  if (seq_len < query_len) return bad("sequence length must be >= query length");
+  if (count + static_cast<int64_t>(requests->size()) > kMaxRequests) {
+    return bad(absl::StrFormat("more than %d requests", kMaxRequests));
+  }
+  requests->insert(requests->end(), static_cast<size_t>(count),
+                   RequestShape{static_cast<int32_t>(seq_len), static_cast<int32_t>(query_len)});
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<RequestShape>> ParseBatchSpec(std::string_view spec) {
+  std::vector<RequestShape> requests;
+  const absl::string_view text(spec.data(), spec.size());
+  if (absl::StripAsciiWhitespace(text).empty()) {
+    return DCP_ERROR(InvalidArgument, "empty batch spec (expected e.g. q2k, 8q1s1k, 16q64s128)");
+  }
+  for (absl::string_view piece : absl::StrSplit(text, absl::ByAnyChar(",_"))) {
+    piece = absl::StripAsciiWhitespace(piece);
+    const std::string_view term(piece.data(), piece.size());
+    if (term.empty()) {
+      return DCP_ERROR(InvalidArgument, "batch spec '%s' has an empty term", spec);
+    }
+    DCP_RETURN_IF_ERROR(ParseTerm(term, &requests));
+  }
+  return requests;
+}
+
+std::string DescribeBatch(const std::vector<RequestShape>& requests, int decode_threshold) {
+  int64_t tokens = 0;
+  int decodes = 0;
+  int32_t max_seq_len = 0;
+  for (const RequestShape& r : requests) {
+    tokens += r.query_len;
+    decodes += r.query_len <= decode_threshold ? 1 : 0;
+    max_seq_len = std::max(max_seq_len, r.seq_len);
+  }
+  return absl::StrFormat("%d requests (%d decode, %d prefill), %d tokens, max seq_len %d",
+                         requests.size(), decodes, requests.size() - decodes, tokens,
+                         max_seq_len);
+}
+
+}  // namespace dcp::launch

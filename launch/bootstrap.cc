@@ -1,0 +1,73 @@
+#include "launch/bootstrap.h"
+
+#include <mpi.h>
+
+#include "runtime/status.h"
+
+namespace dcp::launch {
+
+absl::StatusOr<ProcessInfo> InitMpi(int* argc, char*** argv) {
+  int initialized = 0;
+  DCP_MPI_CHECK(MPI_Initialized(&initialized));
+  if (!initialized) {
+    int provided = 0;
+    DCP_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  }
+  // Errors come back as codes (and then Statuses), never as an abort inside MPI.
+  DCP_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  ProcessInfo info;
+  DCP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &info.rank));
+  DCP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &info.world_size));
+  set_current_rank(info.rank);
+  MPI_Comm node = MPI_COMM_NULL;
+  DCP_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank,
+                                    MPI_INFO_NULL, &node));
+  DCP_MPI_CHECK(MPI_Comm_rank(node, &info.local_rank));
+  DCP_MPI_CHECK(MPI_Comm_size(node, &info.local_size));
+  DCP_MPI_CHECK(MPI_Comm_free(&node));
+  return info;
+}
+
+void FinalizeMpi() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+absl::StatusOr<std::unique_ptr<Device>> MakeRankDevice(const std::string& kind,
+                                                       const ProcessInfo& process) {
+  if (kind == "cpu") return MakeCpuDevice(DType::kF32);
+  if (kind == "cuda") {
+#if DCP_WITH_CUDA
+    return MakeCudaRankDevice(process);
+#else
+    (void)process;
+    return DCP_ERROR(InvalidArgument,
+                     "--device cuda: this dcp_run was built without CUDA (configure with "
+                     "-DDCP_WITH_CUDA=ON on a machine with nvcc and NCCL)");
+#endif
+  }
+  return DCP_ERROR(InvalidArgument, "--device must be cpu or cuda, got '%s'", kind);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> MakeRankCommunicator(const std::string& kind,
+                                                                   MpiCommunicator& bootstrap,
+                                                                   Device& device,
+                                                                   double timeout_s) {
+  if (kind == "mpi") {
+    DCP_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> comm,
+                         MpiCommunicator::Create(bootstrap.mpi_comm(), timeout_s));
+    return std::unique_ptr<Communicator>(std::move(comm));
+  }
+  if (kind == "nccl") {
+#if DCP_WITH_CUDA
+    return MakeNcclRankCommunicator(bootstrap, device, timeout_s);
+#else
+    (void)device;
+    return DCP_ERROR(InvalidArgument, "--comm nccl: this dcp_run was built without CUDA/NCCL");
+#endif
+  }
+  return DCP_ERROR(InvalidArgument, "--comm must be mpi or nccl, got '%s'", kind);
+}
+
+}  // namespace dcp::launch

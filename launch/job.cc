@@ -1,0 +1,457 @@
+#include "launch/job.h"
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "launch/batch_calls.h"
+#include "launch/batch_spec.h"
+#include "launch/bootstrap.h"
+#include "launch/check.h"
+#include "launch/distribute.h"
+#include "launch/flags.h"
+#include "launch/problem.h"
+#include "launch/rank_batch.h"
+#include "launch/result_file.h"
+#include "launch/run_config.h"
+#include "launch/summary.h"
+#include "launch/synthetic.h"
+#include "runtime/dcp.h"
+#include "runtime/status.h"
+
+namespace dcp::launch {
+namespace {
+
+// The launcher's own traffic (config, problem scatter, result gather, agreement) waits this
+// long: rank 0 may spend minutes reading a problem or running the reference while the others
+// wait. The DcpContext's collectives use dcp.comm_timeout_s.
+constexpr double kBootstrapTimeoutS = 3600.0;
+
+int ExitCodeFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return kExitOk;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kResourceExhausted:
+      return kExitBadInput;
+    default:
+      return kExitRuntimeError;
+  }
+}
+
+absl::Status ReadTextFile(const std::string& path, std::string* text) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return DCP_ERROR(NotFound, "cannot open config '%s': %s", path, std::strerror(errno));
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  *text = buffer.str();
+  return absl::OkStatus();
+}
+
+int64_t RoundUp(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+class Job {
+ public:
+  explicit Job(const ProcessInfo& process) : process_(process) {}
+  absl::Status Run(int argc, char** argv);
+  bool check_failed() const { return check_failed_; }
+  // Drops contexts and communicators (before MPI_Finalize).
+  void Release();
+
+ private:
+  bool is_root() const { return process_.rank == 0; }
+  // AgreeOnStatus over the bootstrap communicator; a communicator that cannot agree aborts.
+  absl::Status Agree(const absl::Status& local);
+
+  absl::Status Configure(int argc, char** argv);
+  absl::Status LoadWorkload();
+  absl::Status FitConfig();
+  absl::Status StartGroup();
+  absl::Status PrintPlan();
+  absl::Status StartReference();
+  absl::Status RunBatch(int index);
+  RankBatch WholeBatch(int index, int64_t first_request_id) const;
+
+  bool problem_mode() const { return !config_.run.problem.empty(); }
+  int heads_per_rank() const { return config_.model.num_heads / process_.world_size; }
+  RankView my_view() const {
+    return RankView::Of(config_.model, process_.world_size, config_.dcp.interleave,
+                        process_.rank);
+  }
+  RankView whole_view() const { return RankView::Of(config_.model, 1, config_.dcp.interleave, 0); }
+  RunDescription Describe() const;
+  void Progress(int index, int done, int total) const;
+
+  ProcessInfo process_;
+  std::unique_ptr<MpiCommunicator> bootstrap_;
+  RunConfig config_;
+  CommandLine command_line_;
+  std::optional<Problem> problem_;  // rank 0, problem mode
+  std::optional<ProblemHeader> header_;
+  RankBatch problem_batch_;  // problem mode: this rank's share
+  std::vector<std::vector<RequestShape>> batches_;
+  std::vector<std::string> labels_;
+  std::unique_ptr<SyntheticWorkload> synthetic_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Communicator> comm_;
+  RankWeights weights_;
+  std::unique_ptr<DcpContext> context_;
+  std::unique_ptr<Reference> reference_;
+  std::vector<BatchReport> reports_;
+  int64_t next_request_id_ = 0;
+  bool check_failed_ = false;
+};
+
+absl::Status Job::Agree(const absl::Status& local) {
+  absl::Status shared = AgreeOnStatus(*bootstrap_, local);
+  if (shared.ok()) return shared;
+  // Every rank now holds the same error, unless the communicator itself failed (a peer died or
+  // timed out): then this barrier fails at once, and the only way out is to end the job.
+  if (absl::Status alive = bootstrap_->Barrier(); !alive.ok()) {
+    std::fprintf(stderr, "dcp_run: rank %d: fatal: %s\n", process_.rank,
+                 std::string(shared.message()).c_str());
+    bootstrap_->Abort(kExitRuntimeError);
+  }
+  return shared;
+}
+
+absl::Status Job::Run(int argc, char** argv) {
+  {
+    auto bootstrap = MpiCommunicator::Create(MPI_COMM_WORLD, kBootstrapTimeoutS);
+    if (!bootstrap.ok()) {
+      std::fprintf(stderr, "dcp_run: rank %d: fatal: %s\n", process_.rank,
+                   std::string(bootstrap.status().message()).c_str());
+      MPI_Abort(MPI_COMM_WORLD, kExitRuntimeError);
+    }
+    bootstrap_ = std::move(bootstrap).value();
+  }
+  DCP_RETURN_IF_ERROR(Agree(Configure(argc, argv)));
+  if (command_line_.help) {
+    if (is_root()) std::fputs(UsageText("dcp_run").c_str(), stdout);
+    return absl::OkStatus();
+  }
+  DCP_RETURN_IF_ERROR(Agree(LoadWorkload()));
+  DCP_RETURN_IF_ERROR(Agree(FitConfig()));
+  DCP_RETURN_IF_ERROR(Agree(StartGroup()));
+  if (config_.run.print_plan) return Agree(PrintPlan());
+  if (config_.run.check) DCP_RETURN_IF_ERROR(Agree(StartReference()));
+  if (is_root() && !config_.run.json) std::fputs(FormatHeader(Describe()).c_str(), stdout);
+  for (int index = 0; index < int(batches_.size()); ++index) {
+    DCP_RETURN_IF_ERROR(Agree(RunBatch(index)));
+  }
+  if (is_root()) {
+    if (config_.run.json) {
+      std::printf("%s\n", RunJson(Describe(), reports_, !check_failed_).dump().c_str());
+    } else if (config_.run.check) {
+      std::printf("dcp_run: %s\n", check_failed_ ? "CHECK FAILED: the group's result differs "
+                                                   "from the single-rank reference"
+                                                 : "check passed: every batch matches the "
+                                                   "single-rank reference");
+    }
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
+}
+
+void Job::Release() {
+  reference_.reset();
+  context_.reset();
+  comm_.reset();
+  device_.reset();
+  bootstrap_.reset();
+}
+
+absl::Status Job::Configure(int argc, char** argv) {
+  DCP_ASSIGN_OR_RETURN(command_line_, ParseCommandLine(argc, argv));
+  if (command_line_.help) return absl::OkStatus();
+  const std::string path = command_line_.config_path();
+  if (!path.empty()) {
+    std::string text;
+    DCP_RETURN_IF_ERROR(Agree(is_root() ? ReadTextFile(path, &text) : absl::OkStatus()));
+    int64_t length = int64_t(text.size());
+    DCP_RETURN_IF_ERROR(bootstrap_->HostBroadcast(&length, sizeof(length), 0));
+    text.resize(size_t(length));
+    DCP_RETURN_IF_ERROR(bootstrap_->HostBroadcast(text.data(), text.size(), 0));
+    DCP_RETURN_IF_ERROR(ApplyYamlConfig(text, path, &config_));
+  }
+  DCP_RETURN_IF_ERROR(ApplyFlags(command_line_, &config_));
+  return ValidateRunSection(config_);
+}
+
+absl::Status Job::LoadWorkload() {
+  const RunSection& run = config_.run;
+  absl::Status local = absl::OkStatus();
+  if (is_root() && !run.output.empty() && !run.print_plan) local = CheckOutputWritable(run.output);
+  if (problem_mode()) {
+    if (is_root() && local.ok()) {
+      absl::StatusOr<Problem> problem = LoadProblem(run.problem, config_.attention.index_topk);
+      if (problem.ok()) {
+        problem_ = std::move(problem).value();
+      } else {
+        local = problem.status();
+      }
+    }
+    DCP_RETURN_IF_ERROR(Agree(local));
+    DCP_ASSIGN_OR_RETURN(header_, BroadcastProblemHeader(*bootstrap_,
+                                                         problem_ ? &*problem_ : nullptr));
+    batches_.push_back(header_->requests);
+    labels_.push_back(run.problem);
+    return absl::OkStatus();
+  }
+  DCP_RETURN_IF_ERROR(Agree(local));
+  for (const std::string& spec : run.batches) {
+    DCP_ASSIGN_OR_RETURN(std::vector<RequestShape> requests, ParseBatchSpec(spec));
+    batches_.push_back(std::move(requests));
+    labels_.push_back(spec);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Job::FitConfig() {
+  const int world = process_.world_size;
+  if (header_.has_value()) {
+    // The problem file defines the model; a --num-heads that disagrees is a mistake.
+    if (command_line_.given.contains("num_heads") &&
+        config_.model.num_heads != header_->model.num_heads) {
+      return DCP_ERROR(InvalidArgument,
+                       "--num-heads %d disagrees with the problem file, whose q_nope has %d heads",
+                       config_.model.num_heads, header_->model.num_heads);
+    }
+    config_.model = header_->model;
+    config_.attention.index_topk = header_->index_topk;
+  }
+  if (config_.model.num_heads % world != 0) {
+    return DCP_ERROR(InvalidArgument,
+                     "%d heads cannot be split evenly over %d ranks: the number of ranks "
+                     "(mpirun -np) must divide num_heads", config_.model.num_heads, world);
+  }
+  config_.dcp.world_size = world;
+  config_.dcp.rank = process_.rank;
+
+  // Limits the user left at their defaults grow to fit the batches; explicit ones are checked.
+  int64_t max_seq_len = 0, max_requests = 0;
+  for (size_t b = 0; b < batches_.size(); ++b) {
+    max_requests = std::max<int64_t>(max_requests, int64_t(batches_[b].size()));
+    for (const RequestShape& r : batches_[b]) max_seq_len = std::max<int64_t>(max_seq_len, r.seq_len);
+  }
+  SchedulerConfig& scheduler = config_.scheduler;
+  if (max_seq_len > scheduler.max_model_len) {
+    if (config_.is_explicit("scheduler.max_model_len")) {
+      return DCP_ERROR(InvalidArgument,
+                       "a request has seq_len %d > scheduler.max_model_len %d (raise "
+                       "--max-model-len)", max_seq_len, scheduler.max_model_len);
+    }
+    scheduler.max_model_len = int(RoundUp(max_seq_len, 256));
+  }
+  if (max_requests > scheduler.max_num_seqs) {
+    if (config_.is_explicit("scheduler.max_num_seqs")) {
+      return DCP_ERROR(InvalidArgument,
+                       "a batch has %d requests > scheduler.max_num_seqs %d (raise "
+                       "--max-num-seqs)", max_requests, scheduler.max_num_seqs);
+    }
+    scheduler.max_num_seqs = int(max_requests);
+  }
+  DCP_RETURN_IF_ERROR(ValidateConfigs(config_.model, config_.dcp, config_.scheduler,
+                                      config_.attention));
+  if (!problem_mode()) {
+    synthetic_ = std::make_unique<SyntheticWorkload>(config_.model, config_.attention.index_topk,
+                                                     config_.run.seed);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Job::StartGroup() {
+  const RunSection& run = config_.run;
+  {
+    absl::StatusOr<std::unique_ptr<Device>> device = MakeRankDevice(run.device, process_);
+    DCP_RETURN_IF_ERROR(Agree(device.status()));
+    device_ = std::move(device).value();
+  }
+  {
+    absl::StatusOr<std::unique_ptr<Communicator>> comm =
+        MakeRankCommunicator(run.comm, *bootstrap_, *device_, config_.dcp.comm_timeout_s);
+    DCP_RETURN_IF_ERROR(Agree(comm.status()));
+    comm_ = std::move(comm).value();
+  }
+  if (comm_->memory_space() != device_->memory_space()) {
+    return DCP_ERROR(InvalidArgument,
+                     "--comm %s moves %s buffers but --device %s keeps them in %s memory "
+                     "(use --comm nccl with --device cuda)", run.comm,
+                     comm_->memory_space() == MemorySpace::kHost ? "host" : "device", run.device,
+                     device_->memory_space() == MemorySpace::kHost ? "host" : "device");
+  }
+  if (problem_mode()) {
+    DCP_RETURN_IF_ERROR(ScatterProblem(*bootstrap_, problem_ ? &*problem_ : nullptr, *header_,
+                                       config_.dcp.interleave, next_request_id_, &weights_,
+                                       &problem_batch_));
+  } else {
+    weights_ = synthetic_->Weights(my_view());
+  }
+  DCP_ASSIGN_OR_RETURN(context_,
+                       DcpContext::Create(config_.options(), *comm_, *device_,
+                                          WeightViews(weights_, config_.model, heads_per_rank())));
+  return absl::OkStatus();
+}
+
+absl::Status Job::PrintPlan() {
+  std::vector<BatchRequest> requests;
+  for (size_t i = 0; i < batches_[0].size(); ++i) {
+    requests.push_back({next_request_id_ + int64_t(i), batches_[0][i].seq_len,
+                        batches_[0][i].query_len});
+  }
+  const bool has_topk = problem_mode() ? header_->topk_width > 0 : true;
+  DCP_ASSIGN_OR_RETURN(std::string json, context_->PlanJson(requests, has_topk));
+  if (is_root()) {
+    std::printf("%s\n", json.c_str());
+    std::fflush(stdout);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Job::StartReference() {
+  if (!is_root()) return absl::OkStatus();
+  const RankWeights whole = problem_mode() ? SliceWeights(*problem_, whole_view())
+                                           : synthetic_->Weights(whole_view());
+  DCP_ASSIGN_OR_RETURN(reference_, Reference::Create(config_.options(), whole));
+  return absl::OkStatus();
+}
+
+RankBatch Job::WholeBatch(int index, int64_t first_request_id) const {
+  return problem_mode() ? SliceBatch(*problem_, whole_view(), first_request_id)
+                        : synthetic_->Batch(batches_[index], index, first_request_id,
+                                            whole_view());
+}
+
+void Job::Progress(int index, int done, int total) const {
+  if (!is_root() || total < 10) return;
+  const int step = std::max(1, total / 10);
+  if (done % step == 0 || done == total) {
+    std::fprintf(stderr, "[dcp_run] batch %d/%d: %d/%d iterations\n", index + 1,
+                 int(batches_.size()), done, total);
+  }
+}
+
+absl::Status Job::RunBatch(int index) {
+  const ModelDims& model = config_.model;
+  const RunSection& run = config_.run;
+  const int64_t first_request_id = next_request_id_;
+  next_request_id_ += int64_t(batches_[index].size());
+  RankBatch batch = problem_mode() ? std::move(problem_batch_)
+                                   : synthetic_->Batch(batches_[index], index, first_request_id,
+                                                       my_view());
+
+  // Request bookkeeping fails locally (no agreement inside DcpContext): agree before Forward.
+  DCP_RETURN_IF_ERROR(Agree(AddRequests(*context_, batch)));
+  StatsAccumulator stats;
+  std::vector<float> out, lse;
+  const int total = run.warmup + run.iters;
+  for (int i = 0; i < total; ++i) {
+    DCP_RETURN_IF_ERROR(Agree(LoadContext(*context_, batch, model)));
+    DCP_RETURN_IF_ERROR(ForwardBatch(*context_, batch, model, heads_per_rank(), &out, &lse));
+    if (i >= run.warmup) stats.Add(context_->last_stats());
+    Progress(index, i + 1, total);
+  }
+  DCP_RETURN_IF_ERROR(Agree(FreeRequests(*context_, batch)));
+
+  std::vector<float> all_out, all_lse;
+  DCP_RETURN_IF_ERROR(GatherOutputs(*bootstrap_, batch.num_tokens(), heads_per_rank(),
+                                    model.v_head_dim, out, lse, &all_out, &all_lse));
+  DCP_ASSIGN_OR_RETURN(BatchReport report, ReduceStats(*bootstrap_, stats.Mean(), run.iters));
+  report.label = labels_[index];
+  report.num_requests = int(batch.requests.size());
+
+  if (run.check) {
+    absl::Status checked = absl::OkStatus();
+    if (is_root()) {
+      std::vector<float> ref_out, ref_lse;
+      checked = reference_->Run(WholeBatch(index, first_request_id), &ref_out, &ref_lse);
+      if (checked.ok()) {
+        const double tolerance =
+            run.tolerance > 0 ? run.tolerance : DefaultTolerance(device_->storage_dtype());
+        report.check = CompareOutputs(all_out, all_lse, ref_out, ref_lse, model.num_heads,
+                                      model.v_head_dim, tolerance);
+      }
+    }
+    DCP_RETURN_IF_ERROR(Agree(checked));
+    int32_t passed = is_root() ? int32_t(report.check->passed) : 0;
+    DCP_RETURN_IF_ERROR(bootstrap_->HostBroadcast(&passed, sizeof(passed), 0));
+    if (!passed) check_failed_ = true;
+  }
+
+  // The result file only after a run that succeeded (and passed its check, if asked).
+  if (!run.output.empty() && !check_failed_) {
+    absl::Status written = absl::OkStatus();
+    if (is_root()) {
+      const ForwardStats& last = context_->last_stats();
+      written = WriteResultFile(run.output, batch.num_tokens(), model.num_heads, model.v_head_dim,
+                                all_out, all_lse,
+                                {last.route, process_.world_size, config_.dcp.interleave,
+                                 last.num_chunks});
+    }
+    DCP_RETURN_IF_ERROR(Agree(written));
+  }
+  if (is_root()) {
+    if (!run.json) {
+      std::fputs(FormatReport(report, index, int(batches_.size())).c_str(), stdout);
+      std::fflush(stdout);
+    }
+    reports_.push_back(std::move(report));
+  }
+  return absl::OkStatus();
+}
+
+RunDescription Job::Describe() const {
+  RunDescription run;
+  run.world_size = process_.world_size;
+  run.device = device_ ? device_->name() : config_.run.device;
+  run.comm = comm_ ? comm_->name() : config_.run.comm;
+  run.combine = combine_backend_name(config_.dcp.combine);
+  run.source = problem_mode() ? "problem " + config_.run.problem
+                              : absl::StrFormat("synthetic, seed %d", config_.run.seed);
+  run.input_dtype = header_.has_value() ? header_->input_dtype : "";
+  run.model = config_.model;
+  run.index_topk = config_.attention.index_topk;
+  run.interleave = config_.dcp.interleave;
+  run.block_size = config_.scheduler.block_size;
+  return run;
+}
+
+}  // namespace
+
+int RunJob(int argc, char** argv) {
+  absl::StatusOr<ProcessInfo> process = InitMpi(&argc, &argv);
+  if (!process.ok()) {
+    std::fprintf(stderr, "dcp_run: error: %s\n", std::string(process.status().message()).c_str());
+    return kExitRuntimeError;
+  }
+  int code = kExitOk;
+  {
+    Job job(*process);
+    const absl::Status status = job.Run(argc, argv);
+    if (!status.ok()) {
+      if (process->rank == 0) {
+        std::fprintf(stderr, "dcp_run: error: %s\n", std::string(status.message()).c_str());
+      }
+      code = ExitCodeFor(status);
+    } else if (job.check_failed()) {
+      code = kExitCheckFailed;
+    }
+    job.Release();
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  FinalizeMpi();
+  return code;
+}
+
+}  // namespace dcp::launch

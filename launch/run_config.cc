@@ -1,0 +1,216 @@
+#include "launch/run_config.h"
+
+#include <functional>
+#include <map>
+
+#include "absl/strings/str_join.h"
+#include "runtime/status.h"
+#include "yaml-cpp/yaml.h"
+
+namespace dcp::launch {
+namespace {
+
+using Setter = std::function<absl::Status(const YAML::Node&, RunConfig*)>;
+
+std::string Where(std::string_view source, const YAML::Node& node, std::string_view key) {
+  const YAML::Mark mark = node.Mark();
+  if (mark.line < 0) return absl::StrFormat("%s: %s", source, key);
+  return absl::StrFormat("%s:%d: %s", source, mark.line + 1, key);
+}
+
+template <typename T>
+absl::StatusOr<T> Scalar(const YAML::Node& node, std::string_view where, std::string_view type) {
+  if (!node.IsScalar()) {
+    return DCP_ERROR(InvalidArgument, "%s must be %s", where, type);
+  }
+  try {
+    return node.as<T>();
+  } catch (const YAML::Exception&) {
+    return DCP_ERROR(InvalidArgument, "%s must be %s, got '%s'", where, type, node.Scalar());
+  }
+}
+
+// One table entry per key: how to read it into the config.
+struct Key {
+  const char* name;
+  std::function<absl::Status(const YAML::Node&, const std::string&, RunConfig*)> set;
+};
+
+template <typename T>
+Key Field(const char* name, T RunConfig::*section, auto member, const char* type) {
+  return Key{name, [section, member, type](const YAML::Node& node, const std::string& where,
+                                           RunConfig* config) -> absl::Status {
+               using Value = std::remove_reference_t<decltype((config->*section).*member)>;
+               DCP_ASSIGN_OR_RETURN(Value value, Scalar<Value>(node, where, type));
+               (config->*section).*member = value;
+               return absl::OkStatus();
+             }};
+}
+
+const std::map<std::string, std::vector<Key>>& Schema() {
+  static const auto* schema = new std::map<std::string, std::vector<Key>>{
+      {"model",
+       {Key{"preset",
+            [](const YAML::Node& node, const std::string& where, RunConfig* config) {
+              DCP_ASSIGN_OR_RETURN(std::string name, Scalar<std::string>(node, where, "a name"));
+              return ApplyModelPreset(name, config);
+            }},
+        Field("num_heads", &RunConfig::model, &ModelDims::num_heads, "an integer"),
+        Field("kv_lora_rank", &RunConfig::model, &ModelDims::kv_lora_rank, "an integer"),
+        Field("qk_nope_head_dim", &RunConfig::model, &ModelDims::qk_nope_head_dim, "an integer"),
+        Field("qk_rope_head_dim", &RunConfig::model, &ModelDims::qk_rope_head_dim, "an integer"),
+        Field("v_head_dim", &RunConfig::model, &ModelDims::v_head_dim, "an integer"),
+        Field("softmax_scale", &RunConfig::model, &ModelDims::softmax_scale, "a number")}},
+      {"scheduler",
+       {Field("max_num_seqs", &RunConfig::scheduler, &SchedulerConfig::max_num_seqs, "an integer"),
+        Field("max_model_len", &RunConfig::scheduler, &SchedulerConfig::max_model_len,
+              "an integer"),
+        Field("block_size", &RunConfig::scheduler, &SchedulerConfig::block_size, "an integer"),
+        Field("decode_threshold", &RunConfig::scheduler, &SchedulerConfig::decode_threshold,
+              "an integer"),
+        Field("num_kv_blocks", &RunConfig::scheduler, &SchedulerConfig::num_kv_blocks,
+              "an integer"),
+        Key{"workspace_rows",
+            [](const YAML::Node& node, const std::string& where, RunConfig* config) {
+              DCP_ASSIGN_OR_RETURN(config->workspace_rows,
+                                   Scalar<int64_t>(node, where, "an integer"));
+              DCP_CHECK_ARG(config->workspace_rows >= 0, "%s must be >= 0 (0 = the formula)",
+                            where);
+              return absl::OkStatus();
+            }}}},
+      {"dcp",
+       {Field("interleave", &RunConfig::dcp, &DcpConfig::interleave, "an integer"),
+        Key{"combine",
+            [](const YAML::Node& node, const std::string& where, RunConfig* config) {
+              DCP_ASSIGN_OR_RETURN(std::string name, Scalar<std::string>(node, where, "a name"));
+              return ParseCombineBackend(name, &config->dcp.combine);
+            }},
+        Field("comm_timeout_s", &RunConfig::dcp, &DcpConfig::comm_timeout_s, "a number")}},
+      {"attention",
+       {Field("index_topk", &RunConfig::attention, &AttentionConfig::index_topk, "an integer"),
+        Field("is_sparse", &RunConfig::attention, &AttentionConfig::is_sparse, "true or false"),
+        Field("force_mqa", &RunConfig::attention, &AttentionConfig::force_mqa, "true or false"),
+        Field("prefill_backend", &RunConfig::attention, &AttentionConfig::prefill_backend,
+              "a name")}},
+      {"run",
+       {Key{"batches",
+            [](const YAML::Node& node, const std::string& where, RunConfig* config) {
+              config->run.batches.clear();
+              if (node.IsScalar()) {
+                config->run.batches.push_back(node.Scalar());
+                return absl::OkStatus();
+              }
+              if (!node.IsSequence()) {
+                return DCP_ERROR(InvalidArgument, "%s must be a list of batch specs", where);
+              }
+              for (const YAML::Node& item : node) {
+                DCP_ASSIGN_OR_RETURN(std::string spec,
+                                     Scalar<std::string>(item, where, "a list of batch specs"));
+                config->run.batches.push_back(spec);
+              }
+              return absl::OkStatus();
+            }},
+        Field("problem", &RunConfig::run, &RunSection::problem, "a path"),
+        Field("output", &RunConfig::run, &RunSection::output, "a path"),
+        Field("device", &RunConfig::run, &RunSection::device, "cpu or cuda"),
+        Field("comm", &RunConfig::run, &RunSection::comm, "mpi or nccl"),
+        Field("seed", &RunConfig::run, &RunSection::seed, "a non-negative integer"),
+        Field("iters", &RunConfig::run, &RunSection::iters, "an integer"),
+        Field("warmup", &RunConfig::run, &RunSection::warmup, "an integer"),
+        Field("check", &RunConfig::run, &RunSection::check, "true or false"),
+        Field("tolerance", &RunConfig::run, &RunSection::tolerance, "a number"),
+        Field("print_plan", &RunConfig::run, &RunSection::print_plan, "true or false"),
+        Field("json", &RunConfig::run, &RunSection::json, "true or false")}},
+  };
+  return *schema;
+}
+
+}  // namespace
+
+absl::Status ApplyModelPreset(std::string_view name, RunConfig* config) {
+  if (name == "small") {
+    config->model = ModelDims{};
+  } else if (name == "deepseek_v32" || name == "deepseek-v3.2") {
+    config->model = ModelDims::DeepSeekV32();
+  } else {
+    return DCP_ERROR(InvalidArgument, "unknown model preset '%s' (small or deepseek_v32)", name);
+  }
+  config->model_preset = std::string(name);
+  return absl::OkStatus();
+}
+
+absl::Status ApplyYamlConfig(std::string_view text, std::string_view source, RunConfig* config) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    return DCP_ERROR(InvalidArgument, "%s: not valid YAML: %s", source, e.what());
+  }
+  if (root.IsNull()) return absl::OkStatus();  // an empty file
+  if (!root.IsMap()) {
+    return DCP_ERROR(InvalidArgument, "%s: the config must be a map of sections (%s)", source,
+                     "model, scheduler, dcp, attention, run");
+  }
+  const auto& schema = Schema();
+  // Sections in schema order: the model preset applies before the dims of the same file.
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string section = it->first.as<std::string>();
+    if (!schema.contains(section)) {
+      return DCP_ERROR(InvalidArgument,
+                       "%s: unknown section '%s' (known: model, scheduler, dcp, attention, run)",
+                       Where(source, it->first, ""), section);
+    }
+    if (!it->second.IsMap() && !it->second.IsNull()) {
+      return DCP_ERROR(InvalidArgument, "%s: section '%s' must be a map",
+                       Where(source, it->first, ""), section);
+    }
+  }
+  for (const auto& [section, keys] : schema) {
+    const YAML::Node node = root[section];
+    if (!node || node.IsNull()) continue;
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      const std::string key = it->first.as<std::string>();
+      bool found = false;
+      for (const Key& k : keys) found = found || key == k.name;
+      if (!found) {
+        std::vector<std::string> names;
+        for (const Key& k : keys) names.push_back(k.name);
+        return DCP_ERROR(InvalidArgument, "%s: unknown key '%s.%s' (known: %s)",
+                         Where(source, it->first, ""), section, key, absl::StrJoin(names, ", "));
+      }
+    }
+    // Table order, so that model.preset comes before the dims that refine it.
+    for (const Key& k : keys) {
+      const YAML::Node value = node[k.name];
+      if (!value) continue;
+      const std::string full = absl::StrFormat("%s.%s", section, k.name);
+      DCP_RETURN_IF_ERROR(k.set(value, Where(source, value, full), config));
+      config->explicit_keys.insert(full);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRunSection(const RunConfig& config) {
+  const RunSection& run = config.run;
+  DCP_CHECK_ARG(run.device == "cpu" || run.device == "cuda",
+                "--device must be cpu or cuda, got '%s'", run.device);
+  DCP_CHECK_ARG(run.comm == "mpi" || run.comm == "nccl", "--comm must be mpi or nccl, got '%s'",
+                run.comm);
+  DCP_CHECK_ARG(!(run.comm == "nccl" && run.device != "cuda"),
+                "--comm nccl needs --device cuda (NCCL moves device buffers)");
+  DCP_CHECK_ARG(run.iters >= 1, "--iters must be >= 1, got %d", run.iters);
+  DCP_CHECK_ARG(run.warmup >= 0, "--warmup must be >= 0, got %d", run.warmup);
+  DCP_CHECK_ARG(run.tolerance >= 0, "--tolerance must be >= 0, got %g", run.tolerance);
+  DCP_CHECK_ARG(!(run.problem.empty() && run.batches.empty()),
+                "nothing to run: give --batch (e.g. 8q1s1k) or --problem FILE, or a config "
+                "whose run section lists batches");
+  DCP_CHECK_ARG(run.problem.empty() || run.batches.empty(),
+                "give --batch or --problem, not both");
+  DCP_CHECK_ARG(run.output.empty() || !run.problem.empty() || run.batches.size() == 1,
+                "--output writes one batch's result, but %d batches are listed",
+                run.batches.size());
+  return absl::OkStatus();
+}
+
+}  // namespace dcp::launch
