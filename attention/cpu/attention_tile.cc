@@ -10,11 +10,11 @@ AttentionTile::AttentionTile(int max_queries, int qk_dim, int v_dim)
     : max_queries_(max_queries),
       qk_dim_(qk_dim),
       v_dim_(v_dim),
-      q_packed_(PackedASize(max_queries, qk_dim)),
-      k_packed_(PackedBSize(qk_dim, kKeyBlock)),
-      v_packed_(PackedBSize(kKeyBlock, v_dim)),
-      p_packed_(PackedASize(max_queries, kKeyBlock)),
-      scores_(int64_t{max_queries} * kKeyBlock),
+      value_stride_(RoundUp(v_dim, kPanelCols)),
+      q_packed_(PackedBSize(qk_dim, max_queries)),
+      keys_(int64_t{kKeyBlock + kPanelRows} * qk_dim, 0.0f),
+      values_(int64_t{kKeyBlock} * value_stride_, 0.0f),
+      scores_(RoundUp(max_queries, kPanelRows) * kKeyBlock, 0.0f),
       row_max_(max_queries),
       row_sum_(max_queries),
       out_(int64_t{max_queries} * v_dim) {}
@@ -28,27 +28,40 @@ void AttentionTile::Reset(int num_queries) {
 
 void AttentionTile::AddKeyBlock(int num_keys, const int* visible, float scale) {
   if (num_keys <= 0) return;
+  alignas(64) float tile[kPanelRows * kPanelCols];
   float* scores = scores_.data();
-  MultiplyPacked(num_queries_, num_keys, qk_dim_, q_packed_.data(), k_packed_.data(),
-                 [&](int i0, int j0, int rows, int cols, const float* tile) {
-                   for (int r = 0; r < rows; ++r) {
-                     std::copy(tile + r * kPanelCols, tile + r * kPanelCols + cols,
-                               scores + int64_t{i0 + r} * kKeyBlock + j0);
-                   }
-                 });
+  // Scores, transposed: tile = K rows (6 keys) @ Q^T panel (16 queries), stored as s[query][key].
+  for (int q0 = 0; q0 < num_queries_; q0 += kPanelCols) {
+    const float* q_panel = q_packed_.data() + int64_t{q0 / kPanelCols} * qk_dim_ * kPanelCols;
+    const int queries = std::min(kPanelCols, num_queries_ - q0);
+    for (int k0 = 0; k0 < num_keys; k0 += kPanelRows) {
+      MicroKernel(qk_dim_, keys_.data() + int64_t{k0} * qk_dim_, qk_dim_, 1, q_panel, kPanelCols,
+                  tile);
+      const int keys = std::min(kPanelRows, num_keys - k0);
+      for (int r = 0; r < keys; ++r) {
+        for (int c = 0; c < queries; ++c) {
+          scores[int64_t{q0 + c} * kKeyBlock + k0 + r] = tile[r * kPanelCols + c];
+        }
+      }
+    }
+  }
   SoftmaxBlockUpdate(num_queries_, num_keys, kKeyBlock, visible, scale, scores, row_max_.data(),
                      row_sum_.data(), out_.data(), v_dim_);
-  PackA(num_queries_, num_keys,
-        [&](int i, int j) { return scores[int64_t{i} * kKeyBlock + j]; }, p_packed_.data());
+  // out += P @ V: P rows (6 queries) in place against 16-column strips of the V rows.
   float* out = out_.data();
-  MultiplyPacked(num_queries_, v_dim_, num_keys, p_packed_.data(), v_packed_.data(),
-                 [&](int i0, int j0, int rows, int cols, const float* tile) {
-                   for (int r = 0; r < rows; ++r) {
-                     float* dst = out + int64_t{i0 + r} * v_dim_ + j0;
-                     const float* src = tile + r * kPanelCols;
-                     for (int c = 0; c < cols; ++c) dst[c] += src[c];
-                   }
-                 });
+  for (int c0 = 0; c0 < v_dim_; c0 += kPanelCols) {
+    const int cols = std::min(kPanelCols, v_dim_ - c0);
+    for (int i0 = 0; i0 < num_queries_; i0 += kPanelRows) {
+      MicroKernel(num_keys, scores + int64_t{i0} * kKeyBlock, kKeyBlock, 1, values_.data() + c0,
+                  value_stride_, tile);
+      const int rows = std::min(kPanelRows, num_queries_ - i0);
+      for (int r = 0; r < rows; ++r) {
+        float* dst = out + int64_t{i0 + r} * v_dim_ + c0;
+        const float* src = tile + r * kPanelCols;
+        for (int c = 0; c < cols; ++c) dst[c] += src[c];
+      }
+    }
+  }
 }
 
 DCP_CPU_MULTIVERSION

@@ -1,20 +1,23 @@
 // Flash-style attention of a tile of queries over key blocks, the shared core of DenseMha
 // (queries = one head's query block) and SparseMqa (queries = a token's heads). The caller
-// packs Q once and each key block's K^T and V into the tile's buffers (packed_gemm.h layouts);
-// AddKeyBlock computes the scores, the online-softmax update (running max, so logits of any
-// size are safe) and the P @ V accumulation, all in fp32.
+// packs Q^T once per tile and copies each key block's K and V rows into the tile as fp32 rows
+// (a sequential copy, so gathered rows and bf16 cost little); AddKeyBlock then computes the
+// scores (K rows in place against the Q^T panels), the online-softmax update (running max, so
+// logits of any size are safe) and P @ V (P and V rows in place), all in fp32.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "attention/cpu/packed_gemm.h"
+#include "runtime/dtype.h"
 
 namespace dcp::cpu::internal {
 
-inline constexpr int kKeyBlock = 64;  // keys per block: K^T (576 x 64) and V stay in L2
+inline constexpr int kKeyBlock = 64;  // keys per block: K (64 x 576) and V stay in L2
 
 class AttentionTile {
  public:
@@ -24,12 +27,19 @@ class AttentionTile {
   // Starts num_queries fresh queries (max -inf, sum 0, out 0); Q must be packed after this.
   void Reset(int num_queries);
 
-  float* q_packed() { return q_packed_.data(); }  // PackedASize(num_queries, qk_dim)
-  float* k_packed() { return k_packed_.data(); }  // PackedBSize(qk_dim, kKeyBlock): K^T
-  float* v_packed() { return v_packed_.data(); }  // PackedBSize(kKeyBlock, v_dim)
+  // Q^T as B panels: PackBFromColumns(qk_dim, num_queries, query_row, q_packed()).
+  float* q_packed() { return q_packed_.data(); }
 
-  // Adds a block of num_keys <= kKeyBlock keys. visible: per query, how many leading keys of
-  // the block it sees (the causal mask); null = all.
+  // Row j < kKeyBlock of the current key block's keys / values, fp32.
+  template <typename T>
+  void SetKeyRow(int j, const T* key) { CopyRow(key, qk_dim_, keys_.data() + int64_t{j} * qk_dim_); }
+  template <typename T>
+  void SetValueRow(int j, const T* value) {
+    CopyRow(value, v_dim_, values_.data() + int64_t{j} * value_stride_);
+  }
+
+  // Adds the block of num_keys <= kKeyBlock keys set above. visible: per query, how many leading
+  // keys of the block it sees (the causal mask); null = all.
   void AddKeyBlock(int num_keys, const int* visible, float scale);
 
   // out_row(i) -> float* of v_dim; writes out = sum p_j v_j / sum p_j and lse = max + log(sum),
@@ -38,11 +48,23 @@ class AttentionTile {
   void Finish(OutRow&& out_row, WriteLse&& write_lse) const;
 
  private:
+  static void CopyRow(const float* source, int n, float* dest) {
+    std::memcpy(dest, source, sizeof(float) * n);
+  }
+  static void CopyRow(const bf16* source, int n, float* dest) {
+    for (int i = 0; i < n; ++i) dest[i] = bf16_to_float(source[i]);
+  }
+
   int max_queries_, qk_dim_, v_dim_, num_queries_ = 0;
-  std::vector<float> q_packed_, k_packed_, v_packed_, p_packed_;
-  std::vector<float> scores_;               // [max_queries][kKeyBlock]
-  std::vector<float> row_max_, row_sum_;    // [max_queries], row_max in scaled-logit units
-  std::vector<float> out_;                  // [max_queries][v_dim], unnormalized
+  int64_t value_stride_;  // v_dim rounded up to whole register tiles: P @ V reads full tiles
+  std::vector<float> q_packed_;
+  // Rows past the block (up to a whole register tile) are read but their results dropped; the
+  // buffers are zero-initialized so that those reads are of finite values.
+  std::vector<float> keys_;     // [kKeyBlock + kPanelRows][qk_dim]
+  std::vector<float> values_;   // [kKeyBlock][value_stride]
+  std::vector<float> scores_;   // [round_up(max_queries, kPanelRows)][kKeyBlock]: scores, then p
+  std::vector<float> row_max_, row_sum_;  // [max_queries], row_max in scaled-logit units
+  std::vector<float> out_;                // [max_queries][v_dim], unnormalized
 };
 
 // One query block's online-softmax step over scores s[nq][ld_s] (raw q.k): masks keys past

@@ -101,23 +101,18 @@ void RunDenseMha(const DenseMhaParams& p) {
       const int num_keys = num_visible(block.count - 1);  // the block's last query sees most
 
       tile.Reset(block.count);
-      internal::PackA(
-          block.count, p.qk_dim,
-          [&](int i, int d) {
-            return to_float(q[(q_token0 + i) * p.q_token_stride + head * p.q_head_stride + d]);
-          },
+      const T* q_rows = q + q_token0 * p.q_token_stride + head * p.q_head_stride;
+      internal::PackBFromColumns(
+          p.qk_dim, block.count, [&](int i) { return q_rows + i * p.q_token_stride; },
           tile.q_packed());
       for (int key0 = 0; key0 < num_keys; key0 += kKeyBlock) {
         const int block_keys = std::min(kKeyBlock, num_keys - key0);
         const T* k_rows = k + (k_token0 + key0) * p.k_token_stride + head * p.k_head_stride;
         const T* v_rows = v + (k_token0 + key0) * p.v_token_stride + head * p.v_head_stride;
-        internal::PackBFromColumns(
-            p.qk_dim, block_keys, [&](int j) { return k_rows + j * p.k_token_stride; },
-            tile.k_packed());
-        internal::PackB(
-            block_keys, p.v_dim,
-            [&](int j, int c) { return to_float(v_rows[j * p.v_token_stride + c]); },
-            tile.v_packed());
+        for (int j = 0; j < block_keys; ++j) {
+          tile.SetKeyRow(j, k_rows + j * p.k_token_stride);
+          tile.SetValueRow(j, v_rows + j * p.v_token_stride);
+        }
         for (int i = 0; i < block.count; ++i) visible[i] = num_visible(i) - key0;
         tile.AddKeyBlock(block_keys, p.causal ? visible : nullptr, p.scale);
       }

@@ -14,13 +14,14 @@ static_assert(kPanelCols == 16);
 // kPanelRows accumulators of kPanelCols lanes stay in registers for the whole k loop; each step
 // loads one B row and broadcasts kPanelRows A values (6x16 fits AVX2's 16 registers).
 DCP_CPU_MULTIVERSION
-void MicroKernel(int k, const float* a_panel, const float* b_panel, float* tile) {
+void MicroKernel(int k, const float* a, int64_t a_row_stride, int64_t a_k_stride, const float* b,
+                 int64_t b_k_stride, float* tile) {
   Vec16 acc[kPanelRows] = {};
   for (int p = 0; p < k; ++p) {
-    Vec16 b;
-    std::memcpy(&b, b_panel + int64_t{p} * kPanelCols, sizeof(b));
-    const float* a = a_panel + int64_t{p} * kPanelRows;
-    for (int r = 0; r < kPanelRows; ++r) acc[r] += a[r] * b;
+    Vec16 b_row;
+    std::memcpy(&b_row, b + p * b_k_stride, sizeof(b_row));
+    const float* a_column = a + p * a_k_stride;
+    for (int r = 0; r < kPanelRows; ++r) acc[r] += a_column[r * a_row_stride] * b_row;
   }
   std::memcpy(tile, acc, sizeof(acc));
 }

@@ -23,8 +23,13 @@ constexpr int64_t RoundUp(int64_t value, int64_t multiple) {
 constexpr int64_t PackedASize(int64_t m, int64_t k) { return RoundUp(m, kPanelRows) * k; }
 constexpr int64_t PackedBSize(int64_t k, int64_t n) { return RoundUp(n, kPanelCols) * k; }
 
-// tile[kPanelRows][kPanelCols] = a_panel^T-by-b_panel product over k (fp32 accumulation).
-void MicroKernel(int k, const float* a_panel, const float* b_panel, float* tile);
+// tile[kPanelRows][kPanelCols] = A (kPanelRows x k) @ B (k x kPanelCols), fp32 accumulation.
+// A element (r, p) is a[r * a_row_stride + p * a_k_stride]; B row p is the kPanelCols floats at
+// b + p * b_k_stride. Packed panels: (1, kPanelRows) and kPanelCols; plain row-major f32 rows
+// can be used in place (a_k_stride 1, b_k_stride = their leading dimension), as the attention
+// tile does, as long as all kPanelRows rows and kPanelCols columns are readable.
+void MicroKernel(int k, const float* a, int64_t a_row_stride, int64_t a_k_stride, const float* b,
+                 int64_t b_k_stride, float* tile);
 
 // Packs op(A) (m x k) given element(i, p) -> float.
 template <typename Element>
@@ -83,7 +88,7 @@ void MultiplyPacked(int m, int n, int k, const float* a_packed, const float* b_p
     const int cols = std::min(kPanelCols, n - j0);
     for (int i0 = 0; i0 < m; i0 += kPanelRows) {
       const float* a_panel = a_packed + int64_t{i0 / kPanelRows} * k * kPanelRows;
-      MicroKernel(k, a_panel, b_panel, tile);
+      MicroKernel(k, a_panel, 1, kPanelRows, b_panel, kPanelCols, tile);
       store(i0, j0, std::min(kPanelRows, m - i0), cols, static_cast<const float*>(tile));
     }
   }

@@ -1,7 +1,7 @@
 // SparseMqa on CPU. Thread mapping: one task = (token, block of heads); the token's in-range
-// slots are gathered, and each block of kKeyBlock cache rows is packed once (as K^T over all
-// head_dim columns and as V over the first v_dim) and shared by every head of the task, the
-// MQA reuse that makes this a matrix product rather than H dot products.
+// slots are gathered, and each block of kKeyBlock cache rows is copied once into the tile (as K
+// over all head_dim columns and as V over the first v_dim) and shared by every head of the
+// task: the MQA reuse that makes this a matrix product rather than H dot products.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -113,19 +113,18 @@ void RunSparseMqa(const SparseMqaParams& p) {
             if (indices[c] >= 0 && indices[c] < p.num_slots) slots.push_back(indices[c]);
           }
           tile.Reset(num_heads);
-          const T* q_token = q + token * p.q_token_stride;
-          internal::PackA(
-              num_heads, p.head_dim,
-              [&](int h, int d) { return to_float(q_token[(head0 + h) * p.q_head_stride + d]); },
+          const T* q_heads = q + token * p.q_token_stride + head0 * p.q_head_stride;
+          internal::PackBFromColumns(
+              p.head_dim, num_heads, [&](int h) { return q_heads + h * p.q_head_stride; },
               tile.q_packed());
           const int num_keys = static_cast<int>(slots.size());
           for (int key0 = 0; key0 < num_keys; key0 += kKeyBlock) {
             const int block_keys = std::min(kKeyBlock, num_keys - key0);
-            auto row = [&](int j) { return kv + slots[key0 + j] * p.kv_row_stride; };
-            internal::PackBFromColumns(p.head_dim, block_keys, row, tile.k_packed());
-            internal::PackB(
-                block_keys, p.v_dim, [&](int j, int c) { return to_float(row(j)[c]); },
-                tile.v_packed());
+            for (int j = 0; j < block_keys; ++j) {
+              const T* row = kv + slots[key0 + j] * p.kv_row_stride;
+              tile.SetKeyRow(j, row);    // the whole latent row [kv_c | k_pe]
+              tile.SetValueRow(j, row);  // its first v_dim columns (kv_c)
+            }
             tile.AddKeyBlock(block_keys, nullptr, p.scale);
           }
           tile.Finish(
