@@ -13,7 +13,9 @@ namespace dcp {
 // Row-major strided batched GEMM with fp32 accumulation, the one shape behind every
 // up-projection: for b in [0, batch): C[b] = alpha * op(A[b]) @ op(B[b]) (+ beta * C[b]).
 // op(A) is [m, k] (A stored [k, m] when trans_a), op(B) is [k, n] (B stored [n, k] when
-// trans_b). Batch strides may be 0 (the same matrix for every b).
+// trans_b). Batch strides of A and B may be 0 (the same matrix for every b). BLAS rules:
+// beta == 0 means C is not read (NaN in it does not survive); k == 0 gives C = beta * C;
+// m, n or batch == 0 is a no-op. C must not overlap A or B.
 struct GemmParams {
   const void* a = nullptr;  // A of dtype a_dtype, leading dimension lda, batch stride stride_a
   const void* b = nullptr;  // B of dtype b_dtype
@@ -30,7 +32,8 @@ struct GemmParams {
 // Sequence s has query tokens [cu_seqlens_q[s], cu_seqlens_q[s+1]) and key tokens
 // [cu_seqlens_k[s], cu_seqlens_k[s+1]). causal: query i of a sequence with Lq queries and Lk
 // keys sees keys [0, Lk - Lq + i] (bottom-right aligned: new tokens after their context);
-// otherwise every key. A query that sees no key gets out 0, lse -inf.
+// otherwise every key. A query that sees no key gets out 0, lse -inf. Sequences may have 0
+// queries or 0 keys; max_seqlen_q/k, when > 0, are checked against the actual lengths.
 struct DenseMhaParams {
   const void* q = nullptr;  // [Tq, H, qk_dim], strides q_token_stride / q_head_stride
   const void* k = nullptr;  // [Tk, H, qk_dim], strides k_token_stride / k_head_stride
