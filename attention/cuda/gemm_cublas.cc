@@ -1,0 +1,50 @@
+#include "attention/cuda/gemm_cublas.h"
+
+#include <algorithm>
+
+#include "runtime/cuda/cuda_status.h"
+
+namespace dcp::cuda {
+namespace {
+
+cudaDataType_t CudaType(DType dtype) {
+  return dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+}  // namespace
+
+absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream) {
+  DCP_CHECK_ARG(p.m >= 0 && p.n >= 0 && p.k >= 0 && p.batch >= 0,
+                "Gemm: negative size (m %d, n %d, k %d, batch %d)", p.m, p.n, p.k, p.batch);
+  DCP_CHECK_ARG(p.a_dtype == p.b_dtype && p.a_dtype != DType::kI32,
+                "Gemm (CUDA): A and B must both be BF16 or both F32 (got %s, %s)",
+                dtype_name(p.a_dtype), dtype_name(p.b_dtype));
+  DCP_CHECK_ARG(p.c_dtype == DType::kF32 || p.c_dtype == DType::kBF16,
+                "Gemm (CUDA): C must be F32 or BF16 (got %s)", dtype_name(p.c_dtype));
+  if (p.m == 0 || p.n == 0 || p.batch == 0) return absl::OkStatus();
+  DCP_CHECK_ARG(p.c != nullptr, "Gemm: c must not be null");
+  DCP_CHECK_ARG(p.k == 0 || (p.a != nullptr && p.b != nullptr), "Gemm: a and b must not be null");
+  // Leading dimensions of the row-major operands as stored.
+  const int64_t a_cols = p.trans_a ? p.m : p.k;
+  const int64_t b_cols = p.trans_b ? p.k : p.n;
+  DCP_CHECK_ARG(p.lda >= std::max<int64_t>(1, a_cols) && p.ldb >= std::max<int64_t>(1, b_cols) &&
+                    p.ldc >= std::max<int64_t>(1, p.n),
+                "Gemm: leading dimensions (lda %d, ldb %d, ldc %d) too small for m %d n %d k %d",
+                p.lda, p.ldb, p.ldc, p.m, p.n, p.k);
+  DCP_CHECK_ARG(p.batch == 1 || p.stride_c != 0, "Gemm: stride_c 0 with batch %d would race",
+                p.batch);
+  // BLAS rules, which cuBLAS follows: beta == 0 never reads C; k == 0 gives C = beta * C.
+  DCP_CUBLAS_CHECK(cublasSetStream(handle, stream));
+  const float alpha = p.alpha, beta = p.beta;
+  // Column-major: C^T [n x m] = op(B)^T [n x k] @ op(A)^T [k x m]. A row-major matrix X with
+  // leading dimension ld is the column-major X^T with the same ld.
+  const cublasOperation_t op_b = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  DCP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle, op_b, op_a, p.n, p.m, p.k, &alpha, p.b, CudaType(p.b_dtype), p.ldb, p.stride_b, p.a,
+      CudaType(p.a_dtype), p.lda, p.stride_a, &beta, p.c, CudaType(p.c_dtype), p.ldc, p.stride_c,
+      p.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
+}  // namespace dcp::cuda

@@ -1,0 +1,19 @@
+// Row-major strided batched GEMM (GemmParams) through cuBLAS: cublasGemmStridedBatchedEx with
+// fp32 compute (CUBLAS_COMPUTE_32F: no TF32, no reduced-precision reductions). Supported
+// dtypes: A and B both BF16 or both F32; C F32 or BF16. Other mixes are InvalidArgument.
+// Row-major C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T, i.e. cuBLAS
+// gets (B, A) swapped with (n, m); no data moves. Pointers are device memory.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+#include "attention/attention_params.h"
+
+namespace dcp::cuda {
+
+// `handle` must be bound to `stream` by the caller (cublasSetStream) or is bound here.
+absl::Status Gemm(cublasHandle_t handle, const GemmParams& params, cudaStream_t stream);
+
+}  // namespace dcp::cuda

@@ -1,0 +1,258 @@
+// Sparse top-k MQA, bf16 tensor cores (mma.sync m16n8k16), online softmax in fp32.
+//
+// Grid: (num_tokens, ceil(num_heads / 64)). One CTA = one token x 64 query heads; it walks the
+// token's top-k list in blocks of 64 keys. All heads share the one KV head, so a gathered block
+// of 64 cache rows (64 x 576 bf16 = 72 KiB) is used by all 64 heads of the CTA.
+// 8 warps: warp w owns head rows rg = w % 4 (16 rows) and half h = w / 4. For S = Q K^T, warp
+// (rg, h) computes its 16 rows x keys [32h, 32h+32) of the block; for O += P V it computes its
+// 16 rows x value columns [256h, 256h+256) over all 64 keys, so P (bf16) and the per-row
+// maxima are exchanged between the two halves through shared memory. Both warps of a row group
+// hold the same running max m; each holds the partial row sum l of its own keys, added at the
+// end.
+// Shared memory: Q tile [64][576], two K/V tiles [64][576] (cp.async double buffer: block b+1
+// is gathered while block b is computed), P [64][64], maxima and sums [2][64]: 225 KiB. Rows
+// are XOR-swizzled by 16-byte chunk so ldmatrix reads are conflict free.
+// Invalid keys (index -1, out of range, or past topk) are gathered as zero rows (no memory
+// read) and masked to -inf; a row with no valid key ends with l = 0: out 0, lse -inf.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "attention/attention_params.h"
+#include "attention/cuda/mma_sm80.cuh"
+#include "attention/cuda/sparse_mqa.h"
+#include "runtime/cuda/cuda_status.h"
+
+namespace dcp::cuda {
+
+template <int kHeadDim, int kVDim>
+struct SparseMqaConfig {
+  static constexpr int kBlockHeads = 64;
+  static constexpr int kBlockKeys = 64;
+  static constexpr int kThreads = 256;
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kKeysPerWarp = kBlockKeys / 2;
+  static constexpr int kValuesPerWarp = kVDim / 2;
+  static constexpr int kTileBytes = kBlockKeys * kHeadDim * 2;
+  static constexpr int kQBytes = kBlockHeads * kHeadDim * 2;
+  static constexpr int kPBytes = kBlockHeads * kBlockKeys * 2;
+  static constexpr int kSmemBytes = kQBytes + 2 * kTileBytes + kPBytes + 2 * 2 * kBlockHeads * 4;
+  static_assert(kHeadDim % 16 == 0 && kVDim % 32 == 0 && kVDim <= kHeadDim);
+  static_assert(kKeysPerWarp == 32 && kBlockHeads == 64, "the warp mapping above");
+};
+
+template <int kHeadDim, int kVDim>
+__global__ void __launch_bounds__(256, 1) SparseMqaKernel(const SparseMqaParams p) {
+  using Config = SparseMqaConfig<kHeadDim, kVDim>;
+  constexpr int kChunks = Config::kChunks;
+  constexpr int kBlockKeys = Config::kBlockKeys;
+  constexpr float kNegInf = -INFINITY;
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* s_q = smem;
+  uint8_t* s_kv = smem + Config::kQBytes;
+  uint8_t* s_p = s_kv + 2 * Config::kTileBytes;
+  float* s_max = reinterpret_cast<float*>(s_p + Config::kPBytes);  // [2][64]
+  float* s_sum = s_max + 2 * Config::kBlockHeads;                  // [2][64]
+
+  const int token = blockIdx.x;
+  const int head0 = blockIdx.y * Config::kBlockHeads;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int row_group = warp % 4, half = warp / 4;
+  const int g = lane / 4, c = lane % 4;
+
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q);
+  const auto* kv = static_cast<const __nv_bfloat16*>(p.kv_cache);
+  const int32_t* token_indices = p.indices + int64_t(token) * p.indices_token_stride;
+  const int topk = p.topk;
+  const int64_t num_slots = p.num_slots;
+
+  // Slot of key `key` of this token, or -1 when it is skipped.
+  auto slot_of = [&](int key) -> int64_t {
+    if (key >= topk) return -1;
+    const int64_t slot = token_indices[key];
+    return (slot >= 0 && slot < num_slots) ? slot : -1;
+  };
+
+  // Q tile: rows past num_heads are zeros.
+  const uint32_t q_base = SmemAddress(s_q);
+  for (int i = tid; i < Config::kBlockHeads * kChunks; i += Config::kThreads) {
+    const int row = i / kChunks, chunk = i % kChunks;
+    const int head = head0 + row;
+    const bool valid = head < p.num_heads;
+    const __nv_bfloat16* src =
+        valid ? q + int64_t(token) * p.q_token_stride + int64_t(head) * p.q_head_stride + chunk * 8
+              : q;
+    CpAsync16(q_base + SwizzledChunk<kChunks>(row, chunk), src, valid);
+  }
+  // Gathers block `block` of the top-k list into K/V buffer `buffer`.
+  auto load_block = [&](int block, int buffer) {
+    const uint32_t base = SmemAddress(s_kv + buffer * Config::kTileBytes);
+    for (int i = tid; i < kBlockKeys * kChunks; i += Config::kThreads) {
+      const int row = i / kChunks, chunk = i % kChunks;
+      const int64_t slot = slot_of(block * kBlockKeys + row);
+      const __nv_bfloat16* src = slot >= 0 ? kv + slot * p.kv_row_stride + chunk * 8 : kv;
+      CpAsync16(base + SwizzledChunk<kChunks>(row, chunk), src, slot >= 0);
+    }
+  };
+
+  const int num_blocks = (topk + kBlockKeys - 1) / kBlockKeys;
+  if (num_blocks > 0) load_block(0, 0);
+  CpAsyncCommit();
+
+  constexpr int kValueTiles = Config::kValuesPerWarp / 8;  // 32 n-tiles of 8 columns
+  float o[kValueTiles][4];
+#pragma unroll
+  for (int n = 0; n < kValueTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+  const int my_rows = row_group * 16;
+  const int my_keys = half * Config::kKeysPerWarp;
+  const int my_values = half * Config::kValuesPerWarp;
+  const uint32_t p_base = SmemAddress(s_p);
+
+  for (int block = 0; block < num_blocks; ++block) {
+    const int buffer = block & 1;
+    if (block + 1 < num_blocks) load_block(block + 1, buffer ^ 1);
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();
+    const uint32_t kv_base = SmemAddress(s_kv + buffer * Config::kTileBytes);
+
+    // S = Q K^T: 16 rows x 32 keys, k over the 576 columns.
+    float s[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    const int q_row = my_rows + (lane & 7) + ((lane >> 3) & 1) * 8;
+    const int k_row = my_keys + (lane & 7) + (lane >> 4) * 8;
+#pragma unroll 4
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      uint32_t a[4];
+      LdMatrixX4(q_base + SwizzledChunk<kChunks>(q_row, ks * 2 + (lane >> 4)), a[0], a[1], a[2],
+                 a[3]);
+#pragma unroll
+      for (int pair = 0; pair < 2; ++pair) {
+        uint32_t b0, b1, b2, b3;
+        LdMatrixX4(kv_base + SwizzledChunk<kChunks>(k_row + pair * 16, ks * 2 + ((lane >> 3) & 1)),
+                   b0, b1, b2, b3);
+        MmaBf16(s[2 * pair], a, b0, b1);
+        MmaBf16(s[2 * pair + 1], a, b2, b3);
+      }
+    }
+
+    // Scale into log2 units, mask skipped keys, and share the partial row maxima.
+    float block_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool valid = slot_of(block * kBlockKeys + my_keys + j * 8 + 2 * c + e) >= 0;
+        s[j][e] = valid ? s[j][e] * scale_log2 : kNegInf;
+        s[j][e + 2] = valid ? s[j][e + 2] * scale_log2 : kNegInf;
+        block_max[0] = fmaxf(block_max[0], s[j][e]);
+        block_max[1] = fmaxf(block_max[1], s[j][e + 2]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      block_max[r] = QuadMax(block_max[r]);
+      if (c == 0) s_max[half * 64 + my_rows + g + 8 * r] = block_max[r];
+    }
+    __syncthreads();
+
+    // Online softmax: new running max (the same in both halves), rescale O and l, P = 2^(s-m).
+    float m_use[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = my_rows + g + 8 * r;
+      const float m_new = fmaxf(m[r], fmaxf(s_max[row], s_max[64 + row]));
+      m_use[r] = m_new == kNegInf ? 0.f : m_new;  // all masked so far: keep exp2 finite
+      const float alpha = exp2f(m[r] - m_use[r]);
+      m[r] = m_new;
+      l[r] *= alpha;
+#pragma unroll
+      for (int n = 0; n < kValueTiles; ++n) {
+        o[n][2 * r] *= alpha;
+        o[n][2 * r + 1] *= alpha;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float p0 = exp2f(s[j][2 * r] - m_use[r]);
+        const float p1 = exp2f(s[j][2 * r + 1] - m_use[r]);
+        l[r] += p0 + p1;
+        const int row = my_rows + g + 8 * r;
+        const int chunk = (my_keys + j * 8) / 8;
+        *reinterpret_cast<uint32_t*>(s_p + SwizzledChunk<8>(row, chunk) + 4 * c) =
+            PackBf16(p0, p1);
+      }
+    }
+    __syncthreads();
+
+    // O += P V: 16 rows x 256 value columns, k over the block's 64 keys.
+    const int p_row = my_rows + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int ks = 0; ks < kBlockKeys / 16; ++ks) {
+      uint32_t a[4];
+      LdMatrixX4(p_base + SwizzledChunk<8>(p_row, ks * 2 + (lane >> 4)), a[0], a[1], a[2], a[3]);
+      const int v_row = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int pair = 0; pair < kValueTiles / 2; ++pair) {
+        uint32_t b0, b1, b2, b3;
+        LdMatrixX4Trans(
+            kv_base + SwizzledChunk<kChunks>(v_row, (my_values + pair * 16) / 8 + (lane >> 4)), b0,
+            b1, b2, b3);
+        MmaBf16(o[2 * pair], a, b0, b1);
+        MmaBf16(o[2 * pair + 1], a, b2, b3);
+      }
+    }
+    __syncthreads();  // the next iteration overwrites this K/V buffer, P and the maxima
+  }
+  CpAsyncWait<0>();
+
+  // Row sums of both halves, then normalize and store.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] = QuadSum(l[r]);
+    if (c == 0) s_sum[half * 64 + my_rows + g + 8 * r] = l[r];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = my_rows + g + 8 * r;
+    const int head = head0 + row;
+    if (head >= p.num_heads) continue;
+    const float total = s_sum[row] + s_sum[64 + row];
+    const float inverse = total > 0.f ? 1.f / total : 0.f;
+    float* out = p.out + int64_t(token) * p.out_token_stride + int64_t(head) * p.out_head_stride +
+                 my_values + 2 * c;
+#pragma unroll
+    for (int n = 0; n < kValueTiles; ++n) {
+      out[n * 8] = o[n][2 * r] * inverse;
+      out[n * 8 + 1] = o[n][2 * r + 1] * inverse;
+    }
+    if (half == 0 && c == 0) {
+      p.lse[int64_t(token) * p.lse_token_stride + head] =
+          total > 0.f ? (m[r] + log2f(total)) * 0.6931471805599453f : kNegInf;
+    }
+  }
+}
+
+template <int kHeadDim, int kVDim>
+absl::Status LaunchSparseMqa(const SparseMqaParams& p, cudaStream_t stream) {
+  using Config = SparseMqaConfig<kHeadDim, kVDim>;
+  auto kernel = SparseMqaKernel<kHeadDim, kVDim>;
+  DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      Config::kSmemBytes));
+  const dim3 grid(p.num_tokens, (p.num_heads + Config::kBlockHeads - 1) / Config::kBlockHeads);
+  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
+  DCP_CUDA_LAUNCH_CHECK("SparseMqaKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace dcp::cuda

@@ -1,0 +1,35 @@
+#include <algorithm>
+#include <cstdint>
+
+#include "attention/cuda/topk_to_slots.h"
+#include "attention/cuda/topk_to_slots_kernel.cuh"
+#include "runtime/cuda/cuda_status.h"
+
+namespace dcp::cuda {
+
+absl::Status TopkToSlots(const TopkToSlotsParams& p, cudaStream_t stream) {
+  DCP_CHECK_ARG(p.num_tokens >= 0 && p.topk_width >= 0 && p.num_requests >= 0 &&
+                    p.max_blocks >= 0,
+                "TopkToSlots: negative size (tokens %d, topk_width %d, requests %d, blocks %d)",
+                p.num_tokens, p.topk_width, p.num_requests, p.max_blocks);
+  DCP_CHECK_ARG(p.world_size >= 1 && p.rank >= 0 && p.rank < p.world_size,
+                "TopkToSlots: rank %d outside world of %d", p.rank, p.world_size);
+  DCP_CHECK_ARG(p.interleave >= 1 && p.block_size >= 1,
+                "TopkToSlots: interleave %d and block_size %d must be positive", p.interleave,
+                p.block_size);
+  const int64_t total = int64_t(p.num_tokens) * p.topk_width;
+  if (total == 0) return absl::OkStatus();
+  DCP_CHECK_ARG(p.topk != nullptr && p.token_request != nullptr && p.slots != nullptr,
+                "TopkToSlots: topk, token_request and slots must not be null");
+  DCP_CHECK_ARG(p.max_blocks == 0 || p.block_tables != nullptr,
+                "TopkToSlots: block_tables must not be null");
+  const int grid = static_cast<int>(std::clamp<int64_t>((total + 255) / 256, 1, 132 * 32));
+  TopkToSlotsKernel<<<grid, 256, 0, stream>>>(
+      p.topk, p.token_request, p.token_position, p.block_tables, p.slots, p.num_tokens,
+      p.topk_width, p.num_requests, p.max_blocks, p.world_size, p.interleave, p.rank,
+      p.block_size);
+  DCP_CUDA_LAUNCH_CHECK("TopkToSlotsKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace dcp::cuda

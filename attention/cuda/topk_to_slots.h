@@ -1,0 +1,18 @@
+// Top-k request-local positions -> this rank's cache slots on the GPU (TopkToSlotsParams):
+// KV layout of DESIGN.md section 4. A position that is -1 (or negative), owned by another rank,
+// past the request's block table, or in an unassigned block (id < 0) becomes -1. Positions
+// must already be validated (ValidateTopkPositions); with token_position given, a position past
+// the token's own also becomes -1. A token_request outside [0, num_requests) gives a row of -1
+// (the CPU twin rejects it: it is checked on the host there). Pointers are device memory.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+#include "attention/attention_params.h"
+
+namespace dcp::cuda {
+
+absl::Status TopkToSlots(const TopkToSlotsParams& params, cudaStream_t stream);
+
+}  // namespace dcp::cuda

@@ -1,0 +1,157 @@
+#include "collectives/cuda/host_staged_communicator.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <numeric>
+
+#include "runtime/cuda/cuda_status.h"
+#include "runtime/status.h"
+
+namespace dcp {
+
+absl::StatusOr<std::unique_ptr<HostStagedCommunicator>> HostStagedCommunicator::Create(
+    Communicator& host, cudaStream_t stream) {
+  DCP_CHECK_ARG(host.memory_space() == MemorySpace::kHost,
+                "HostStagedCommunicator: the wrapped communicator '%s' must use host memory",
+                host.name());
+  int device = -1;
+  DCP_CUDA_CHECK(cudaGetDevice(&device));
+  return std::unique_ptr<HostStagedCommunicator>(
+      new HostStagedCommunicator(host, stream, device));
+}
+
+HostStagedCommunicator::~HostStagedCommunicator() {
+  if (send_.data != nullptr) cudaFreeHost(send_.data);
+  if (recv_.data != nullptr) cudaFreeHost(recv_.data);
+}
+
+absl::Status HostStagedCommunicator::Reserve(Pinned& buffer, size_t bytes) {
+  if (bytes <= buffer.bytes) return absl::OkStatus();
+  // Grow geometrically so a sweep of sizes does not re-pin at every call.
+  const size_t grown = std::max(bytes, 2 * buffer.bytes);
+  if (buffer.data != nullptr) {
+    DCP_CUDA_CHECK(cudaFreeHost(buffer.data));
+    buffer = Pinned{};
+  }
+  DCP_CUDA_CHECK(cudaHostAlloc(&buffer.data, grown, cudaHostAllocDefault));
+  buffer.bytes = grown;
+  return absl::OkStatus();
+}
+
+absl::Status HostStagedCommunicator::ToHost(void* host, const void* device, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  DCP_CUDA_CHECK(cudaSetDevice(device_));
+  DCP_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_));
+  DCP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status HostStagedCommunicator::ToDevice(void* device, const void* host, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  DCP_CUDA_CHECK(cudaSetDevice(device_));
+  DCP_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_));
+  // The pinned buffer is reused by the next call: the copy must be done before we return.
+  DCP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status HostStagedCommunicator::AllGather(const void* send, void* recv, size_t count,
+                                               DType dtype) {
+  const size_t bytes = count * dtype_size(dtype);
+  const size_t total = bytes * size_t(world_size());
+  DCP_RETURN_IF_ERROR(Reserve(send_, bytes));
+  DCP_RETURN_IF_ERROR(Reserve(recv_, total));
+  DCP_RETURN_IF_ERROR(ToHost(send_.data, send, bytes));
+  DCP_RETURN_IF_ERROR(host_.AllGather(send_.data, recv_.data, count, dtype));
+  return ToDevice(recv, recv_.data, total);
+}
+
+absl::Status HostStagedCommunicator::AllGatherV(const void* send, size_t send_count, void* recv,
+                                                absl::Span<const size_t> counts, DType dtype) {
+  const size_t element = dtype_size(dtype);
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0}) * element;
+  DCP_RETURN_IF_ERROR(Reserve(send_, send_count * element));
+  DCP_RETURN_IF_ERROR(Reserve(recv_, total));
+  DCP_RETURN_IF_ERROR(ToHost(send_.data, send, send_count * element));
+  DCP_RETURN_IF_ERROR(host_.AllGatherV(send_.data, send_count, recv_.data, counts, dtype));
+  return ToDevice(recv, recv_.data, total);
+}
+
+absl::Status HostStagedCommunicator::ReduceScatterSum(const void* send, void* recv, size_t count,
+                                                      DType dtype) {
+  const size_t bytes = count * dtype_size(dtype);
+  const size_t total = bytes * size_t(world_size());
+  DCP_RETURN_IF_ERROR(Reserve(send_, total));
+  DCP_RETURN_IF_ERROR(Reserve(recv_, bytes));
+  DCP_RETURN_IF_ERROR(ToHost(send_.data, send, total));
+  DCP_RETURN_IF_ERROR(host_.ReduceScatterSum(send_.data, recv_.data, count, dtype));
+  return ToDevice(recv, recv_.data, bytes);
+}
+
+absl::Status HostStagedCommunicator::AllToAll(const void* send, void* recv, size_t count,
+                                              DType dtype) {
+  const size_t total = count * dtype_size(dtype) * size_t(world_size());
+  DCP_RETURN_IF_ERROR(Reserve(send_, total));
+  DCP_RETURN_IF_ERROR(Reserve(recv_, total));
+  DCP_RETURN_IF_ERROR(ToHost(send_.data, send, total));
+  DCP_RETURN_IF_ERROR(host_.AllToAll(send_.data, recv_.data, count, dtype));
+  return ToDevice(recv, recv_.data, total);
+}
+
+absl::Status HostStagedCommunicator::AllToAllV(const void* send,
+                                               absl::Span<const size_t> send_counts,
+                                               absl::Span<const size_t> send_displs, void* recv,
+                                               absl::Span<const size_t> recv_counts,
+                                               absl::Span<const size_t> recv_displs,
+                                               DType dtype) {
+  const size_t world = size_t(world_size());
+  DCP_CHECK_ARG(send_counts.size() == world && send_displs.size() == world &&
+                    recv_counts.size() == world && recv_displs.size() == world,
+                "AllToAllV: counts and displacements must have %d entries", world_size());
+  // The extent of each side: the furthest element any block touches.
+  size_t send_extent = 0, recv_extent = 0;
+  for (size_t r = 0; r < world; ++r) {
+    if (send_counts[r] > 0) send_extent = std::max(send_extent, send_displs[r] + send_counts[r]);
+    if (recv_counts[r] > 0) recv_extent = std::max(recv_extent, recv_displs[r] + recv_counts[r]);
+  }
+  const size_t element = dtype_size(dtype);
+  DCP_RETURN_IF_ERROR(Reserve(send_, send_extent * element));
+  DCP_RETURN_IF_ERROR(Reserve(recv_, recv_extent * element));
+  DCP_RETURN_IF_ERROR(ToHost(send_.data, send, send_extent * element));
+  // Gaps between the received blocks keep the device's values: stage them too.
+  DCP_RETURN_IF_ERROR(ToHost(recv_.data, recv, recv_extent * element));
+  DCP_RETURN_IF_ERROR(host_.AllToAllV(send_.data, send_counts, send_displs, recv_.data,
+                                      recv_counts, recv_displs, dtype));
+  return ToDevice(recv, recv_.data, recv_extent * element);
+}
+
+absl::Status HostStagedCommunicator::Broadcast(void* data, size_t bytes, int root) {
+  DCP_CHECK_ARG(root >= 0 && root < world_size(), "Broadcast: root %d outside [0, %d)", root,
+                world_size());
+  DCP_RETURN_IF_ERROR(Reserve(send_, bytes));
+  if (rank() == root) DCP_RETURN_IF_ERROR(ToHost(send_.data, data, bytes));
+  DCP_RETURN_IF_ERROR(host_.Broadcast(send_.data, bytes, root));
+  if (rank() == root) return absl::OkStatus();
+  return ToDevice(data, send_.data, bytes);
+}
+
+absl::Status HostStagedCommunicator::Barrier() {
+  DCP_CUDA_CHECK(cudaSetDevice(device_));
+  DCP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return host_.Barrier();
+}
+
+absl::Status HostStagedCommunicator::HostAllGather(int64_t value, absl::Span<int64_t> values) {
+  return host_.HostAllGather(value, values);
+}
+
+absl::Status HostStagedCommunicator::HostBroadcast(void* data, size_t bytes, int root) {
+  return host_.HostBroadcast(data, bytes, root);
+}
+
+void HostStagedCommunicator::Abort(int exit_code) {
+  host_.Abort(exit_code);
+  std::_Exit(exit_code);  // not reached; Abort is [[noreturn]]
+}
+
+}  // namespace dcp

@@ -1,0 +1,246 @@
+#include "runtime/cuda/cuda_device.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "attention/cuda/dense_mha.h"
+#include "attention/cuda/gemm_cublas.h"
+#include "attention/cuda/merge_states.h"
+#include "attention/cuda/sparse_mqa.h"
+#include "attention/cuda/topk_to_slots.h"
+#include "runtime/cuda/convert.h"
+#include "runtime/cuda/cuda_status.h"
+#include "runtime/logging.h"
+#include "workspace/cuda/rows_cuda.h"
+
+namespace dcp {
+
+absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal) {
+  int count = 0;
+  DCP_CUDA_CHECK(cudaGetDeviceCount(&count));
+  DCP_CHECK_ARG(ordinal >= 0 && ordinal < count, "CudaDevice: ordinal %d outside [0, %d)",
+                ordinal, count);
+  DCP_CUDA_CHECK(cudaSetDevice(ordinal));
+  cudaStream_t stream = nullptr;
+  DCP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamDefault));
+  cublasHandle_t cublas = nullptr;
+  const absl::Status blas = CublasCodeToStatus(cublasCreate(&cublas), "cublasCreate", __FILE__,
+                                               __LINE__);
+  if (!blas.ok()) {
+    cudaStreamDestroy(stream);
+    return blas;
+  }
+  if (auto set = CublasCodeToStatus(cublasSetStream(cublas, stream), "cublasSetStream", __FILE__,
+                                    __LINE__);
+      !set.ok()) {
+    cublasDestroy(cublas);
+    cudaStreamDestroy(stream);
+    return set;
+  }
+  return std::unique_ptr<CudaDevice>(new CudaDevice(ordinal, stream, cublas));
+}
+
+CudaDevice::~CudaDevice() {
+  cudaSetDevice(ordinal_);
+  cudaStreamSynchronize(stream_);
+  cublasDestroy(cublas_);
+  cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaDevice::Activate() const {
+  int current = -1;
+  DCP_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != ordinal_) DCP_CUDA_CHECK(cudaSetDevice(ordinal_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::DenseMhaSupport(int qk_dim, int v_dim) const {
+  if (qk_dim == 192 && v_dim == 128) return absl::OkStatus();
+  return DCP_ERROR(Unimplemented,
+                   "the CUDA dense MHA kernel is compiled for qk_dim 192 / v_dim 128 only, not "
+                   "%d / %d",
+                   qk_dim, v_dim);
+}
+
+absl::StatusOr<Buffer> CudaDevice::Allocate(size_t bytes) {
+  DCP_RETURN_IF_ERROR(Activate());
+  if (bytes == 0) return Buffer(this, nullptr, 0);
+  void* data = nullptr;
+  const cudaError_t code = cudaMalloc(&data, bytes);
+  if (code != cudaSuccess) {
+    cudaGetLastError();  // an allocation failure is not sticky; clear it for later checks
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    return DCP_ERROR(ResourceExhausted,
+                     "cudaMalloc(%d bytes) on %s failed: %s (%d of %d bytes free)", bytes, name(),
+                     cudaGetErrorString(code), free_bytes, total_bytes);
+  }
+  return Buffer(this, data, bytes);
+}
+
+void CudaDevice::Free(void* data) {
+  if (data == nullptr) return;
+  cudaSetDevice(ordinal_);
+  const cudaError_t code = cudaFree(data);
+  if (code != cudaSuccess) {
+    DCP_LOG(ERROR) << "cudaFree on " << name() << " failed: " << cudaGetErrorString(code);
+  }
+}
+
+absl::Status CudaDevice::CopyFromHost(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  DCP_CHECK_ARG(dst != nullptr && src != nullptr, "CopyFromHost: null pointer");
+  DCP_RETURN_IF_ERROR(Activate());
+  DCP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  // The caller may reuse (or free) `src` as soon as this returns.
+  DCP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::CopyToHost(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  DCP_CHECK_ARG(dst != nullptr && src != nullptr, "CopyToHost: null pointer");
+  DCP_RETURN_IF_ERROR(Activate());
+  DCP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  DCP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  DCP_CHECK_ARG(dst != nullptr && src != nullptr, "Copy: null pointer");
+  DCP_RETURN_IF_ERROR(Activate());
+  DCP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Copy2D(void* dst, size_t dst_stride, const void* src, size_t src_stride,
+                                size_t row_bytes, size_t rows) {
+  if (rows == 0 || row_bytes == 0) return absl::OkStatus();
+  DCP_CHECK_ARG(dst != nullptr && src != nullptr, "Copy2D: null pointer");
+  DCP_CHECK_ARG(dst_stride >= row_bytes && src_stride >= row_bytes,
+                "Copy2D: strides (%d, %d) must be >= row_bytes %d", dst_stride, src_stride,
+                row_bytes);
+  DCP_RETURN_IF_ERROR(Activate());
+  DCP_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_stride, src, src_stride, row_bytes, rows,
+                                   cudaMemcpyDeviceToDevice, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Memset(void* dst, int value, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  DCP_CHECK_ARG(dst != nullptr, "Memset: null pointer");
+  DCP_RETURN_IF_ERROR(Activate());
+  DCP_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::Convert(void* dst, DType dst_dtype, const void* src, DType src_dtype,
+                                 size_t count) {
+  DCP_RETURN_IF_ERROR(Activate());
+  return cuda::Convert(dst, dst_dtype, src, src_dtype, count, stream_);
+}
+
+absl::Status CudaDevice::Gemm(const GemmParams& params) {
+  DCP_RETURN_IF_ERROR(Activate());
+  return cuda::Gemm(cublas_, params, stream_);
+}
+
+absl::Status CudaDevice::DenseMha(const DenseMhaParams& params) {
+  DCP_RETURN_IF_ERROR(Activate());
+  DenseMhaParams p = params;
+  if (p.num_seqs > 0 && p.cu_seqlens_q != nullptr && p.cu_seqlens_k != nullptr) {
+    // The kernel trusts cu_seqlens and sizes its grid by max_seqlen_q: check them here
+    // (num_seqs + 1 ints each), and fill in max_seqlen_q when the caller left it 0.
+    std::vector<int32_t> cu_q(p.num_seqs + 1), cu_k(p.num_seqs + 1);
+    DCP_RETURN_IF_ERROR(CopyToHost(cu_q.data(), p.cu_seqlens_q, cu_q.size() * sizeof(int32_t)));
+    DCP_RETURN_IF_ERROR(CopyToHost(cu_k.data(), p.cu_seqlens_k, cu_k.size() * sizeof(int32_t)));
+    DCP_CHECK_ARG(cu_q[0] >= 0 && cu_k[0] >= 0, "DenseMha: cu_seqlens must start at >= 0");
+    int longest_q = 0;
+    for (int s = 0; s < p.num_seqs; ++s) {
+      const int len_q = cu_q[s + 1] - cu_q[s], len_k = cu_k[s + 1] - cu_k[s];
+      DCP_CHECK_ARG(len_q >= 0 && len_k >= 0, "DenseMha: sequence %d has negative length", s);
+      DCP_CHECK_ARG(p.max_seqlen_q <= 0 || len_q <= p.max_seqlen_q,
+                    "DenseMha: sequence %d has %d queries > max_seqlen_q %d", s, len_q,
+                    p.max_seqlen_q);
+      DCP_CHECK_ARG(p.max_seqlen_k <= 0 || len_k <= p.max_seqlen_k,
+                    "DenseMha: sequence %d has %d keys > max_seqlen_k %d", s, len_k,
+                    p.max_seqlen_k);
+      longest_q = std::max(longest_q, len_q);
+    }
+    if (p.max_seqlen_q <= 0) p.max_seqlen_q = longest_q;
+  }
+  return cuda::DenseMha(p, stream_);
+}
+
+absl::Status CudaDevice::SparseMqa(const SparseMqaParams& params) {
+  DCP_RETURN_IF_ERROR(Activate());
+  return cuda::SparseMqa(params, stream_);
+}
+
+absl::Status CudaDevice::MergeStates(const MergeStatesParams& params) {
+  DCP_RETURN_IF_ERROR(Activate());
+  return cuda::MergeStates(params, stream_);
+}
+
+absl::Status CudaDevice::DcpCorrect(const DcpCorrectParams& params) {
+  DCP_RETURN_IF_ERROR(Activate());
+  return cuda::DcpCorrect(params, stream_);
+}
+
+absl::Status CudaDevice::DcpCombine(const DcpCombineParams& params) {
+  DCP_RETURN_IF_ERROR(Activate());
+  return cuda::DcpCombine(params, stream_);
+}
+
+absl::Status CudaDevice::TopkToSlots(const TopkToSlotsParams& params) {
+  DCP_RETURN_IF_ERROR(Activate());
+  return cuda::TopkToSlots(params, stream_);
+}
+
+absl::Status CudaDevice::GatherRows(const GatherRowsParams& params) {
+  DCP_RETURN_IF_ERROR(Activate());
+  return cuda::GatherRows(params, stream_);
+}
+
+absl::Status CudaDevice::ScatterRows(const ScatterRowsParams& params) {
+  DCP_RETURN_IF_ERROR(Activate());
+  return cuda::ScatterRows(params, stream_);
+}
+
+absl::Status CudaDevice::Synchronize() {
+  DCP_RETURN_IF_ERROR(Activate());
+  DCP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> SelectLocalDevice() {
+  int count = 0;
+  const cudaError_t code = cudaGetDeviceCount(&count);
+  if (code != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return DCP_ERROR(FailedPrecondition, "no CUDA device visible (%s)",
+                     code != cudaSuccess ? cudaGetErrorString(code) : "device count 0");
+  }
+  int local_rank = 0;
+  for (const char* variable : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "LOCAL_RANK"}) {
+    if (const char* value = std::getenv(variable); value != nullptr && *value != '\0') {
+      local_rank = std::atoi(value);
+      break;
+    }
+  }
+  return local_rank % count;
+}
+
+std::unique_ptr<Device> MakeCudaDevice(int device_ordinal) {
+  auto device = CudaDevice::Create(device_ordinal);
+  if (!device.ok()) {
+    DCP_LOG(ERROR) << "MakeCudaDevice(" << device_ordinal << "): " << device.status();
+    return nullptr;
+  }
+  return std::move(device).value();
+}
+
+}  // namespace dcp

@@ -1,0 +1,89 @@
+// CudaDevice: a rank's Device on one NVIDIA GPU (runtime/device.h).
+//
+// - Memory: cudaMalloc'd buffers (never managed memory); Free is cudaFree.
+// - One stream per device, created *blocking* (cudaStreamDefault) on purpose: work on the legacy
+//   default stream (stream 0, what the communicators of collectives/cuda use unless given this
+//   stream) is then ordered with it both ways, so kernels and collectives never race.
+// - Every kernel and device-to-device copy is asynchronous on that stream. CopyFromHost and
+//   CopyToHost return once the host buffer may be reused / read (they synchronize), so the
+//   worker can hand them stack vectors. Synchronize() waits for everything.
+// - Storage dtype BF16 (cache, workspace, projected K/V, queries); outputs and LSE fp32.
+// - Kernels: attention/cuda (dense MHA 192/128, sparse MQA 576/512 on tensor cores, merges,
+//   top-k slots), workspace/cuda (row gather/scatter), cuBLAS for Gemm. DenseMha copies the
+//   (small) cu_seqlens arrays to the host to check them before launching.
+// - Errors: every CUDA/cuBLAS code becomes a Status with the call text, rank and file:line.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "runtime/device.h"
+
+namespace dcp {
+
+class CudaDevice final : public Device {
+ public:
+  // Binds the calling thread to GPU `ordinal` (cudaSetDevice) and creates the stream and the
+  // cuBLAS handle.
+  static absl::StatusOr<std::unique_ptr<CudaDevice>> Create(int ordinal);
+  ~CudaDevice() override;
+
+  int ordinal() const { return ordinal_; }
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t cublas() const { return cublas_; }
+
+  MemorySpace memory_space() const override { return MemorySpace::kDevice; }
+  std::string name() const override { return "cuda:" + std::to_string(ordinal_); }
+  DType storage_dtype() const override { return DType::kBF16; }
+  // DenseMha is compiled for qk 192 / v 128 only.
+  absl::Status DenseMhaSupport(int qk_dim, int v_dim) const override;
+
+  absl::StatusOr<Buffer> Allocate(size_t bytes) override;
+  void Free(void* data) override;
+
+  absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) override;
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
+  absl::Status Copy(void* dst, const void* src, size_t bytes) override;
+  absl::Status Copy2D(void* dst, size_t dst_stride, const void* src, size_t src_stride,
+                      size_t row_bytes, size_t rows) override;
+  absl::Status Memset(void* dst, int value, size_t bytes) override;
+  absl::Status Convert(void* dst, DType dst_dtype, const void* src, DType src_dtype,
+                       size_t count) override;
+
+  absl::Status Gemm(const GemmParams& params) override;
+  absl::Status DenseMha(const DenseMhaParams& params) override;
+  absl::Status SparseMqa(const SparseMqaParams& params) override;
+  absl::Status MergeStates(const MergeStatesParams& params) override;
+  absl::Status DcpCorrect(const DcpCorrectParams& params) override;
+  absl::Status DcpCombine(const DcpCombineParams& params) override;
+  absl::Status TopkToSlots(const TopkToSlotsParams& params) override;
+  absl::Status GatherRows(const GatherRowsParams& params) override;
+  absl::Status ScatterRows(const ScatterRowsParams& params) override;
+
+  absl::Status Synchronize() override;
+
+ private:
+  CudaDevice(int ordinal, cudaStream_t stream, cublasHandle_t cublas)
+      : ordinal_(ordinal), stream_(stream), cublas_(cublas) {}
+  // Makes this device current for the calling thread (cheap when it already is).
+  absl::Status Activate() const;
+
+  int ordinal_;
+  cudaStream_t stream_;
+  cublasHandle_t cublas_;
+};
+
+// The GPU of this process: local rank (OMPI_COMM_WORLD_LOCAL_RANK, else MPI_LOCALRANKID, else
+// 0) modulo the number of visible devices. Several ranks on one GPU is allowed (the
+// communicator factory then stages collectives through host memory). Error when no GPU is
+// visible.
+absl::StatusOr<int> SelectLocalDevice();
+
+// CudaDevice::Create(ordinal), or null (with the error logged) when that fails.
+std::unique_ptr<Device> MakeCudaDevice(int device_ordinal);
+
+}  // namespace dcp
