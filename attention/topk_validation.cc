@@ -30,17 +30,17 @@ absl::Status ValidateTopkPositions(const int32_t* topk, const int32_t* token_pos
       const int32_t index = row[c];
       if (index == -1) continue;
       if (index < -1) {
-        status = DCP_ERROR(InvalidArgument,
-                           "top-k index %d of token %d (column %d) is below -1", index, t, c);
+        status = DCP_ERROR(InvalidArgument, "top-k index %d of token %d (column %d) is below -1",
+                           index, t, c);
       } else if (index > position) {
         status = DCP_ERROR(InvalidArgument,
                            "top-k index %d of token %d (column %d) is past the token's position "
                            "%d (a future key)",
                            index, t, c, position);
       } else if (column_of[index] != 0) {
-        status = DCP_ERROR(InvalidArgument,
-                           "top-k index %d of token %d is repeated (columns %d and %d)", index, t,
-                           column_of[index] - 1, c);
+        status =
+            DCP_ERROR(InvalidArgument, "top-k index %d of token %d is repeated (columns %d and %d)",
+                      index, t, column_of[index] - 1, c);
       } else {
         column_of[index] = c + 1;
       }

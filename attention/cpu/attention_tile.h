@@ -32,7 +32,9 @@ class AttentionTile {
 
   // Row j < kKeyBlock of the current key block's keys / values, fp32.
   template <typename T>
-  void SetKeyRow(int j, const T* key) { CopyRow(key, qk_dim_, keys_.data() + int64_t{j} * qk_dim_); }
+  void SetKeyRow(int j, const T* key) {
+    CopyRow(key, qk_dim_, keys_.data() + int64_t{j} * qk_dim_);
+  }
   template <typename T>
   void SetValueRow(int j, const T* value) {
     CopyRow(value, v_dim_, values_.data() + int64_t{j} * value_stride_);
@@ -60,9 +62,9 @@ class AttentionTile {
   std::vector<float> q_packed_;
   // Rows past the block (up to a whole register tile) are read but their results dropped; the
   // buffers are zero-initialized so that those reads are of finite values.
-  std::vector<float> keys_;     // [kKeyBlock + kPanelRows][qk_dim]
-  std::vector<float> values_;   // [kKeyBlock][value_stride]
-  std::vector<float> scores_;   // [round_up(max_queries, kPanelRows)][kKeyBlock]: scores, then p
+  std::vector<float> keys_;    // [kKeyBlock + kPanelRows][qk_dim]
+  std::vector<float> values_;  // [kKeyBlock][value_stride]
+  std::vector<float> scores_;  // [round_up(max_queries, kPanelRows)][kKeyBlock]: scores, then p
   std::vector<float> row_max_, row_sum_;  // [max_queries], row_max in scaled-logit units
   std::vector<float> out_;                // [max_queries][v_dim], unnormalized
 };

@@ -49,8 +49,7 @@ absl::Status CheckGemmParams(const GemmParams& p) {
 }
 
 template <typename C>
-void StoreScaled(const GemmParams& p, C* c, int i0, int j0, int rows, int cols,
-                 const float* tile) {
+void StoreScaled(const GemmParams& p, C* c, int i0, int j0, int rows, int cols, const float* tile) {
   for (int r = 0; r < rows; ++r) {
     C* row = c + int64_t{i0 + r} * p.ldc + j0;
     const float* values = tile + r * internal::kPanelCols;
@@ -77,18 +76,22 @@ void ScaleOnly(const GemmParams& p, C* c) {  // k == 0: C = beta * C
 template <typename A>
 void PackRowsOfA(const GemmParams& p, const A* a, int i0, int rows, float* dst) {
   if (p.trans_a) {
-    PackA(rows, p.k, [&](int i, int q) { return to_float(a[int64_t{q} * p.lda + i0 + i]); }, dst);
+    PackA(
+        rows, p.k, [&](int i, int q) { return to_float(a[int64_t{q} * p.lda + i0 + i]); }, dst);
   } else {
-    PackA(rows, p.k, [&](int i, int q) { return to_float(a[int64_t{i0 + i} * p.lda + q]); }, dst);
+    PackA(
+        rows, p.k, [&](int i, int q) { return to_float(a[int64_t{i0 + i} * p.lda + q]); }, dst);
   }
 }
 
 template <typename B>
 void PackAllOfB(const GemmParams& p, const B* b, float* dst) {
   if (p.trans_b) {
-    internal::PackBFromColumns(p.k, p.n, [&](int j) { return b + int64_t{j} * p.ldb; }, dst);
+    internal::PackBFromColumns(
+        p.k, p.n, [&](int j) { return b + int64_t{j} * p.ldb; }, dst);
   } else {
-    PackB(p.k, p.n, [&](int q, int j) { return to_float(b[int64_t{q} * p.ldb + j]); }, dst);
+    PackB(
+        p.k, p.n, [&](int q, int j) { return to_float(b[int64_t{q} * p.ldb + j]); }, dst);
   }
 }
 
@@ -137,8 +140,8 @@ void RunGemm(const GemmParams& p) {
                           [&](int64_t begin, int64_t end) {
                             std::vector<float> a_packed(packed_a_size);
                             for (int64_t item = begin; item < end; ++item) {
-                              const int entry = shared_b ? static_cast<int>(item / num_row_blocks)
-                                                         : batch;
+                              const int entry =
+                                  shared_b ? static_cast<int>(item / num_row_blocks) : batch;
                               row_block(entry, static_cast<int>(item % num_row_blocks),
                                         b_packed.data(), a_packed.data());
                             }

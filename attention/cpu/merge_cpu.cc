@@ -20,8 +20,7 @@ inline float SanitizeLse(float lse) {
   return (std::isnan(lse) || lse == std::numeric_limits<float>::infinity()) ? kNegInf : lse;
 }
 
-absl::Status CheckGrid(const char* name, int world_size, int num_tokens, int num_heads,
-                       int dim) {
+absl::Status CheckGrid(const char* name, int world_size, int num_tokens, int num_heads, int dim) {
   DCP_CHECK_ARG(world_size >= 1, "%s: world_size (%d) must be positive", name, world_size);
   DCP_CHECK_ARG(num_tokens >= 0, "%s: num_tokens (%d) < 0", name, num_tokens);
   DCP_CHECK_ARG(num_heads > 0, "%s: num_heads (%d) must be positive", name, num_heads);
@@ -77,8 +76,8 @@ absl::Status MergeStates(const MergeStatesParams& p) {
 
 absl::Status DcpCorrect(const DcpCorrectParams& p) {
   DCP_RETURN_IF_ERROR(CheckGrid("DcpCorrect", p.world_size, p.num_tokens, p.num_heads, p.dim));
-  DCP_CHECK_ARG(p.rank >= 0 && p.rank < p.world_size, "DcpCorrect: rank %d outside [0, %d)",
-                p.rank, p.world_size);
+  DCP_CHECK_ARG(p.rank >= 0 && p.rank < p.world_size, "DcpCorrect: rank %d outside [0, %d)", p.rank,
+                p.world_size);
   if (p.num_tokens == 0) return absl::OkStatus();
   DCP_CHECK_ARG(p.out != nullptr, "DcpCorrect: out is null");
   DCP_CHECK_ARG(p.lse_all != nullptr, "DcpCorrect: lse_all is null");
@@ -86,7 +85,9 @@ absl::Status DcpCorrect(const DcpCorrectParams& p) {
   const int dim = p.dim;
   ForEachRow(num_rows, 8.0 * dim, [&](int64_t row) {
     float max = kNegInf;
-    for (int w = 0; w < p.world_size; ++w) max = std::max(max, SanitizeLse(p.lse_all[w * num_rows + row]));
+    for (int w = 0; w < p.world_size; ++w) {
+      max = std::max(max, SanitizeLse(p.lse_all[w * num_rows + row]));
+    }
     float* out = p.out + row * dim;
     const float own = SanitizeLse(p.lse_all[p.rank * num_rows + row]);
     if (max == kNegInf) {
@@ -120,7 +121,9 @@ absl::Status DcpCombine(const DcpCombineParams& p) {
   const int dim = p.dim;
   ForEachRow(num_rows, 4.0 * dim * (p.world_size + 1), [&](int64_t row) {
     float max = kNegInf;
-    for (int w = 0; w < p.world_size; ++w) max = std::max(max, SanitizeLse(p.lses[w * num_rows + row]));
+    for (int w = 0; w < p.world_size; ++w) {
+      max = std::max(max, SanitizeLse(p.lses[w * num_rows + row]));
+    }
     float* out = p.out + row * dim;
     std::fill(out, out + dim, 0.0f);
     if (max == kNegInf) {

@@ -36,8 +36,7 @@ absl::Status CheckSparseMqaParams(const SparseMqaParams& p) {
   DCP_CHECK_ARG(p.num_slots == 0 || p.kv_row_stride >= p.head_dim,
                 "SparseMqa: kv_row_stride (%d) < head_dim (%d)", p.kv_row_stride, p.head_dim);
   DCP_CHECK_ARG(p.topk == 0 || p.indices_token_stride >= p.topk,
-                "SparseMqa: indices_token_stride (%d) < topk (%d)", p.indices_token_stride,
-                p.topk);
+                "SparseMqa: indices_token_stride (%d) < topk (%d)", p.indices_token_stride, p.topk);
   DCP_CHECK_ARG(p.q_token_stride >= 0 && p.q_head_stride >= 0,
                 "SparseMqa: negative q stride (q_token_stride=%d, q_head_stride=%d)",
                 p.q_token_stride, p.q_head_stride);
@@ -95,8 +94,7 @@ void RunSparseMqa(const SparseMqaParams& p) {
   const T* kv = static_cast<const T*>(p.kv_cache);
   const int heads_per_task = HeadsPerTask(p);
   const int head_blocks = (p.num_heads + heads_per_task - 1) / heads_per_task;
-  const double flops =
-      2.0 * p.num_tokens * p.topk * p.num_heads * (p.head_dim + p.v_dim);
+  const double flops = 2.0 * p.num_tokens * p.topk * p.num_heads * (p.head_dim + p.v_dim);
   internal::ParallelFor(
       int64_t{p.num_tokens} * head_blocks, flops, [&](int64_t begin, int64_t end) {
         AttentionTile tile(heads_per_task, p.head_dim, p.v_dim);

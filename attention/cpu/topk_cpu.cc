@@ -20,10 +20,8 @@ absl::Status CheckTopkToSlotsParams(const TopkToSlotsParams& p) {
   DCP_CHECK_ARG(p.world_size >= 1, "TopkToSlots: world_size (%d) must be positive", p.world_size);
   DCP_CHECK_ARG(p.rank >= 0 && p.rank < p.world_size, "TopkToSlots: rank %d outside [0, %d)",
                 p.rank, p.world_size);
-  DCP_CHECK_ARG(p.interleave >= 1, "TopkToSlots: interleave (%d) must be positive",
-                p.interleave);
-  DCP_CHECK_ARG(p.block_size >= 1, "TopkToSlots: block_size (%d) must be positive",
-                p.block_size);
+  DCP_CHECK_ARG(p.interleave >= 1, "TopkToSlots: interleave (%d) must be positive", p.interleave);
+  DCP_CHECK_ARG(p.block_size >= 1, "TopkToSlots: block_size (%d) must be positive", p.block_size);
   if (int64_t{p.num_tokens} * p.topk_width == 0) return absl::OkStatus();
   DCP_CHECK_ARG(p.topk != nullptr, "TopkToSlots: topk is null");
   DCP_CHECK_ARG(p.slots != nullptr, "TopkToSlots: slots is null");
@@ -45,30 +43,30 @@ absl::Status TopkToSlots(const TopkToSlotsParams& params) {
   const TopkToSlotsParams& p = params;
   if (int64_t{p.num_tokens} * p.topk_width == 0) return absl::OkStatus();
   const int64_t width = int64_t{p.world_size} * p.interleave;  // tokens of one round
-  internal::ParallelFor(p.num_tokens, 8.0 * p.num_tokens * p.topk_width, [&](int64_t begin,
-                                                                        int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int32_t* positions = p.topk + t * p.topk_width;
-      int32_t* slots = p.slots + t * p.topk_width;
-      const int32_t* block_table = p.block_tables + int64_t{p.token_request[t]} * p.max_blocks;
-      // A position past the token's own (invalid input) is dropped too: never a stale row.
-      const int64_t last = p.token_position != nullptr ? p.token_position[t]
-                                                       : std::numeric_limits<int64_t>::max();
-      for (int c = 0; c < p.topk_width; ++c) {
-        const int64_t g = positions[c];
-        slots[c] = -1;
-        if (g < 0 || g > last) continue;
-        if ((g / p.interleave) % p.world_size != p.rank) continue;  // another rank's token
-        const int64_t local = (g / width) * p.interleave + g % p.interleave;
-        const int64_t block = local / p.block_size;
-        if (block >= p.max_blocks) continue;  // beyond the block table
-        const int64_t physical = block_table[block];  // max_blocks > block >= 0 here
-        if (physical < 0) continue;  // unallocated block
-        const int64_t slot = physical * p.block_size + local % p.block_size;
-        if (slot <= std::numeric_limits<int32_t>::max()) slots[c] = static_cast<int32_t>(slot);
-      }
-    }
-  });
+  internal::ParallelFor(
+      p.num_tokens, 8.0 * p.num_tokens * p.topk_width, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          const int32_t* positions = p.topk + t * p.topk_width;
+          int32_t* slots = p.slots + t * p.topk_width;
+          const int32_t* block_table = p.block_tables + int64_t{p.token_request[t]} * p.max_blocks;
+          // A position past the token's own (invalid input) is dropped too: never a stale row.
+          const int64_t last = p.token_position != nullptr ? p.token_position[t]
+                                                           : std::numeric_limits<int64_t>::max();
+          for (int c = 0; c < p.topk_width; ++c) {
+            const int64_t g = positions[c];
+            slots[c] = -1;
+            if (g < 0 || g > last) continue;
+            if ((g / p.interleave) % p.world_size != p.rank) continue;  // another rank's token
+            const int64_t local = (g / width) * p.interleave + g % p.interleave;
+            const int64_t block = local / p.block_size;
+            if (block >= p.max_blocks) continue;          // beyond the block table
+            const int64_t physical = block_table[block];  // max_blocks > block >= 0 here
+            if (physical < 0) continue;                   // unallocated block
+            const int64_t slot = physical * p.block_size + local % p.block_size;
+            if (slot <= std::numeric_limits<int32_t>::max()) slots[c] = static_cast<int32_t>(slot);
+          }
+        }
+      });
   return absl::OkStatus();
 }
 

@@ -74,9 +74,7 @@ struct Stored {
       exact[i] = bf16_to_float(b16[i]);
     }
   }
-  double Get(size_t i) const {
-    return dtype == DType::kF32 ? f32[i] : bf16_to_float(b16[i]);
-  }
+  double Get(size_t i) const { return dtype == DType::kF32 ? f32[i] : bf16_to_float(b16[i]); }
   void* data() { return dtype == DType::kF32 ? static_cast<void*>(f32.data()) : b16.data(); }
   const void* data() const {
     return dtype == DType::kF32 ? static_cast<const void*>(f32.data()) : b16.data();
@@ -123,18 +121,18 @@ template <typename Get>
     if (!ok && ++bad <= 5) message << "\n  " << name << "[" << i << "] = " << g << ", want " << r;
   }
   if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad << " of " << ref.size() << " elements of " << name
-                                       << " off (tolerance " << tol << ", worst relative "
-                                       << worst << "):" << message.str();
+  return ::testing::AssertionFailure()
+         << bad << " of " << ref.size() << " elements of " << name << " off (tolerance " << tol
+         << ", worst relative " << worst << "):" << message.str();
 }
 
-inline ::testing::AssertionResult AllClose(const std::string& name,
-                                           const std::vector<float>& got,
+inline ::testing::AssertionResult AllClose(const std::string& name, const std::vector<float>& got,
                                            const std::vector<double>& ref, double tol) {
   if (got.size() < ref.size()) {
     return ::testing::AssertionFailure() << name << ": " << got.size() << " < " << ref.size();
   }
-  return AllCloseBy(name, [&](size_t i) { return static_cast<double>(got[i]); }, ref, tol);
+  return AllCloseBy(
+      name, [&](size_t i) { return static_cast<double>(got[i]); }, ref, tol);
 }
 
 // LSEs: absolute error tol * max(1, |ref|) (an LSE near 0 has no meaningful relative error);

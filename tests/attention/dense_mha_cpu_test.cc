@@ -26,10 +26,10 @@ struct DenseCase {
   DType dtype = DType::kF32;
   bool causal = true;
   bool with_lse = true;
-  int pad = 0;           // extra elements per token row (strided layout)
-  double stddev = 1.0;   // of q and k
+  int pad = 0;              // extra elements per token row (strided layout)
+  double stddev = 1.0;      // of q and k
   bool integer_qk = false;  // q, k in [-4, 4] integers: exact fp32 logits for huge-logit tests
-  float scale = 0.0f;    // 0 = 1/sqrt(qk_dim)
+  float scale = 0.0f;       // 0 = 1/sqrt(qk_dim)
 };
 
 std::string Describe(const DenseCase& c) {
@@ -106,8 +106,8 @@ void CheckDense(const DenseCase& c, Rng& rng, double tol = testing::kF32Toleranc
           }
         }
         double l;
-        reference::ReferenceSoftmaxAttention(query.data(), keys.data(), values.data(), n,
-                                             c.qk_dim, c.v_dim, p.scale, o.data(), &l);
+        reference::ReferenceSoftmaxAttention(query.data(), keys.data(), values.data(), n, c.qk_dim,
+                                             c.v_dim, p.scale, o.data(), &l);
         for (int e = 0; e < c.v_dim; ++e) {
           want_out.push_back(o[e]);
           got_out.push_back(out[t * out_token + head * c.v_dim + e]);
@@ -255,8 +255,7 @@ TEST(DenseMhaCpuTest, RejectsBadParams) {
   auto expect_error = [&](const DenseMhaParams& p, const std::string& needle) {
     const absl::Status status = cpu::DenseMha(p);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << needle;
-    EXPECT_NE(std::string(status.message()).find(needle), std::string::npos)
-        << status.message();
+    EXPECT_NE(std::string(status.message()).find(needle), std::string::npos) << status.message();
   };
   DenseMhaParams p = good;
   p.q = nullptr;

@@ -94,8 +94,7 @@ void CheckGemm(const GemmCase& g, Rng& rng) {
       ASSERT_EQ(c.Get(i), want[i]) << "padding element " << i << " was written";
     }
   }
-  const double tol =
-      g.c_dtype == DType::kBF16 ? testing::kBf16Tolerance : testing::kF32Tolerance;
+  const double tol = g.c_dtype == DType::kBF16 ? testing::kBf16Tolerance : testing::kF32Tolerance;
   EXPECT_TRUE(testing::AllCloseBy(
       "C", [&](size_t i) { return got_inside[i]; }, want_inside, tol));
 }
@@ -104,9 +103,9 @@ std::string Describe(const GemmCase& g) {
   return absl::StrFormat(
       "m=%d n=%d k=%d batch=%d trans_a=%d trans_b=%d dtypes=%s/%s/%s ld=%d/%d/%d "
       "strides=%d/%d/%d alpha=%g beta=%g",
-      g.m, g.n, g.k, g.batch, g.trans_a, g.trans_b, dtype_name(g.a_dtype),
-      dtype_name(g.b_dtype), dtype_name(g.c_dtype), g.lda, g.ldb, g.ldc, g.stride_a, g.stride_b,
-      g.stride_c, g.alpha, g.beta);
+      g.m, g.n, g.k, g.batch, g.trans_a, g.trans_b, dtype_name(g.a_dtype), dtype_name(g.b_dtype),
+      dtype_name(g.c_dtype), g.lda, g.ldb, g.ldc, g.stride_a, g.stride_b, g.stride_c, g.alpha,
+      g.beta);
 }
 
 TEST(GemmCpuTest, RandomSmallShapes) {
@@ -167,8 +166,7 @@ TEST(GemmCpuTest, RejectsBadParams) {
   auto expect_error = [&](GemmParams p, const std::string& needle) {
     const absl::Status status = cpu::Gemm(p);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << needle;
-    EXPECT_NE(std::string(status.message()).find(needle), std::string::npos)
-        << status.message();
+    EXPECT_NE(std::string(status.message()).find(needle), std::string::npos) << status.message();
   };
   GemmParams p = good;
   p.a = nullptr;

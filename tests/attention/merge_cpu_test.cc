@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -28,8 +28,8 @@ constexpr float kInfF = std::numeric_limits<float>::infinity();
 
 struct Split {
   int parts, tokens, heads, dim;
-  std::vector<float> outs;   // [parts, T, H, dim]
-  std::vector<float> lses;   // [parts, T, H]
+  std::vector<float> outs;                 // [parts, T, H, dim]
+  std::vector<float> lses;                 // [parts, T, H]
   std::vector<double> want_out, want_lse;  // attention over the whole set, [T, H, dim] / [T, H]
 };
 
@@ -56,12 +56,12 @@ Split MakeSplit(Rng& rng, int parts, double logit_scale) {
     std::vector<int> owner(n);
     for (int j = 0; j < n; ++j) {
       do owner[j] = rng.Int(0, parts - 1);
-      while (empty_part[owner[j]] && !std::all_of(empty_part.begin(), empty_part.end(),
-                                                  [](bool e) { return e; }));
+      while (empty_part[owner[j]] &&
+             !std::all_of(empty_part.begin(), empty_part.end(), [](bool e) { return e; }));
     }
     double lse;
-    reference::ReferenceSoftmaxAttention(query.data(), keys.data(), values.data(), n, d, s.dim,
-                                         1.0, &s.want_out[static_cast<size_t>(row) * s.dim], &lse);
+    reference::ReferenceSoftmaxAttention(query.data(), keys.data(), values.data(), n, d, s.dim, 1.0,
+                                         &s.want_out[static_cast<size_t>(row) * s.dim], &lse);
     s.want_lse[row] = lse;
     for (int part = 0; part < parts; ++part) {
       std::vector<double> part_keys, part_values;
@@ -126,8 +126,8 @@ void CheckMergesOfSplit(const Split& s) {
           << "ranks disagree on lse_total";
     }
     EXPECT_TRUE(testing::AllClose("DcpCorrect sum", sum, s.want_out, testing::kF32Tolerance));
-    EXPECT_TRUE(testing::LseClose("DcpCorrect lse_total", lse_total, s.want_lse,
-                                  testing::kF32Tolerance));
+    EXPECT_TRUE(
+        testing::LseClose("DcpCorrect lse_total", lse_total, s.want_lse, testing::kF32Tolerance));
   }
   // 3. a2a: all partials combined at once.
   {
@@ -243,8 +243,8 @@ TEST(MergeCpuTest, LargeGridThreaded) {
     const double la = lse_a[r], lb = lse_b[r], m = std::max(la, lb);
     want_lse[r] = m + std::log(std::exp(la - m) + std::exp(lb - m));
     for (int e = 0; e < dim; ++e) {
-      want_out[r * dim + e] = std::exp(la - want_lse[r]) * a[r * dim + e] +
-                              std::exp(lb - want_lse[r]) * b[r * dim + e];
+      want_out[r * dim + e] =
+          std::exp(la - want_lse[r]) * a[r * dim + e] + std::exp(lb - want_lse[r]) * b[r * dim + e];
     }
   }
   EXPECT_TRUE(testing::AllClose("out", out, want_out, testing::kF32Tolerance));
@@ -272,11 +272,9 @@ TEST(MergeCpuTest, RejectsBadParams) {
   DcpCombineParams combine;
   combine.outs = x.data(), combine.lses = l.data(), combine.out = nullptr;
   combine.world_size = 2, combine.num_tokens = 1, combine.num_heads = 1, combine.dim = 4;
-  EXPECT_NE(std::string(cpu::DcpCombine(combine).message()).find("out is null"),
-            std::string::npos);
+  EXPECT_NE(std::string(cpu::DcpCombine(combine).message()).find("out is null"), std::string::npos);
   combine.out = x.data(), combine.world_size = 0;
-  EXPECT_NE(std::string(cpu::DcpCombine(combine).message()).find("world_size"),
-            std::string::npos);
+  EXPECT_NE(std::string(cpu::DcpCombine(combine).message()).find("world_size"), std::string::npos);
 }
 
 }  // namespace

@@ -1,13 +1,13 @@
 // The float64 reference itself, on problems small enough to work out by hand: if the reference
 // were wrong, every kernel test would agree with the wrong answer.
+#include "tests/reference/mla_reference.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <vector>
-
-#include "tests/reference/mla_reference.h"
 
 namespace dcp::reference {
 namespace {

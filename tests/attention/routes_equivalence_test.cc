@@ -58,8 +58,8 @@ float Scale(const MlaProblem& pb) {
 
 // Copies a [rows, width] block of `source` (row stride source_stride) into `dest` (row stride
 // dest_stride, column offset dest_col). Same dtype, so the copy is exact.
-void CopyColumns(const Stored& source, int64_t rows, int width, int64_t source_stride,
-                 Stored& dest, int64_t dest_stride, int64_t dest_col) {
+void CopyColumns(const Stored& source, int64_t rows, int width, int64_t source_stride, Stored& dest,
+                 int64_t dest_stride, int64_t dest_col) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int c = 0; c < width; ++c) {
       dest.Set(r * dest_stride + dest_col + c, source.Get(r * source_stride + c));
@@ -232,10 +232,9 @@ std::string Describe(const MlaProblem& pb, DType dtype) {
   for (size_t b = 0; b < pb.seq_lens.size(); ++b) {
     lens += absl::StrFormat(" %d/%d", pb.query_lens[b], pb.seq_lens[b]);
   }
-  return absl::StrFormat("H=%d R=%d Dn=%d Dr=%d Dv=%d K=%d dtype=%s lens(q/seq):%s",
-                         pb.num_heads, pb.kv_lora_rank, pb.qk_nope_head_dim,
-                         pb.qk_rope_head_dim, pb.v_head_dim, pb.topk_width, dtype_name(dtype),
-                         lens);
+  return absl::StrFormat("H=%d R=%d Dn=%d Dr=%d Dv=%d K=%d dtype=%s lens(q/seq):%s", pb.num_heads,
+                         pb.kv_lora_rank, pb.qk_nope_head_dim, pb.qk_rope_head_dim, pb.v_head_dim,
+                         pb.topk_width, dtype_name(dtype), lens);
 }
 
 void CheckRoutesAgree(MlaProblem pb, DType dtype) {
@@ -262,8 +261,7 @@ TEST(RoutesEquivalenceTest, DenseAndSparseAgreeOnFullCausalTopk) {
   SCOPED_TRACE(testing::SeedTrace(seed));
   Rng rng(seed);
   for (int iteration = 0; iteration < 20; ++iteration) {
-    const Dims dims{rng.Int(1, 4), rng.Int(4, 48), rng.Int(1, 24), rng.Int(1, 12),
-                    rng.Int(1, 24)};
+    const Dims dims{rng.Int(1, 4), rng.Int(4, 48), rng.Int(1, 24), rng.Int(1, 12), rng.Int(1, 24)};
     MlaProblem pb = RandomProblem(rng, dims, 3, 80);
     const int max_len = *std::max_element(pb.seq_lens.begin(), pb.seq_lens.end());
     FullCausalTopk(pb, rng, max_len + rng.Int(0, 6));

@@ -28,8 +28,8 @@ struct SparseCase {
   int64_t num_slots = 16;
   DType dtype = DType::kF32;
   int pad = 0;
-  bool integer_qk = false;  // exact logits (huge-logit test)
-  float scale = 0.0f;       // 0 = 1/sqrt(head_dim)
+  bool integer_qk = false;       // exact logits (huge-logit test)
+  float scale = 0.0f;            // 0 = 1/sqrt(head_dim)
   std::vector<int32_t> indices;  // [tokens, topk]; row stride topk + pad
 };
 
@@ -107,8 +107,8 @@ void CheckSparse(const SparseCase& c, Rng& rng, bool validate = false) {
     for (int h = 0; h < c.heads; ++h) {
       for (int d = 0; d < c.head_dim; ++d) query[d] = q.exact[t * q_token + h * c.head_dim + d];
       double l;
-      reference::ReferenceSoftmaxAttention(query.data(), keys.data(), values.data(), n,
-                                           c.head_dim, c.v_dim, p.scale, o.data(), &l);
+      reference::ReferenceSoftmaxAttention(query.data(), keys.data(), values.data(), n, c.head_dim,
+                                           c.v_dim, p.scale, o.data(), &l);
       for (int e = 0; e < c.v_dim; ++e) {
         want_out.push_back(o[e]);
         got_out.push_back(out[t * out_token + h * c.v_dim + e]);
@@ -230,8 +230,7 @@ TEST(SparseMqaCpuTest, ValidateRejectsOutOfRangeAndRepeatedSlots) {
   auto expect_error = [&](const std::string& needle) {
     const absl::Status status = cpu::SparseMqa(p, true);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << needle;
-    EXPECT_NE(std::string(status.message()).find(needle), std::string::npos)
-        << status.message();
+    EXPECT_NE(std::string(status.message()).find(needle), std::string::npos) << status.message();
   };
   indices[4] = 10;
   expect_error("token 1 column 1: slot 10");

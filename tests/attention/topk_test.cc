@@ -73,8 +73,8 @@ TEST(TopkValidationTest, RejectsFutureNegativeAndRepeatedIndices) {
 // The rank-r rows of a request, by dealing: runs of `interleave` tokens go to ranks 0, 1, ...,
 // W-1, 0, ...; each rank numbers the tokens it receives 0, 1, 2, ...
 struct Dealt {
-  std::vector<int> owner;        // [len]
-  std::vector<int64_t> local;    // [len]
+  std::vector<int> owner;      // [len]
+  std::vector<int64_t> local;  // [len]
 };
 Dealt Deal(int len, int world_size, int interleave) {
   Dealt dealt;
@@ -102,8 +102,8 @@ TEST(TopkToSlotsTest, MatchesBruteForceDealing) {
     const int rank = rng.Int(0, world_size - 1);
     const int num_requests = rng.Int(1, 4), max_blocks = rng.Int(1, 6), width = rng.Int(1, 24);
     SCOPED_TRACE(absl::StrFormat("W=%d I=%d B=%d rank=%d requests=%d max_blocks=%d width=%d",
-                                 world_size, interleave, block_size, rank, num_requests,
-                                 max_blocks, width));
+                                 world_size, interleave, block_size, rank, num_requests, max_blocks,
+                                 width));
     // Physical block ids: distinct, shuffled, a few unallocated (-1).
     std::vector<int32_t> ids(num_requests * max_blocks);
     std::iota(ids.begin(), ids.end(), 0);

@@ -134,8 +134,8 @@ MlaResult ReferenceAttention(const MlaProblem& pb) {
             values[static_cast<size_t>(s) * v_dim + e] = head_values[j * v_dim + e];
           }
         }
-        ReferenceSoftmaxAttention(query.data(), keys.data(), values.data(), n, qk_dim, v_dim,
-                                  scale, &result.out[(token * num_heads + h) * v_dim],
+        ReferenceSoftmaxAttention(query.data(), keys.data(), values.data(), n, qk_dim, v_dim, scale,
+                                  &result.out[(token * num_heads + h) * v_dim],
                                   &result.lse[token * num_heads + h]);
       }
     }

@@ -22,7 +22,8 @@ struct MlaProblem {
   std::vector<double> k_pe;    // [N, Dr]
   std::vector<double> w_uk;    // [H, Dn, R]
   std::vector<double> w_uv;    // [H, R, Dv]
-  std::vector<int32_t> topk;   // [T, topk_width] request-local positions, -1 = none; empty = all causal
+  // [T, topk_width] request-local positions, -1 = none; empty = every causal position
+  std::vector<int32_t> topk;
   int topk_width = 0;
 };
 
@@ -40,7 +41,7 @@ MlaResult ReferenceAttention(const MlaProblem& problem);
 // key/value rows. out = sum_j softmax_j(scale * q . k_j) v_j, lse = log sum_j e^(scale q . k_j);
 // n = 0 gives out 0, lse -inf.
 void ReferenceSoftmaxAttention(const double* q, const double* keys /*[n, d]*/,
-                               const double* values /*[n, dv]*/, int n, int d, int dv,
-                               double scale, double* out /*[dv]*/, double* lse);
+                               const double* values /*[n, dv]*/, int n, int d, int dv, double scale,
+                               double* out /*[dv]*/, double* lse);
 
 }  // namespace dcp::reference

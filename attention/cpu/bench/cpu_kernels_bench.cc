@@ -27,8 +27,8 @@ std::vector<dcp::bf16> ToBf16(const std::vector<float>& values) {
 }
 
 void SetFlops(benchmark::State& state, double flops_per_iteration) {
-  state.counters["GFLOP/s"] = benchmark::Counter(flops_per_iteration * 1e-9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops_per_iteration * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // Batched GEMM as the up-projections use it: batch = heads, [m, k] @ [k, n] per head.
@@ -59,8 +59,8 @@ BENCHMARK(BM_Gemm)
     ->Args({512, 512, 512, 1, 0})
     ->Args({1024, 1024, 1024, 1, 0})
     ->Args({1024, 1024, 1024, 1, 1})
-    ->Args({256, 512, 128, 16, 0})   // absorb q_nope -> ql, 16 heads x 256 tokens
-    ->Args({256, 128, 512, 16, 1})   // o_lat -> out through w_uv, bf16 storage
+    ->Args({256, 512, 128, 16, 0})  // absorb q_nope -> ql, 16 heads x 256 tokens
+    ->Args({256, 128, 512, 16, 1})  // o_lat -> out through w_uv, bf16 storage
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
@@ -144,7 +144,7 @@ void BM_SparseMqa(benchmark::State& state) {
 }
 BENCHMARK(BM_SparseMqa)
     ->ArgNames({"tokens", "heads", "topk", "bf16"})
-    ->Args({1, 128, 2048, 0})   // one decode token, all heads of the group
+    ->Args({1, 128, 2048, 0})  // one decode token, all heads of the group
     ->Args({4, 128, 2048, 1})
     ->Args({32, 16, 2048, 0})
     ->Unit(benchmark::kMillisecond)
@@ -166,8 +166,8 @@ void BM_MergeStates(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
   SetFlops(state, 3.0 * size);  // 2 multiplies + 1 add per element
-  state.counters["GB/s"] = benchmark::Counter(12.0 * size * 1e-9,
-                                              benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GB/s"] =
+      benchmark::Counter(12.0 * size * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_MergeStates)
     ->ArgNames({"tokens", "heads"})
