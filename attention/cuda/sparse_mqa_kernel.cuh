@@ -1,8 +1,8 @@
 // Sparse top-k MQA, bf16 tensor cores (mma.sync m16n8k16), online softmax in fp32.
 //
-// Grid: (num_tokens, ceil(num_heads / 64)). One CTA = one token x 64 query heads; it walks the
-// token's top-k list in blocks of 64 keys. All heads share the one KV head, so a gathered block
-// of 64 cache rows (64 x 576 bf16 = 72 KiB) is used by all 64 heads of the CTA.
+// Grid: num_tokens x ceil(num_heads / 64), head block fastest. One CTA = one token x 64 query
+// heads; it walks the token's top-k list in blocks of 64 keys. All heads share the one KV
+// head, so a gathered block of 64 cache rows (64 x 576 bf16 = 72 KiB) serves all 64 heads.
 // 8 warps: warp w owns head rows rg = w % 4 (16 rows) and half h = w / 4. For S = Q K^T, warp
 // (rg, h) computes its 16 rows x keys [32h, 32h+32) of the block; for O += P V it computes its
 // 16 rows x value columns [256h, 256h+256) over all 64 keys, so P (bf16) and the per-row
@@ -58,8 +58,11 @@ __global__ void __launch_bounds__(256, 1) SparseMqaKernel(const SparseMqaParams 
   float* s_max = reinterpret_cast<float*>(s_p + Config::kPBytes);  // [2][64]
   float* s_sum = s_max + 2 * Config::kBlockHeads;                  // [2][64]
 
-  const int token = blockIdx.x;
-  const int head0 = blockIdx.y * Config::kBlockHeads;
+  // The head blocks of one token are adjacent in launch order, so they gather the same rows at
+  // about the same time and the second gather hits L2.
+  const int head_blocks = (p.num_heads + Config::kBlockHeads - 1) / Config::kBlockHeads;
+  const int token = blockIdx.x / head_blocks;
+  const int head0 = (blockIdx.x % head_blocks) * Config::kBlockHeads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row_group = warp % 4, half = warp / 4;
   const int g = lane / 4, c = lane % 4;
@@ -249,8 +252,11 @@ absl::Status LaunchSparseMqa(const SparseMqaParams& p, cudaStream_t stream) {
   auto kernel = SparseMqaKernel<kHeadDim, kVDim>;
   DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       Config::kSmemBytes));
-  const dim3 grid(p.num_tokens, (p.num_heads + Config::kBlockHeads - 1) / Config::kBlockHeads);
-  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
+  const int64_t head_blocks = (p.num_heads + Config::kBlockHeads - 1) / Config::kBlockHeads;
+  const int64_t blocks = int64_t(p.num_tokens) * head_blocks;
+  DCP_CHECK_ARG(blocks < (int64_t(1) << 31), "SparseMqa: %d tokens x %d head blocks is too many",
+                p.num_tokens, head_blocks);
+  kernel<<<static_cast<unsigned>(blocks), Config::kThreads, Config::kSmemBytes, stream>>>(p);
   DCP_CUDA_LAUNCH_CHECK("SparseMqaKernel");
   return absl::OkStatus();
 }
