@@ -1,6 +1,7 @@
 #include "launch/job.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -447,6 +448,10 @@ int RunJob(int argc, char** argv) {
       code = kExitCheckFailed;
     }
     job.Release();
+  }
+  // Test hook: each rank states its exit code, so tests can check that all ranks agree.
+  if (std::getenv("DCP_RUN_REPORT_EXIT") != nullptr) {
+    std::fprintf(stderr, "[dcp_run rank %d exit %d]\n", process->rank, code);
   }
   std::fflush(stdout);
   std::fflush(stderr);

@@ -3,6 +3,7 @@
 #include <functional>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/status.h"
 #include "yaml-cpp/yaml.h"
@@ -12,10 +13,13 @@ namespace {
 
 using Setter = std::function<absl::Status(const YAML::Node&, RunConfig*)>;
 
+// "file:line" of a node, then ": key" when a key is given.
 std::string Where(std::string_view source, const YAML::Node& node, std::string_view key) {
   const YAML::Mark mark = node.Mark();
-  if (mark.line < 0) return absl::StrFormat("%s: %s", source, key);
-  return absl::StrFormat("%s:%d: %s", source, mark.line + 1, key);
+  std::string where = mark.line < 0 ? std::string(source)
+                                    : absl::StrFormat("%s:%d", source, mark.line + 1);
+  if (!key.empty()) where += ": " + std::string(key);
+  return where;
 }
 
 template <typename T>

@@ -1,0 +1,100 @@
+#include "launch/bench/result_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+
+#include "absl/strings/str_format.h"
+#include "runtime/status.h"
+
+namespace dcp::bench {
+namespace {
+
+// RFC 4180: quote a cell holding a separator, a quote or a line break.
+std::string CsvCell(const std::string& cell) {
+  if (cell.find_first_of(",\"\n") == std::string::npos) return cell;
+  std::string quoted = "\"";
+  for (char c : cell) {
+    if (c == '"') quoted += '"';
+    quoted += c;
+  }
+  return quoted + "\"";
+}
+
+}  // namespace
+
+void ResultTable::AddRow(std::vector<std::string> cells) {
+  if (cells.size() != columns_.size()) {
+    std::fprintf(stderr, "dcp_bench: internal error: row of %zu cells for %zu columns\n",
+                 cells.size(), columns_.size());
+    std::abort();
+  }
+  rows_.push_back(std::move(cells));
+}
+
+void ResultTable::Print(std::FILE* out) const {
+  std::vector<size_t> shown;
+  for (size_t c = 0; c < columns_.size(); ++c) {
+    if (!columns_[c].header.empty()) shown.push_back(c);
+  }
+  std::vector<size_t> width(columns_.size(), 0);
+  for (size_t c : shown) {
+    width[c] = columns_[c].header.size();
+    for (const auto& row : rows_) width[c] = std::max(width[c], row[c].size());
+  }
+  // The first column (the name of the row) is left-aligned, numbers right-aligned.
+  auto print_line = [&](auto cell_of, const char* lead) {
+    std::string line = lead;
+    for (size_t i = 0; i < shown.size(); ++i) {
+      const size_t c = shown[i];
+      const std::string& cell = cell_of(c);
+      line += i == 0 ? absl::StrFormat("%-*s", width[c], cell)
+                     : absl::StrFormat("  %*s", width[c], cell);
+    }
+    std::fprintf(out, "%s\n", line.c_str());
+  };
+  print_line([&](size_t c) -> const std::string& { return columns_[c].header; }, "# ");
+  for (const auto& row : rows_) {
+    print_line([&](size_t c) -> const std::string& { return row[c]; }, "  ");
+  }
+  for (const std::string& note : notes_) std::fprintf(out, "# %s\n", note.c_str());
+  std::fflush(out);
+}
+
+absl::Status ResultTable::WriteCsv(const std::string& path) const {
+  std::ofstream file(path, std::ios::trunc);
+  if (!file) return DCP_ERROR(FailedPrecondition, "cannot open '%s' for writing", path);
+  for (size_t c = 0; c < columns_.size(); ++c) {
+    file << (c ? "," : "") << CsvCell(columns_[c].csv_name);
+  }
+  file << "\n";
+  for (const auto& row : rows_) {
+    for (size_t c = 0; c < row.size(); ++c) {
+      // "-" means not applicable: an empty CSV field reads as missing in pandas.
+      file << (c ? "," : "") << (row[c] == "-" ? "" : CsvCell(row[c]));
+    }
+    file << "\n";
+  }
+  file.close();
+  if (!file) return DCP_ERROR(DataLoss, "writing '%s' failed", path);
+  return absl::OkStatus();
+}
+
+std::string FormatFixed(double value, int decimals) {
+  if (std::isnan(value)) return "-";
+  return absl::StrFormat("%.*f", decimals, value);
+}
+
+std::string FormatSig(double value) {
+  if (std::isnan(value)) return "-";
+  if (value == 0) return "0";
+  const double magnitude = std::fabs(value);
+  if (magnitude >= 1e6 || magnitude < 1e-3) return absl::StrFormat("%.2e", value);
+  const int decimals = magnitude >= 100 ? 0 : magnitude >= 10 ? 1 : magnitude >= 1 ? 2 : 3;
+  return absl::StrFormat("%.*f", decimals, value);
+}
+
+std::string FormatInt(int64_t value) { return absl::StrFormat("%d", value); }
+
+}  // namespace dcp::bench

@@ -1,0 +1,44 @@
+// Results of one mode as rows of text cells: printed as an aligned table (nccl-tests style, on
+// rank 0) and written as CSV. A column may be CSV-only (run metadata, per-phase detail) so the
+// terminal table stays narrow while the CSV keeps everything the plots and peers need.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace dcp::bench {
+
+struct Column {
+  std::string csv_name;  // the CSV header
+  std::string header;    // the table header; empty: CSV only
+};
+
+class ResultTable {
+ public:
+  explicit ResultTable(std::vector<Column> columns) : columns_(std::move(columns)) {}
+
+  // cells.size() must equal the number of columns (checked; a mismatch is a bug).
+  void AddRow(std::vector<std::string> cells);
+  // A line printed under the table, prefixed "# ".
+  void AddNote(std::string note) { notes_.push_back(std::move(note)); }
+  bool empty() const { return rows_.empty(); }
+
+  void Print(std::FILE* out) const;
+  absl::Status WriteCsv(const std::string& path) const;
+
+ private:
+  std::vector<Column> columns_;
+  std::vector<std::vector<std::string>> rows_;
+  std::vector<std::string> notes_;
+};
+
+// Number formatting shared by the modes: "-" for NaN (not measured / not applicable).
+std::string FormatFixed(double value, int decimals);
+// Three significant digits in fixed notation for values >= 1e-3, else scientific.
+std::string FormatSig(double value);
+std::string FormatInt(int64_t value);
+
+}  // namespace dcp::bench

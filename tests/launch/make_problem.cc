@@ -1,0 +1,469 @@
+// Test tool for dcp_run's problem and result files, independent of launch/ (its own
+// safetensors writer and reader, its own data and a float64 reference of DESIGN.md section 3),
+// so that a bug shared by the launcher's reader and its tests cannot hide.
+//
+//   make_problem write <variant> <path>     one problem file (valid or broken on purpose)
+//   make_problem all <folder>               every variant, as <folder>/<variant>.safetensors
+//   make_problem verify <problem> <result> <world_size> [route]
+//                                           checks a result file against the float64 reference
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+
+// ---- a minimal safetensors image -------------------------------------------------------
+struct Entry {
+  std::string dtype;  // "F32", "BF16", "I32", or anything for broken files
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+struct File {
+  std::map<std::string, Entry> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+std::string Image(const File& file) {
+  json header = json::object();
+  if (!file.metadata.empty()) header["__metadata__"] = file.metadata;
+  uint64_t offset = 0;
+  for (const auto& [name, entry] : file.tensors) {
+    header[name] = {{"dtype", entry.dtype},
+                    {"shape", entry.shape},
+                    {"data_offsets", {offset, offset + entry.bytes.size()}}};
+    offset += entry.bytes.size();
+  }
+  std::string text = header.dump();
+  const uint64_t length = text.size();
+  std::string image(reinterpret_cast<const char*>(&length), 8);
+  image += text;
+  for (const auto& [name, entry] : file.tensors) image += entry.bytes;
+  return image;
+}
+
+uint16_t ToBf16(float value) {
+  uint32_t word;
+  std::memcpy(&word, &value, 4);
+  word += 0x7fffu + ((word >> 16) & 1u);
+  return static_cast<uint16_t>(word >> 16);
+}
+
+Entry Floats(const std::vector<int64_t>& shape, const std::vector<float>& values, bool bf16) {
+  Entry entry{bf16 ? "BF16" : "F32", shape, ""};
+  for (float v : values) {
+    if (bf16) {
+      const uint16_t bits = ToBf16(v);
+      entry.bytes.append(reinterpret_cast<const char*>(&bits), 2);
+    } else {
+      entry.bytes.append(reinterpret_cast<const char*>(&v), 4);
+    }
+  }
+  return entry;
+}
+
+Entry Ints(const std::vector<int64_t>& shape, const std::vector<int32_t>& values) {
+  return Entry{"I32", shape,
+               std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4)};
+}
+
+// ---- reading back (result files and our own problems) ------------------------------------
+struct Tensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::vector<double> values;
+};
+
+bool ReadFile(const std::string& path, std::map<std::string, Tensor>* tensors,
+              std::map<std::string, std::string>* metadata) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.size() < 8) return false;
+  uint64_t length;
+  std::memcpy(&length, bytes.data(), 8);
+  if (length > bytes.size() - 8) return false;
+  const json header = json::parse(bytes.substr(8, length), nullptr, false);
+  if (header.is_discarded()) return false;
+  const char* data = bytes.data() + 8 + length;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+        (*metadata)[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    Tensor tensor;
+    tensor.dtype = it.value()["dtype"];
+    tensor.shape = it.value()["shape"].get<std::vector<int64_t>>();
+    const uint64_t begin = it.value()["data_offsets"][0], end = it.value()["data_offsets"][1];
+    const size_t size = tensor.dtype == "BF16" ? 2 : 4;
+    for (uint64_t at = begin; at + size <= end; at += size) {
+      if (tensor.dtype == "F32") {
+        float v;
+        std::memcpy(&v, data + at, 4);
+        tensor.values.push_back(v);
+      } else if (tensor.dtype == "BF16") {
+        uint16_t bits;
+        std::memcpy(&bits, data + at, 2);
+        const uint32_t word = uint32_t(bits) << 16;
+        float v;
+        std::memcpy(&v, &word, 4);
+        tensor.values.push_back(v);
+      } else {
+        int32_t v;
+        std::memcpy(&v, data + at, 4);
+        tensor.values.push_back(v);
+      }
+    }
+    (*tensors)[it.key()] = std::move(tensor);
+  }
+  return true;
+}
+
+// ---- the problem: small dims, requests in mixed order --------------------------------------
+struct Dims {
+  int h = 8, r = 32, dn = 16, dr = 8, dv = 16;
+};
+
+struct Request {
+  int seq_len, query_len;
+};
+
+// Decodes and prefills interleaved, a fresh prefill, a decode with a short context and an
+// extend, so that "decodes first" reordering inside DcpContext is visible in file order.
+const std::vector<Request> kRequests = {{40, 12}, {50, 1}, {20, 20}, {9, 1}, {70, 5}, {33, 1}};
+
+float Random(uint64_t* state) {  // xorshift64*, in [-1, 1)
+  *state ^= *state >> 12;
+  *state ^= *state << 25;
+  *state ^= *state >> 27;
+  const uint64_t bits = *state * 2685821657736338717ull;
+  return float(int64_t(bits >> 40) - (1 << 23)) / float(1 << 23);
+}
+
+std::vector<float> RandomValues(size_t count, uint64_t seed, float scale) {
+  std::vector<float> values(count);
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (float& v : values) v = scale * Random(&state);
+  return values;
+}
+
+struct Options {
+  bool bf16 = false;
+  int topk_width = 0;  // 0: no topk_indices
+  Dims dims;
+  std::vector<Request> requests = kRequests;
+};
+
+File MakeProblem(const Options& options) {
+  const Dims& d = options.dims;
+  int64_t tokens = 0, rows = 0;
+  std::vector<int32_t> seq_lens, query_lens;
+  for (const Request& r : options.requests) {
+    tokens += r.query_len;
+    rows += r.seq_len;
+    seq_lens.push_back(r.seq_len);
+    query_lens.push_back(r.query_len);
+  }
+  File file;
+  const bool b = options.bf16;
+  file.tensors["q_nope"] = Floats({tokens, d.h, d.dn}, RandomValues(tokens * d.h * d.dn, 1, 1), b);
+  file.tensors["q_rope"] = Floats({tokens, d.h, d.dr}, RandomValues(tokens * d.h * d.dr, 2, 1), b);
+  file.tensors["kv_c"] = Floats({rows, d.r}, RandomValues(rows * d.r, 3, 1), b);
+  file.tensors["k_pe"] = Floats({rows, d.dr}, RandomValues(rows * d.dr, 4, 1), b);
+  file.tensors["w_uk"] = Floats({d.h, d.dn, d.r}, RandomValues(d.h * d.dn * d.r, 5, 0.2f), b);
+  file.tensors["w_uv"] = Floats({d.h, d.r, d.dv}, RandomValues(d.h * d.r * d.dv, 6, 0.2f), b);
+  file.tensors["seq_lens"] = Ints({int64_t(seq_lens.size())}, seq_lens);
+  file.tensors["query_lens"] = Ints({int64_t(query_lens.size())}, query_lens);
+  if (options.topk_width > 0) {
+    // Random causal subsets in random order, padded with -1, the newest token always in;
+    // except the fourth request (a decode), which selects nothing (out 0, lse -inf).
+    const int k = options.topk_width;
+    std::vector<int32_t> topk;
+    uint64_t state = 99;
+    for (size_t index = 0; index < options.requests.size(); ++index) {
+      const Request& r = options.requests[index];
+      for (int i = 0; i < r.query_len; ++i) {
+        if (index == 3) {
+          topk.insert(topk.end(), size_t(k), -1);
+          continue;
+        }
+        const int position = r.seq_len - r.query_len + i;
+        std::vector<int32_t> candidates(position);
+        for (int j = 0; j < position; ++j) candidates[j] = j;
+        for (int j = position - 1; j > 0; --j) {
+          const int swap = int((Random(&state) + 1.0f) * 0.5f * float(j + 1)) % (j + 1);
+          std::swap(candidates[j], candidates[swap]);
+        }
+        std::vector<int32_t> row = {position};
+        const int extra = std::min<int>(position, k - 1 - (i % 3 == 1 ? 2 : 0));
+        row.insert(row.end(), candidates.begin(), candidates.begin() + std::max(extra, 0));
+        std::rotate(row.begin(), row.begin() + row.size() / 2, row.end());
+        row.resize(k, -1);
+        topk.insert(topk.end(), row.begin(), row.end());
+      }
+    }
+    file.tensors["topk_indices"] = Ints({tokens, k}, topk);
+  }
+  return file;
+}
+
+bool WriteImage(const std::string& path, const std::string& image) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(image.data(), std::streamsize(image.size()));
+  return bool(out);
+}
+
+// Every variant: the valid problems first, then one broken file per defect.
+std::map<std::string, std::string> Variants() {
+  std::map<std::string, std::string> images;
+  Options dense;  // no top-k: every causal position (seq_lens <= 2048)
+  File f = MakeProblem(dense);
+  f.metadata["softmax_scale"] = "0.125";
+  images["dense_f32"] = Image(f);
+  Options dense_bf16 = dense;
+  dense_bf16.bf16 = true;
+  images["dense_bf16"] = Image(MakeProblem(dense_bf16));
+  Options sparse;
+  sparse.topk_width = 16;  // seq_lens up to 70 > 16: the sparse route
+  images["sparse_f32"] = Image(MakeProblem(sparse));
+  Options sparse_bf16 = sparse;
+  sparse_bf16.bf16 = true;
+  images["sparse_bf16"] = Image(MakeProblem(sparse_bf16));
+  Options full;
+  full.topk_width = 80;  // wide enough for every causal position: the dense route
+  images["topk_full"] = Image(MakeProblem(full));
+
+  // ---- broken on purpose ----
+  File base = MakeProblem(sparse);
+  File broken = base;
+  broken.tensors.erase("k_pe");
+  images["bad_missing_tensor"] = Image(broken);
+  broken = base;
+  broken.tensors["q_nope_"] = broken.tensors["q_nope"];
+  broken.tensors.erase("q_nope");
+  images["bad_tensor_name"] = Image(broken);
+  broken = base;
+  broken.tensors["w_uk"].shape = {8, 16, 16};
+  broken.tensors["w_uk"].bytes.resize(8 * 16 * 16 * 4);
+  images["bad_shape"] = Image(broken);
+  broken = base;
+  broken.tensors["seq_lens"].dtype = "F32";
+  images["bad_dtype"] = Image(broken);
+  broken = base;
+  broken.tensors["q_rope"].dtype = "F16";
+  broken.tensors["q_rope"].shape.back() *= 2;
+  images["bad_dtype_f16"] = Image(broken);
+  broken = base;
+  std::vector<int32_t> query_lens;
+  for (const Request& r : kRequests) query_lens.push_back(r.query_len);
+  query_lens[2] = 21;  // > seq_len 20
+  broken.tensors["query_lens"] = Ints({int64_t(query_lens.size())}, query_lens);
+  images["bad_query_len"] = Image(broken);
+  broken = base;
+  broken.tensors["kv_c"].shape[0] -= 1;
+  broken.tensors["kv_c"].bytes.resize(broken.tensors["kv_c"].bytes.size() - 32 * 4);
+  images["bad_kv_rows"] = Image(broken);
+  broken = base;
+  {
+    std::string& bytes = broken.tensors["topk_indices"].bytes;
+    const int32_t future = 45;  // token 0 of request 0 sits at position 28
+    std::memcpy(&bytes[0], &future, 4);
+  }
+  images["bad_topk_future"] = Image(broken);
+  broken = base;
+  {
+    std::string& bytes = broken.tensors["topk_indices"].bytes;
+    int32_t first;
+    std::memcpy(&first, &bytes[16 * 4 * 5], 4);  // token 5: copy its first entry to column 1
+    std::memcpy(&bytes[16 * 4 * 5 + 4], &first, 4);
+    if (first == -1) std::abort();
+  }
+  images["bad_topk_duplicate"] = Image(broken);
+  broken = base;
+  {
+    const int32_t minus_two = -2;
+    std::memcpy(&broken.tensors["topk_indices"].bytes[4 * 3], &minus_two, 4);
+  }
+  images["bad_topk_negative"] = Image(broken);
+  broken = base;
+  {
+    const float nan = std::nanf("");
+    std::memcpy(&broken.tensors["q_rope"].bytes[40], &nan, 4);
+  }
+  images["bad_nan"] = Image(broken);
+  broken = MakeProblem(dense);
+  broken.metadata["index_topk"] = "32";  // no top-k, but seq_lens up to 70 > 32
+  images["bad_no_topk_long"] = Image(broken);
+  broken = base;
+  broken.metadata["softmax_scale"] = "fast";
+  images["bad_metadata"] = Image(broken);
+  Options three_heads = sparse;
+  three_heads.dims.h = 3;
+  images["bad_heads_3"] = Image(MakeProblem(three_heads));
+
+  const std::string good = Image(base);
+  images["bad_truncated"] = good.substr(0, good.size() - 100);
+  images["bad_trailing_bytes"] = good + std::string(12, '\0');
+  std::string header_json = good;
+  header_json[8] = '#';  // the JSON header's opening brace
+  images["bad_header_json"] = header_json;
+  std::string header_length = good;
+  const uint64_t huge = uint64_t(1) << 40;
+  std::memcpy(&header_length[0], &huge, 8);
+  images["bad_header_length"] = header_length;
+  images["bad_empty"] = "";
+  images["bad_not_safetensors"] = "this is not a safetensors file, just text\n";
+  return images;
+}
+
+// ---- verify: float64 reference of DESIGN.md section 3 ------------------------------------
+int Verify(const std::string& problem_path, const std::string& result_path, int world_size,
+           const std::string& route) {
+  std::map<std::string, Tensor> p, r;
+  std::map<std::string, std::string> pm, rm;
+  if (!ReadFile(problem_path, &p, &pm) || !ReadFile(result_path, &r, &rm)) {
+    std::fprintf(stderr, "verify: cannot read %s or %s\n", problem_path.c_str(),
+                 result_path.c_str());
+    return 1;
+  }
+  const int64_t tokens = p["q_nope"].shape[0], h = p["q_nope"].shape[1],
+                dn = p["q_nope"].shape[2], dr = p["q_rope"].shape[2], rank = p["kv_c"].shape[1],
+                dv = p["w_uv"].shape[2];
+  const double scale = pm.count("softmax_scale") ? std::stod(pm["softmax_scale"])
+                                                 : 1.0 / std::sqrt(double(dn + dr));
+  if (r["out"].dtype != "F32" || r["out"].shape != std::vector<int64_t>{tokens, h, dv} ||
+      r["lse"].dtype != "F32" || r["lse"].shape != std::vector<int64_t>{tokens, h}) {
+    std::fprintf(stderr, "verify: result tensors out/lse have the wrong dtype or shape\n");
+    return 1;
+  }
+  for (const char* key : {"route", "dcp_world_size", "interleave", "chunks"}) {
+    if (!rm.count(key)) {
+      std::fprintf(stderr, "verify: result metadata lacks '%s'\n", key);
+      return 1;
+    }
+  }
+  if (rm["dcp_world_size"] != std::to_string(world_size) ||
+      (!route.empty() && rm["route"] != route)) {
+    std::fprintf(stderr, "verify: metadata route %s, dcp_world_size %s; expected %s, %d\n",
+                 rm["route"].c_str(), rm["dcp_world_size"].c_str(), route.c_str(), world_size);
+    return 1;
+  }
+  const bool has_topk = p.count("topk_indices") > 0;
+  const int64_t k = has_topk ? p["topk_indices"].shape[1] : 0;
+  const std::vector<double>& q_nope = p["q_nope"].values;
+  const std::vector<double>& q_rope = p["q_rope"].values;
+  const std::vector<double>& kv_c = p["kv_c"].values;
+  const std::vector<double>& k_pe = p["k_pe"].values;
+  const std::vector<double>& w_uk = p["w_uk"].values;
+  const std::vector<double>& w_uv = p["w_uv"].values;
+  double out_error = 0, out_scale = 0, lse_error = 0;
+  int64_t t = 0, row_offset = 0;
+  for (size_t i = 0; i < p["seq_lens"].values.size(); ++i) {
+    const int64_t seq_len = int64_t(p["seq_lens"].values[i]);
+    const int64_t query_len = int64_t(p["query_lens"].values[i]);
+    for (int64_t q = 0; q < query_len; ++q, ++t) {
+      const int64_t position = seq_len - query_len + q;
+      std::vector<int64_t> keys;
+      if (has_topk) {
+        for (int64_t c = 0; c < k; ++c) {
+          const int64_t j = int64_t(p["topk_indices"].values[t * k + c]);
+          if (j >= 0) keys.push_back(j);
+        }
+      } else {
+        for (int64_t j = 0; j <= position; ++j) keys.push_back(j);
+      }
+      for (int64_t head = 0; head < h; ++head) {
+        std::vector<double> scores, values_sum(dv, 0.0);
+        for (int64_t j : keys) {
+          const int64_t row = row_offset + j;
+          double score = 0;
+          for (int64_t a = 0; a < dn; ++a) {
+            double k_nope = 0;
+            for (int64_t c = 0; c < rank; ++c) {
+              k_nope += w_uk[(head * dn + a) * rank + c] * kv_c[row * rank + c];
+            }
+            score += q_nope[(t * h + head) * dn + a] * k_nope;
+          }
+          for (int64_t a = 0; a < dr; ++a) {
+            score += q_rope[(t * h + head) * dr + a] * k_pe[row * dr + a];
+          }
+          scores.push_back(scale * score);
+        }
+        double max_score = -INFINITY, sum = 0;
+        for (double s : scores) max_score = std::max(max_score, s);
+        for (double s : scores) sum += std::exp(s - max_score);
+        const double lse = keys.empty() ? -INFINITY : max_score + std::log(sum);
+        std::vector<double> out(dv, 0.0);
+        for (size_t n = 0; n < keys.size(); ++n) {
+          const double weight = std::exp(scores[n] - lse);
+          const int64_t row = row_offset + keys[n];
+          for (int64_t e = 0; e < dv; ++e) {
+            double v = 0;
+            for (int64_t c = 0; c < rank; ++c) v += w_uv[(head * rank + c) * dv + e] * kv_c[row * rank + c];
+            out[e] += weight * v;
+          }
+        }
+        const double got_lse = r["lse"].values[t * h + head];
+        if (keys.empty()) {
+          if (!(std::isinf(got_lse) && got_lse < 0)) lse_error = INFINITY;
+        } else {
+          lse_error = std::max(lse_error, std::fabs(got_lse - lse) / std::max(1.0, std::fabs(lse)));
+        }
+        for (int64_t e = 0; e < dv; ++e) {
+          const double got = r["out"].values[(t * h + head) * dv + e];
+          out_scale = std::max(out_scale, std::fabs(out[e]));
+          out_error = std::max(out_error, std::fabs(got - out[e]));
+          if (!std::isfinite(got)) out_error = INFINITY;
+        }
+      }
+    }
+    row_offset += seq_len;
+  }
+  const double out_rel = out_error / std::max(out_scale, 1e-30);
+  const bool ok = out_rel <= 1e-4 && lse_error <= 1e-4;
+  std::printf("verify: %s vs float64 reference: out rel %.3g, lse rel %.3g, route %s, chunks %s: %s\n",
+              result_path.c_str(), out_rel, lse_error, rm["route"].c_str(), rm["chunks"].c_str(),
+              ok ? "OK" : "FAIL");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string command = argc > 1 ? argv[1] : "";
+  if (command == "write" && argc == 4) {
+    const auto variants = Variants();
+    auto it = variants.find(argv[2]);
+    if (it == variants.end()) {
+      std::fprintf(stderr, "make_problem: unknown variant %s\n", argv[2]);
+      return 2;
+    }
+    return WriteImage(argv[3], it->second) ? 0 : 1;
+  }
+  if (command == "all" && argc == 3) {
+    for (const auto& [name, image] : Variants()) {
+      if (!WriteImage(std::string(argv[2]) + "/" + name + ".safetensors", image)) return 1;
+    }
+    return 0;
+  }
+  if (command == "verify" && (argc == 5 || argc == 6)) {
+    return Verify(argv[2], argv[3], std::atoi(argv[4]), argc == 6 ? argv[5] : "");
+  }
+  std::fprintf(stderr,
+               "usage: make_problem write <variant> <path> | all <folder> | verify <problem> "
+               "<result> <world_size> [route]\n");
+  return 2;
+}

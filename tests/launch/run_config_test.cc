@@ -1,0 +1,174 @@
+#include "launch/run_config.h"
+
+#include <vector>
+
+#include "absl/flags/reflection.h"
+#include "gtest/gtest.h"
+#include "launch/flags.h"
+
+namespace dcp::launch {
+namespace {
+
+absl::StatusOr<CommandLine> Parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "dcp_run");
+  return ParseCommandLine(int(args.size()), args.data());
+}
+
+// The file, then the flags, as dcp_run does.
+absl::StatusOr<RunConfig> Configure(const std::string& yaml, std::vector<const char*> args) {
+  absl::StatusOr<CommandLine> command_line = Parse(std::move(args));
+  if (!command_line.ok()) return command_line.status();
+  RunConfig config;
+  if (absl::Status s = ApplyYamlConfig(yaml, "test.yaml", &config); !s.ok()) return s;
+  if (absl::Status s = ApplyFlags(*command_line, &config); !s.ok()) return s;
+  return config;
+}
+
+std::string ErrorOf(const std::string& yaml, std::vector<const char*> args = {}) {
+  absl::StatusOr<RunConfig> config = Configure(yaml, std::move(args));
+  EXPECT_FALSE(config.ok());
+  return config.ok() ? "" : std::string(config.status().message());
+}
+
+class RunConfigTest : public ::testing::Test {
+  absl::FlagSaver saver_;  // every test starts from the flags' defaults
+};
+
+TEST_F(RunConfigTest, DefaultsAreTheSmallModel) {
+  absl::StatusOr<RunConfig> config = Configure("", {"--batch=q4"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model.num_heads, ModelDims{}.num_heads);
+  EXPECT_EQ(config->run.batches, std::vector<std::string>{"q4"});
+  EXPECT_TRUE(ValidateRunSection(*config).ok());
+}
+
+TEST_F(RunConfigTest, YamlSectionsFillEveryStruct) {
+  absl::StatusOr<RunConfig> config = Configure(R"(
+model:
+  preset: deepseek_v32
+  num_heads: 64
+scheduler: {max_num_seqs: 8, max_model_len: 512, block_size: 16, decode_threshold: 2,
+            workspace_rows: 256}
+dcp: {interleave: 4, combine: a2a, comm_timeout_s: 12.5}
+attention: {index_topk: 128, force_mqa: true, prefill_backend: none}
+run:
+  batches: [q2k, 8q1s1k]
+  seed: 9
+  iters: 3
+  check: true
+)",
+                                               {});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model.kv_lora_rank, 512);  // from the preset
+  EXPECT_EQ(config->model.num_heads, 64);      // refined after it
+  EXPECT_EQ(config->scheduler.max_num_seqs, 8);
+  EXPECT_EQ(config->scheduler.decode_threshold, 2);
+  EXPECT_EQ(config->workspace_rows, 256);
+  EXPECT_EQ(config->options().workspace_rows_override, 256);
+  EXPECT_EQ(config->dcp.interleave, 4);
+  EXPECT_EQ(config->dcp.combine, CombineBackend::kAllToAll);
+  EXPECT_DOUBLE_EQ(config->dcp.comm_timeout_s, 12.5);
+  EXPECT_EQ(config->attention.index_topk, 128);
+  EXPECT_TRUE(config->attention.force_mqa);
+  EXPECT_EQ(config->attention.prefill_backend, "none");
+  EXPECT_EQ(config->run.batches, (std::vector<std::string>{"q2k", "8q1s1k"}));
+  EXPECT_EQ(config->run.seed, 9u);
+  EXPECT_TRUE(config->run.check);
+  EXPECT_TRUE(config->is_explicit("scheduler.max_model_len"));
+  EXPECT_FALSE(config->is_explicit("scheduler.num_kv_blocks"));
+}
+
+TEST_F(RunConfigTest, FlagsOverrideTheFile) {
+  absl::StatusOr<RunConfig> config =
+      Configure("attention: {index_topk: 128}\nrun: {batches: [q4], check: true}\n",
+                {"--index-topk", "256", "--nocheck", "--num_heads=32", "--combine=a2a",
+                 "--force-mqa", "--batch", "q8;2q1s9", "--max-model-len=1024"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->attention.index_topk, 256);
+  EXPECT_FALSE(config->run.check);
+  EXPECT_EQ(config->model.num_heads, 32);
+  EXPECT_EQ(config->dcp.combine, CombineBackend::kAllToAll);
+  EXPECT_TRUE(config->attention.force_mqa);
+  EXPECT_EQ(config->run.batches, (std::vector<std::string>{"q8", "2q1s9"}));
+  EXPECT_EQ(config->scheduler.max_model_len, 1024);
+}
+
+TEST_F(RunConfigTest, ProblemFlagReplacesTheFilesBatches) {
+  absl::StatusOr<RunConfig> config = Configure("run: {batches: [q4]}\n", {"--problem=p.st"});
+  ASSERT_TRUE(config.ok());
+  EXPECT_TRUE(config->run.batches.empty());
+  EXPECT_EQ(config->run.problem, "p.st");
+  EXPECT_TRUE(ValidateRunSection(*config).ok());
+  // Both on the command line: an error.
+  config = Configure("", {"--problem=p.st", "--batch=q4"});
+  ASSERT_TRUE(config.ok());
+  EXPECT_FALSE(ValidateRunSection(*config).ok());
+}
+
+TEST_F(RunConfigTest, UnknownKeysAndSectionsAreErrors) {
+  EXPECT_NE(ErrorOf("model: {num_head: 4}\n").find("unknown key 'model.num_head'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("modle: {num_heads: 4}\n").find("unknown section 'modle'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("run: {batch: q4}\n").find("unknown key 'run.batch'"), std::string::npos);
+  // The line of the offending key is named.
+  EXPECT_NE(ErrorOf("model:\n  num_heads: 4\n  bogus: 1\n").find("test.yaml:3"),
+            std::string::npos);
+}
+
+TEST_F(RunConfigTest, BadValuesAreErrors) {
+  EXPECT_NE(ErrorOf("model: {num_heads: many}\n").find("model.num_heads must be an integer"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("dcp: {combine: ring}\n").find("ag_rs or a2a"), std::string::npos);
+  EXPECT_NE(ErrorOf("model: {preset: llama}\n").find("unknown model preset 'llama'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("attention: {force_mqa: maybe}\n").find("true or false"), std::string::npos);
+  EXPECT_NE(ErrorOf("run: {batches: {a: 1}}\n").find("list of batch specs"), std::string::npos);
+  EXPECT_NE(ErrorOf("model: [1, 2]\n").find("must be a map"), std::string::npos);
+  EXPECT_NE(ErrorOf("model: {num_heads: 4\n").find("not valid YAML"), std::string::npos);
+  EXPECT_NE(ErrorOf("- a\n- b\n").find("map of sections"), std::string::npos);
+}
+
+TEST_F(RunConfigTest, CommandLineErrors) {
+  EXPECT_NE(ErrorOf("", {"--num-head=4"}).find("unknown flag '--num-head=4'"), std::string::npos);
+  EXPECT_NE(ErrorOf("", {"--iters=abc"}).find("bad value 'abc' for flag '--iters'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("", {"--iters"}).find("needs a value"), std::string::npos);
+  EXPECT_NE(ErrorOf("", {"stray"}).find("unexpected argument 'stray'"), std::string::npos);
+  EXPECT_NE(ErrorOf("", {"--check=perhaps"}).find("--check"), std::string::npos);
+  EXPECT_NE(ErrorOf("", {"--combine=x"}).find("ag_rs or a2a"), std::string::npos);
+  EXPECT_NE(ErrorOf("", {"--model=gpt"}).find("unknown model preset"), std::string::npos);
+  EXPECT_NE(ErrorOf("", {"--nobatch"}).find("unknown flag"), std::string::npos);
+}
+
+TEST_F(RunConfigTest, RunSectionValidation) {
+  const auto error = [](std::vector<const char*> args) {
+    absl::StatusOr<RunConfig> config = Configure("", std::move(args));
+    EXPECT_TRUE(config.ok()) << config.status();
+    const absl::Status status = ValidateRunSection(*config);
+    EXPECT_FALSE(status.ok());
+    return std::string(status.message());
+  };
+  EXPECT_NE(error({}).find("nothing to run"), std::string::npos);
+  EXPECT_NE(error({"--batch=q4", "--device=tpu"}).find("cpu or cuda"), std::string::npos);
+  EXPECT_NE(error({"--batch=q4", "--comm=nccl"}).find("needs --device cuda"), std::string::npos);
+  EXPECT_NE(error({"--batch=q4", "--iters=0"}).find("--iters"), std::string::npos);
+  EXPECT_NE(error({"--batch=q4;q8", "--output=x"}).find("2 batches"), std::string::npos);
+}
+
+TEST_F(RunConfigTest, HelpListsTheFlagsWithDashes) {
+  absl::StatusOr<CommandLine> command_line = Parse({"--help"});
+  ASSERT_TRUE(command_line.ok());
+  EXPECT_TRUE(command_line->help);
+  const std::string usage = UsageText("dcp_run");
+  for (const char* flag : {"--config", "--batch", "--problem", "--output", "--num-heads",
+                           "--device", "--comm", "--combine", "--interleave", "--block-size",
+                           "--max-num-seqs", "--max-model-len", "--index-topk",
+                           "--decode-threshold", "--force-mqa", "--prefill-backend", "--seed",
+                           "--iters", "--check", "--print-plan", "--json"}) {
+    EXPECT_NE(usage.find(flag), std::string::npos) << flag;
+  }
+}
+
+}  // namespace
+}  // namespace dcp::launch
