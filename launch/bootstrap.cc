@@ -54,20 +54,21 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeRankCommunicator(const std::st
                                                                    MpiCommunicator& bootstrap,
                                                                    Device& device,
                                                                    double timeout_s) {
-  if (kind == "mpi") {
-    DCP_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> comm,
-                         MpiCommunicator::Create(bootstrap.mpi_comm(), timeout_s));
-    return std::unique_ptr<Communicator>(std::move(comm));
+  if (kind != "mpi" && kind != "nccl" && kind != "auto") {
+    return DCP_ERROR(InvalidArgument, "--comm must be mpi, nccl or auto, got '%s'", kind);
   }
-  if (kind == "nccl") {
+  if (device.memory_space() == MemorySpace::kDevice) {
 #if DCP_WITH_CUDA
-    return MakeNcclRankCommunicator(bootstrap, device, timeout_s);
-#else
-    (void)device;
-    return DCP_ERROR(InvalidArgument, "--comm nccl: this dcp_run was built without CUDA/NCCL");
+    return MakeCudaRankCommunicator(kind, bootstrap, device, timeout_s);
 #endif
   }
-  return DCP_ERROR(InvalidArgument, "--comm must be mpi or nccl, got '%s'", kind);
+  if (kind == "nccl") {
+    return DCP_ERROR(InvalidArgument, "--comm nccl needs --device cuda (NCCL moves device "
+                     "buffers; device '%s' keeps host memory)", device.name());
+  }
+  DCP_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> comm,
+                       MpiCommunicator::Create(bootstrap.mpi_comm(), timeout_s));
+  return std::unique_ptr<Communicator>(std::move(comm));
 }
 
 }  // namespace dcp::launch

@@ -28,8 +28,10 @@ void FinalizeMpi();
 absl::StatusOr<std::unique_ptr<Device>> MakeRankDevice(const std::string& kind,
                                                        const ProcessInfo& process);
 
-// The communicator DcpContext runs on: "mpi" (a duplicate of MPI_COMM_WORLD with the given
-// timeout) or "nccl" (bootstrapped over `bootstrap`, device buffers; CUDA builds only).
+// The communicator DcpContext runs on, matching the device's memory. CPU device: "mpi" (or
+// "auto"): a duplicate of `bootstrap`'s group with the given timeout. CUDA device (CUDA builds):
+// "nccl", "mpi" (staged through host memory) or "auto", from the CUDA communicator factory,
+// bootstrapped over `bootstrap`, which must outlive the result.
 absl::StatusOr<std::unique_ptr<Communicator>> MakeRankCommunicator(const std::string& kind,
                                                                    MpiCommunicator& bootstrap,
                                                                    Device& device,
@@ -38,9 +40,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeRankCommunicator(const std::st
 #if DCP_WITH_CUDA
 // bootstrap_cuda.cc: the CUDA halves of the two functions above.
 absl::StatusOr<std::unique_ptr<Device>> MakeCudaRankDevice(const ProcessInfo& process);
-absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclRankCommunicator(MpiCommunicator& bootstrap,
-                                                                       Device& device,
-                                                                       double timeout_s);
+absl::StatusOr<std::unique_ptr<Communicator>> MakeCudaRankCommunicator(
+    const std::string& kind, MpiCommunicator& bootstrap, Device& device, double timeout_s);
 #endif
 
 }  // namespace dcp::launch

@@ -22,7 +22,9 @@ ABSL_FLAG(std::string, output, "", "result file (safetensors): out, lse and the 
 ABSL_FLAG(std::string, model, "small", "model preset: small (CPU-sized) or deepseek_v32");
 ABSL_FLAG(int, num_heads, 16, "query heads H of the whole group (divisible by the ranks)");
 ABSL_FLAG(std::string, device, "cpu", "rank device: cpu or cuda");
-ABSL_FLAG(std::string, comm, "mpi", "collectives: mpi or nccl (nccl needs --device cuda)");
+ABSL_FLAG(std::string, comm, "mpi",
+          "collectives: mpi, nccl (needs --device cuda) or auto (nccl when every rank has its "
+          "own GPU)");
 ABSL_FLAG(std::string, combine, "ag_rs", "sparse MQA combine: ag_rs or a2a");
 ABSL_FLAG(int, interleave, 1, "KV interleave I (cp_kv_cache_interleave_size), divides block size");
 ABSL_FLAG(int, block_size, 64, "KV block size B");

@@ -199,8 +199,8 @@ absl::Status ValidateRunSection(const RunConfig& config) {
   const RunSection& run = config.run;
   DCP_CHECK_ARG(run.device == "cpu" || run.device == "cuda",
                 "--device must be cpu or cuda, got '%s'", run.device);
-  DCP_CHECK_ARG(run.comm == "mpi" || run.comm == "nccl", "--comm must be mpi or nccl, got '%s'",
-                run.comm);
+  DCP_CHECK_ARG(run.comm == "mpi" || run.comm == "nccl" || run.comm == "auto",
+                "--comm must be mpi, nccl or auto, got '%s'", run.comm);
   DCP_CHECK_ARG(!(run.comm == "nccl" && run.device != "cuda"),
                 "--comm nccl needs --device cuda (NCCL moves device buffers)");
   DCP_CHECK_ARG(run.iters >= 1, "--iters must be >= 1, got %d", run.iters);

@@ -13,9 +13,8 @@ constexpr uint64_t kStreamPartialOut = 7000, kStreamPartialLse = 8000;
 
 }  // namespace
 
-float PartialOut(uint64_t seed, int rank, int block, int64_t row, int column, int dim) {
-  const ValueStream value(seed, kStreamPartialOut + uint64_t(rank) * 4096 + uint64_t(block));
-  return value(uint64_t(row) * dim + column);
+ValueStream PartialOutValues(uint64_t seed, int rank, int block) {
+  return ValueStream(seed, kStreamPartialOut + uint64_t(rank) * 4096 + uint64_t(block));
 }
 
 float PartialLse(uint64_t seed, int rank, int block, int64_t row) {
@@ -43,15 +42,10 @@ void MergeReference(absl::Span<const double> lses, absl::Span<const double> outs
   }
 }
 
-int64_t CountWrong(absl::Span<const float> got, absl::Span<const double> want, double rtol,
-                   double atol) {
-  int64_t wrong = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double g = got[i], w = want[i];
-    if (std::isinf(w) && std::isinf(g) && (w < 0) == (g < 0)) continue;
-    if (!(std::fabs(g - w) <= atol + rtol * std::fabs(w))) ++wrong;
-  }
-  return wrong;
+bool Close(float got, double want, double rtol, double atol) {
+  const double g = got;
+  if (std::isinf(want) && std::isinf(g) && (want < 0) == (g < 0)) return true;
+  return std::fabs(g - want) <= atol + rtol * std::fabs(want);
 }
 
 }  // namespace dcp::bench

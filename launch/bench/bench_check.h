@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "launch/bench/bench_data.h"
 
 namespace dcp::bench {
 
@@ -15,7 +16,9 @@ namespace dcp::bench {
 // destined to), row `row` (a (token, head) pair) and column `column` of `dim`. About one LSE
 // in seven is -inf (the rank selected no key of that token), and every row that is a multiple
 // of 13 is -inf on every rank (no rank did: out 0, lse -inf).
-float PartialOut(uint64_t seed, int rank, int block, int64_t row, int column, int dim);
+// PartialOutValues(...)(row * dim + column) is the output; one stream per (rank, block) keeps
+// generating gigabytes cheap.
+ValueStream PartialOutValues(uint64_t seed, int rank, int block);
 float PartialLse(uint64_t seed, int rank, int block, int64_t row);
 
 // The merge of partials (outs[i], lses[i]), i in [0, n): lse = log sum e^lse_i,
@@ -23,8 +26,7 @@ float PartialLse(uint64_t seed, int rank, int block, int64_t row);
 void MergeReference(absl::Span<const double> lses, absl::Span<const double> outs, int dim,
                     double* lse, double* out);
 
-// |got - want| > atol + rtol * |want| counts (NaN counts); -inf matches -inf.
-int64_t CountWrong(absl::Span<const float> got, absl::Span<const double> want, double rtol,
-                   double atol);
+// |got - want| <= atol + rtol * |want| (NaN is never close); -inf matches -inf.
+bool Close(float got, double want, double rtol, double atol);
 
 }  // namespace dcp::bench

@@ -97,4 +97,11 @@ std::string FormatSig(double value) {
 
 std::string FormatInt(int64_t value) { return absl::StrFormat("%d", value); }
 
+std::string FormatBytes(int64_t bytes) {
+  if (bytes > 0 && bytes % (int64_t{1} << 30) == 0) return absl::StrFormat("%dG", bytes >> 30);
+  if (bytes > 0 && bytes % (int64_t{1} << 20) == 0) return absl::StrFormat("%dM", bytes >> 20);
+  if (bytes > 0 && bytes % (int64_t{1} << 10) == 0) return absl::StrFormat("%dK", bytes >> 10);
+  return FormatInt(bytes);
+}
+
 }  // namespace dcp::bench

@@ -40,5 +40,7 @@ std::string FormatFixed(double value, int decimals);
 // Three significant digits in fixed notation for values >= 1e-3, else scientific.
 std::string FormatSig(double value);
 std::string FormatInt(int64_t value);
+// 1073741824 -> "1G", 65536 -> "64K"; other values in bytes.
+std::string FormatBytes(int64_t bytes);
 
 }  // namespace dcp::bench
