@@ -17,6 +17,13 @@
 #include "tests/multirank/multirank_test.h"
 #include "tests/reference/mla_reference.h"
 
+#if DCP_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "collectives/cuda/cuda_communicator_factory.h"
+#include "runtime/cuda/cuda_device.h"
+#endif
+
 namespace dcp::testing {
 namespace {
 
@@ -50,9 +57,32 @@ struct Scenario {
   std::vector<int> order;  // request ids in batch order (default: 0..B-1)
 };
 
+// DCP_TEST_DEVICE=cuda runs the same tests on CUDA ranks (bf16 storage; ranks may share a GPU,
+// then the communicator is MPI with host staging). Default: CPU ranks, fp32.
+bool UseCuda() {
+  const char* value = std::getenv("DCP_TEST_DEVICE");
+  return value != nullptr && std::string(value) == "cuda";
+}
+
 struct Dims {
   int heads = 12, r = 32, dn = 16, dr = 8, dv = 16;
 };
+
+// The CUDA kernels are compiled for DeepSeek's head sizes (qk 192 / v 128, latent 576 / 512).
+Dims TestDims(int heads) {
+  Dims d;
+  d.heads = heads;
+  if (UseCuda()) {
+    d.r = 512;
+    d.dn = 128;
+    d.dr = 64;
+    d.dv = 128;
+  }
+  return d;
+}
+
+// fp32 storage on CPU ranks; bf16 storage (inputs, cache, projected K/V rounded) on CUDA ranks.
+double Tolerance() { return UseCuda() ? 3e-2 : 2e-4; }
 
 // The whole problem, as the reference sees it, and each rank's share of it.
 struct Problem {
@@ -120,9 +150,9 @@ struct RankRun {
 };
 
 // Runs the scenario on this rank; the context is loaded as earlier steps would have left it.
-RankRun RunRank(Communicator& comm, const Scenario& s, const Dims& d, const Problem& p,
+RankRun RunRank(MpiCommunicator& mpi, const Scenario& s, const Dims& d, const Problem& p,
                 bool damage_plan = false) {
-  const int world = comm.world_size(), rank = comm.rank();
+  const int world = mpi.world_size(), rank = mpi.rank();
   const int hl = d.heads / world, width = d.r + d.dr;
   RankRun run;
   DcpOptions options;
@@ -151,8 +181,34 @@ RankRun RunRank(Communicator& comm, const Scenario& s, const Dims& d, const Prob
   for (size_t i = 0; i < w_uv.size(); ++i) w_uv[i] = float(w.w_uv[size_t(rank) * hl * d.r * d.dv + i]);
   LayerWeights weights{{w_uk.data(), DType::kF32, {hl, d.dn, d.r}},
                        {w_uv.data(), DType::kF32, {hl, d.r, d.dv}}};
-  auto device = MakeCpuDevice(DType::kF32);
-  auto ctx = DcpContext::Create(options, comm, *device, weights);
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Communicator> device_comm;
+  Communicator* comm = &mpi;
+  if (!UseCuda()) {
+    device = MakeCpuDevice(DType::kF32);
+  } else {
+#if DCP_WITH_CUDA
+    int count = 0;
+    cudaGetDeviceCount(&count);
+    auto cuda = CudaDevice::Create(rank % std::max(count, 1));
+    if (!cuda.ok()) {
+      run.status = cuda.status();
+      return run;
+    }
+    auto made = MakeCudaCommunicator(mpi, "auto", 60.0, (*cuda)->stream());
+    if (!made.ok()) {
+      run.status = made.status();
+      return run;
+    }
+    device = std::move(cuda).value();
+    device_comm = std::move(made).value();
+    comm = device_comm.get();
+#else
+    run.status = absl::FailedPreconditionError("DCP_TEST_DEVICE=cuda in a build without CUDA");
+    return run;
+#endif
+  }
+  auto ctx = DcpContext::Create(options, *comm, *device, weights);
   if (!ctx.ok()) {
     run.status = ctx.status();
     return run;
@@ -259,7 +315,7 @@ void ExpectMatchesReference(const RankRun& run, const Problem& p, const Dims& d,
       if (std::isinf(ref_lse)) {
         ASSERT_TRUE(std::isinf(got_lse) && got_lse < 0) << "token " << token << " head " << h;
       } else {
-        ASSERT_NEAR(got_lse, ref_lse, 1e-4 * (1 + std::abs(ref_lse)))
+        ASSERT_NEAR(got_lse, ref_lse, Tolerance() * (1 + std::abs(ref_lse)))
             << "lse token " << token << " head " << h;
       }
       for (int c = 0; c < d.dv; ++c) {
@@ -267,7 +323,7 @@ void ExpectMatchesReference(const RankRun& run, const Problem& p, const Dims& d,
         const float got = run.out[(token * hl + hh) * d.dv + c];
         ASSERT_FALSE(std::isnan(got)) << "token " << token << " head " << h << " c " << c;
         worst = std::max(worst, std::abs(got - want));
-        ASSERT_NEAR(got, want, 2e-4 * (1 + std::abs(want)))
+        ASSERT_NEAR(got, want, Tolerance() * (1 + std::abs(want)))
             << "out token " << token << " head " << h << " c " << c;
       }
     }
@@ -276,6 +332,22 @@ void ExpectMatchesReference(const RankRun& run, const Problem& p, const Dims& d,
 
 class WorkerTest : public MultiRankTest {
  protected:
+  void SetUp() override {
+    MultiRankTest::SetUp();
+    if (!UseCuda()) return;
+    int count = 0;
+#if DCP_WITH_CUDA
+    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+#endif
+    if (count == 0) {
+      const char* required = std::getenv("DCP_REQUIRE_GPU");
+      if (required != nullptr && std::string(required) == "1") {
+        FAIL() << "DCP_TEST_DEVICE=cuda but no CUDA GPU is visible, and DCP_REQUIRE_GPU=1";
+      }
+      GTEST_SKIP() << "DCP_TEST_DEVICE=cuda but no CUDA GPU is visible";
+    }
+  }
+
   // One seed per test from rank 0, so that every rank draws the same batch.
   uint64_t SharedSeed() {
     uint64_t seed = std::random_device{}() | (uint64_t(std::random_device{}()) << 32);
@@ -309,7 +381,7 @@ TEST_F(WorkerTest, RandomMixedBatchesMatchTheReferenceOnBothRoutes) {
   const uint64_t seed = SharedSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
-  const Dims dims;
+  const Dims dims = TestDims(UseCuda() ? 8 : 12);
   for (int interleave : {1, 16}) {
     for (CombineBackend combine :
          {CombineBackend::kAllGatherReduceScatter, CombineBackend::kAllToAll}) {
@@ -323,7 +395,7 @@ TEST_F(WorkerTest, RandomMixedBatchesMatchTheReferenceOnBothRoutes) {
                                           << combine_backend_name(combine) << " force_mqa "
                                           << force_mqa << " topk " << s.give_topk);
         const Problem p = BuildProblem(s, dims, seed + interleave);
-        const RankRun run = RunRank(comm(), s, dims, p);
+        const RankRun run = RunRank(mpi_comm(), s, dims, p);
         ExpectMatchesReference(run, p, dims, world(), rank());
         const bool any_prefill = std::any_of(s.query_lens.begin(), s.query_lens.end(),
                                              [](int q) { return q > 1; });
@@ -337,7 +409,7 @@ TEST_F(WorkerTest, RandomMixedBatchesMatchTheReferenceOnBothRoutes) {
 TEST_F(WorkerTest, PrefillLongerThanTopkTakesSparseMqaAndMatches) {
   const uint64_t seed = SharedSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  const Dims dims;
+  const Dims dims = TestDims(UseCuda() ? 8 : 12);
   for (CombineBackend combine :
        {CombineBackend::kAllGatherReduceScatter, CombineBackend::kAllToAll}) {
     Scenario s;
@@ -349,7 +421,7 @@ TEST_F(WorkerTest, PrefillLongerThanTopkTakesSparseMqaAndMatches) {
     s.query_lens = {20, 1, 33, 3};
     s.order = {3, 1, 0, 2};
     const Problem p = BuildProblem(s, dims, seed);
-    const RankRun run = RunRank(comm(), s, dims, p);
+    const RankRun run = RunRank(mpi_comm(), s, dims, p);
     ExpectMatchesReference(run, p, dims, world(), rank());
     EXPECT_EQ(run.stats.route, Route::kSparseMqa);
   }
@@ -358,7 +430,7 @@ TEST_F(WorkerTest, PrefillLongerThanTopkTakesSparseMqaAndMatches) {
 TEST_F(WorkerTest, ChunkCountDoesNotChangeTheAnswer) {
   const uint64_t seed = SharedSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  const Dims dims;
+  const Dims dims = TestDims(UseCuda() ? 8 : 12);
   const int unit = world() * 4;  // W*I with I = 4; lcm(B = 16, W*I) below
   const int64_t align = std::lcm<int64_t>(16, unit);
   Scenario s;
@@ -375,7 +447,7 @@ TEST_F(WorkerTest, ChunkCountDoesNotChangeTheAnswer) {
                            Want{0, 1, 1}}) {
     s.workspace_rows = want.rows;
     const Problem p = BuildProblem(s, dims, seed);
-    const RankRun run = RunRank(comm(), s, dims, p);
+    const RankRun run = RunRank(mpi_comm(), s, dims, p);
     ExpectMatchesReference(run, p, dims, world(), rank());
     EXPECT_EQ(run.stats.route, Route::kDenseMha);
     EXPECT_GE(run.stats.num_chunks, want.min_chunks) << "rows " << want.rows;
@@ -387,8 +459,7 @@ TEST_F(WorkerTest, ChunkCountDoesNotChangeTheAnswer) {
 TEST_F(WorkerTest, SeedCasesRouteAsTheSeedSays) {
   const uint64_t seed = SharedSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  Dims dims;
-  dims.heads = 4 * (world() == 3 ? 3 : 4);
+  const Dims dims = TestDims(4 * (world() == 3 ? 3 : 4));
   struct Case {
     const char* name;
     std::vector<int> seq_lens, query_lens;
@@ -414,7 +485,7 @@ TEST_F(WorkerTest, SeedCasesRouteAsTheSeedSays) {
     s.force_mqa = c.force_mqa;
     s.give_topk = c.seq_lens[1] > 512;
     const Problem p = BuildProblem(s, dims, seed);
-    const RankRun run = RunRank(comm(), s, dims, p);
+    const RankRun run = RunRank(mpi_comm(), s, dims, p);
     ExpectMatchesReference(run, p, dims, world(), rank());
     EXPECT_EQ(run.stats.route, c.route);
   }
@@ -422,7 +493,7 @@ TEST_F(WorkerTest, SeedCasesRouteAsTheSeedSays) {
 
 // Bad input: the same clear error on every rank, no hang.
 TEST_F(WorkerTest, BadInputFailsOnEveryRankWithOneMessage) {
-  const Dims dims;
+  const Dims dims = TestDims(UseCuda() ? 8 : 12);
   Scenario good;
   good.seq_lens = {20, 5};
   good.query_lens = {4, 5};
@@ -471,7 +542,7 @@ TEST_F(WorkerTest, BadInputFailsOnEveryRankWithOneMessage) {
     if (std::string(c.name) == "invalid top-k") {
       p.whole.topk[3] = 19;  // token 0 sits at position 16: 19 is in its future
     }
-    const RankRun run = RunRank(comm(), c.scenario, dims, p, c.damage_plan);
+    const RankRun run = RunRank(mpi_comm(), c.scenario, dims, p, c.damage_plan);
     ASSERT_FALSE(run.status.ok());
     EXPECT_NE(run.status.message().find(c.message), std::string::npos) << run.status;
     // The same message on every rank.
