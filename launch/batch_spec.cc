@@ -105,8 +105,7 @@ std::string DescribeBatch(const std::vector<RequestShape>& requests, int decode_
     max_seq_len = std::max(max_seq_len, r.seq_len);
   }
   return absl::StrFormat("%d requests (%d decode, %d prefill), %d tokens, max seq_len %d",
-                         requests.size(), decodes, requests.size() - decodes, tokens,
-                         max_seq_len);
+                         requests.size(), decodes, requests.size() - decodes, tokens, max_seq_len);
 }
 
 }  // namespace dcp::launch

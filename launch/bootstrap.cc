@@ -20,8 +20,8 @@ absl::StatusOr<ProcessInfo> InitMpi(int* argc, char*** argv) {
   DCP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &info.world_size));
   set_current_rank(info.rank);
   MPI_Comm node = MPI_COMM_NULL;
-  DCP_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank,
-                                    MPI_INFO_NULL, &node));
+  DCP_MPI_CHECK(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL, &node));
   DCP_MPI_CHECK(MPI_Comm_rank(node, &info.local_rank));
   DCP_MPI_CHECK(MPI_Comm_size(node, &info.local_size));
   DCP_MPI_CHECK(MPI_Comm_free(&node));
@@ -63,8 +63,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeRankCommunicator(const std::st
 #endif
   }
   if (kind == "nccl") {
-    return DCP_ERROR(InvalidArgument, "--comm nccl needs --device cuda (NCCL moves device "
-                     "buffers; device '%s' keeps host memory)", device.name());
+    return DCP_ERROR(InvalidArgument,
+                     "--comm nccl needs --device cuda (NCCL moves device "
+                     "buffers; device '%s' keeps host memory)",
+                     device.name());
   }
   DCP_ASSIGN_OR_RETURN(std::unique_ptr<MpiCommunicator> comm,
                        MpiCommunicator::Create(bootstrap.mpi_comm(), timeout_s));

@@ -40,8 +40,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeRankCommunicator(const std::st
 #if DCP_WITH_CUDA
 // bootstrap_cuda.cc: the CUDA halves of the two functions above.
 absl::StatusOr<std::unique_ptr<Device>> MakeCudaRankDevice(const ProcessInfo& process);
-absl::StatusOr<std::unique_ptr<Communicator>> MakeCudaRankCommunicator(
-    const std::string& kind, MpiCommunicator& bootstrap, Device& device, double timeout_s);
+absl::StatusOr<std::unique_ptr<Communicator>> MakeCudaRankCommunicator(const std::string& kind,
+                                                                       MpiCommunicator& bootstrap,
+                                                                       Device& device,
+                                                                       double timeout_s);
 #endif
 
 }  // namespace dcp::launch

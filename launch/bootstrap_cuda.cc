@@ -15,8 +15,10 @@ absl::StatusOr<std::unique_ptr<Device>> MakeCudaRankDevice(const ProcessInfo& pr
   return std::unique_ptr<Device>(std::move(device));
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> MakeCudaRankCommunicator(
-    const std::string& kind, MpiCommunicator& bootstrap, Device& device, double timeout_s) {
+absl::StatusOr<std::unique_ptr<Communicator>> MakeCudaRankCommunicator(const std::string& kind,
+                                                                       MpiCommunicator& bootstrap,
+                                                                       Device& device,
+                                                                       double timeout_s) {
   auto* cuda = dynamic_cast<CudaDevice*>(&device);
   if (cuda == nullptr) {
     return DCP_ERROR(InvalidArgument, "--comm %s with a CUDA communicator needs --device cuda",

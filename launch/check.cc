@@ -65,9 +65,9 @@ CheckResult CompareOutputs(const std::vector<float>& out, const std::vector<floa
     result.first_failure = absl::StrFormat("out[%d][%d][%d] = %g, reference %g", t, h, d,
                                            out[worst_out], ref_out[worst_out]);
   } else if (!lse_ok) {
-    result.first_failure = absl::StrFormat("lse[%d][%d] = %g, reference %g",
-                                           worst_lse / num_heads, worst_lse % num_heads,
-                                           lse[worst_lse], ref_lse[worst_lse]);
+    result.first_failure =
+        absl::StrFormat("lse[%d][%d] = %g, reference %g", worst_lse / num_heads,
+                        worst_lse % num_heads, lse[worst_lse], ref_lse[worst_lse]);
   }
   return result;
 }

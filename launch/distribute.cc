@@ -53,12 +53,15 @@ absl::StatusOr<ProblemHeader> BroadcastProblemHeader(Communicator& comm, const P
   std::string text;
   if (comm.rank() == 0) {
     const ModelDims& m = problem->model;
-    nlohmann::json header = {
-        {"num_heads", m.num_heads}, {"kv_lora_rank", m.kv_lora_rank},
-        {"qk_nope_head_dim", m.qk_nope_head_dim}, {"qk_rope_head_dim", m.qk_rope_head_dim},
-        {"v_head_dim", m.v_head_dim}, {"softmax_scale", m.softmax_scale},
-        {"index_topk", problem->index_topk}, {"topk_width", problem->topk_width},
-        {"input_dtype", problem->input_dtype}};
+    nlohmann::json header = {{"num_heads", m.num_heads},
+                             {"kv_lora_rank", m.kv_lora_rank},
+                             {"qk_nope_head_dim", m.qk_nope_head_dim},
+                             {"qk_rope_head_dim", m.qk_rope_head_dim},
+                             {"v_head_dim", m.v_head_dim},
+                             {"softmax_scale", m.softmax_scale},
+                             {"index_topk", problem->index_topk},
+                             {"topk_width", problem->topk_width},
+                             {"input_dtype", problem->input_dtype}};
     nlohmann::json requests = nlohmann::json::array();
     for (const RequestShape& r : problem->requests) requests.push_back({r.seq_len, r.query_len});
     header["requests"] = requests;
@@ -86,9 +89,9 @@ absl::StatusOr<ProblemHeader> BroadcastProblemHeader(Communicator& comm, const P
   return result;
 }
 
-absl::Status ScatterProblem(Communicator& comm, const Problem* problem,
-                            const ProblemHeader& header, int interleave,
-                            int64_t first_request_id, RankWeights* weights, RankBatch* batch) {
+absl::Status ScatterProblem(Communicator& comm, const Problem* problem, const ProblemHeader& header,
+                            int interleave, int64_t first_request_id, RankWeights* weights,
+                            RankBatch* batch) {
   const int world = comm.world_size(), rank = comm.rank();
   const ModelDims& m = header.model;
   const RankView view = RankView::Of(m, world, interleave, rank);

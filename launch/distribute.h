@@ -28,9 +28,9 @@ absl::StatusOr<ProblemHeader> BroadcastProblemHeader(Communicator& comm, const P
 
 // Every rank's weights and batch (request ids first_request_id + i). `interleave` is the KV
 // interleave; the head split is even over the world.
-absl::Status ScatterProblem(Communicator& comm, const Problem* problem,
-                            const ProblemHeader& header, int interleave,
-                            int64_t first_request_id, RankWeights* weights, RankBatch* batch);
+absl::Status ScatterProblem(Communicator& comm, const Problem* problem, const ProblemHeader& header,
+                            int interleave, int64_t first_request_id, RankWeights* weights,
+                            RankBatch* batch);
 
 // Gathers every rank's out [T, Hl, Dv] and lse [T, Hl] to rank 0 as out [T, H, Dv] and
 // lse [T, H] (heads rank-major, as they were split). Other ranks get empty vectors.

@@ -41,9 +41,11 @@ ABSL_FLAG(double, comm_timeout, 300.0, "seconds before a stuck collective is an 
 ABSL_FLAG(uint64_t, seed, 0, "seed of the synthetic data");
 ABSL_FLAG(int, iters, 1, "timed Forward calls per batch");
 ABSL_FLAG(int, warmup, 0, "untimed Forward calls per batch before the timed ones");
-ABSL_FLAG(bool, check, false, "compare with the single-rank reference on rank 0; exit 1 past "
+ABSL_FLAG(bool, check, false,
+          "compare with the single-rank reference on rank 0; exit 1 past "
           "tolerance");
-ABSL_FLAG(double, tolerance, 0.0, "max relative error of --check (0 = 1e-3 for F32 storage, "
+ABSL_FLAG(double, tolerance, 0.0,
+          "max relative error of --check (0 = 1e-3 for F32 storage, "
           "3e-2 for BF16)");
 ABSL_FLAG(bool, print_plan, false, "rank 0 prints the first batch's plan as JSON; nothing runs");
 ABSL_FLAG(bool, json, false, "print the summary as one JSON object");
@@ -52,13 +54,13 @@ namespace dcp::launch {
 namespace {
 
 // The flags of this file, in the order --help lists them.
+// clang-format off
 constexpr const char* kFlagNames[] = {
-    "config",       "batch",         "problem",         "output",         "model",
-    "num_heads",    "device",        "comm",            "combine",        "interleave",
-    "block_size",   "max_num_seqs",  "max_model_len",   "num_kv_blocks",  "workspace_rows", "index_topk",
-    "decode_threshold", "force_mqa", "prefill_backend", "comm_timeout",   "seed",
-    "iters",        "warmup",        "check",           "tolerance",      "print_plan",
-    "json"};
+    "config", "batch", "problem", "output", "model", "num_heads", "device", "comm", "combine",
+    "interleave", "block_size", "max_num_seqs", "max_model_len", "num_kv_blocks",
+    "workspace_rows", "index_topk", "decode_threshold", "force_mqa", "prefill_backend",
+    "comm_timeout", "seed", "iters", "warmup", "check", "tolerance", "print_plan", "json"};
+// clang-format on
 
 absl::CommandLineFlag* FindOurs(std::string_view name) {
   for (const char* ours : kFlagNames) {
@@ -80,8 +82,10 @@ absl::StatusOr<CommandLine> ParseCommandLine(int argc, const char* const* argv) 
       continue;
     }
     if (arg.size() < 2 || arg[0] != '-' || arg == "--") {
-      return DCP_ERROR(InvalidArgument, "unexpected argument '%s' (dcp_run takes only flags; "
-                       "see --help)", arg);
+      return DCP_ERROR(InvalidArgument,
+                       "unexpected argument '%s' (dcp_run takes only flags; "
+                       "see --help)",
+                       arg);
     }
     arg.remove_prefix(arg[1] == '-' ? 2 : 1);
     std::string name(arg.substr(0, arg.find('=')));
@@ -121,7 +125,12 @@ absl::StatusOr<CommandLine> ParseCommandLine(int argc, const char* const* argv) 
 
 absl::Status ApplyFlags(const CommandLine& command_line, RunConfig* config) {
   const auto given = [&](const char* name) { return command_line.given.contains(name); };
-  const auto mark = [&](const char* key) { config->explicit_keys.insert(key); };
+  // Copies a flag given on the command line into its config field, marked explicit.
+  const auto apply = [&](const char* name, const char* key, const auto& flag, auto* field) {
+    if (!given(name)) return;
+    *field = absl::GetFlag(flag);
+    config->explicit_keys.insert(key);
+  };
   // The preset first: explicit dims below refine it.
   if (given("model")) {
     DCP_RETURN_IF_ERROR(ApplyModelPreset(absl::GetFlag(FLAGS_model), config));
@@ -130,7 +139,9 @@ absl::Status ApplyFlags(const CommandLine& command_line, RunConfig* config) {
       config->explicit_keys.erase(key);
     }
   }
-  if (given("num_heads")) config->model.num_heads = absl::GetFlag(FLAGS_num_heads), mark("model.num_heads");
+  apply("num_heads", "model.num_heads", FLAGS_num_heads, &config->model.num_heads);
+
+  // --batch and --problem replace each other's value from the file.
   if (given("batch")) {
     config->run.batches.clear();
     for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_batch), ';')) {
@@ -140,90 +151,66 @@ absl::Status ApplyFlags(const CommandLine& command_line, RunConfig* config) {
     if (config->run.batches.empty()) {
       return DCP_ERROR(InvalidArgument, "--batch is empty (expected e.g. q2k, 8q1s1k, 16q64s128)");
     }
-    if (!given("problem")) config->run.problem.clear();  // the command line wins over the file
-    mark("run.batches");
+    if (!given("problem")) config->run.problem.clear();
+    config->explicit_keys.insert("run.batches");
   }
   if (given("problem")) {
     config->run.problem = absl::GetFlag(FLAGS_problem);
     if (!given("batch")) config->run.batches.clear();
-    mark("run.problem");
+    config->explicit_keys.insert("run.problem");
   }
-  if (given("output")) config->run.output = absl::GetFlag(FLAGS_output), mark("run.output");
-  if (given("device")) config->run.device = absl::GetFlag(FLAGS_device), mark("run.device");
-  if (given("comm")) config->run.comm = absl::GetFlag(FLAGS_comm), mark("run.comm");
+
   if (given("combine")) {
     DCP_RETURN_IF_ERROR(ParseCombineBackend(absl::GetFlag(FLAGS_combine), &config->dcp.combine));
-    mark("dcp.combine");
+    config->explicit_keys.insert("dcp.combine");
   }
-  if (given("interleave")) config->dcp.interleave = absl::GetFlag(FLAGS_interleave), mark("dcp.interleave");
-  if (given("comm_timeout")) {
-    config->dcp.comm_timeout_s = absl::GetFlag(FLAGS_comm_timeout);
-    mark("dcp.comm_timeout_s");
-  }
-  if (given("block_size")) {
-    config->scheduler.block_size = absl::GetFlag(FLAGS_block_size);
-    mark("scheduler.block_size");
-  }
-  if (given("max_num_seqs")) {
-    config->scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
-    mark("scheduler.max_num_seqs");
-  }
-  if (given("max_model_len")) {
-    config->scheduler.max_model_len = absl::GetFlag(FLAGS_max_model_len);
-    mark("scheduler.max_model_len");
-  }
-  if (given("num_kv_blocks")) {
-    config->scheduler.num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks);
-    mark("scheduler.num_kv_blocks");
-  }
-  if (given("workspace_rows")) {
-    config->workspace_rows = absl::GetFlag(FLAGS_workspace_rows);
-    DCP_CHECK_ARG(config->workspace_rows >= 0, "--workspace-rows must be >= 0, got %d",
-                  config->workspace_rows);
-    mark("scheduler.workspace_rows");
-  }
-  if (given("decode_threshold")) {
-    config->scheduler.decode_threshold = absl::GetFlag(FLAGS_decode_threshold);
-    mark("scheduler.decode_threshold");
-  }
-  if (given("index_topk")) {
-    config->attention.index_topk = absl::GetFlag(FLAGS_index_topk);
-    mark("attention.index_topk");
-  }
-  if (given("force_mqa")) {
-    config->attention.force_mqa = absl::GetFlag(FLAGS_force_mqa);
-    mark("attention.force_mqa");
-  }
-  if (given("prefill_backend")) {
-    config->attention.prefill_backend = absl::GetFlag(FLAGS_prefill_backend);
-    mark("attention.prefill_backend");
-  }
-  if (given("seed")) config->run.seed = absl::GetFlag(FLAGS_seed), mark("run.seed");
-  if (given("iters")) config->run.iters = absl::GetFlag(FLAGS_iters), mark("run.iters");
-  if (given("warmup")) config->run.warmup = absl::GetFlag(FLAGS_warmup), mark("run.warmup");
-  if (given("check")) config->run.check = absl::GetFlag(FLAGS_check), mark("run.check");
-  if (given("tolerance")) {
-    config->run.tolerance = absl::GetFlag(FLAGS_tolerance);
-    mark("run.tolerance");
-  }
-  if (given("print_plan")) {
-    config->run.print_plan = absl::GetFlag(FLAGS_print_plan);
-    mark("run.print_plan");
-  }
-  if (given("json")) config->run.json = absl::GetFlag(FLAGS_json), mark("run.json");
+  apply("interleave", "dcp.interleave", FLAGS_interleave, &config->dcp.interleave);
+  apply("comm_timeout", "dcp.comm_timeout_s", FLAGS_comm_timeout, &config->dcp.comm_timeout_s);
+
+  SchedulerConfig& scheduler = config->scheduler;
+  apply("block_size", "scheduler.block_size", FLAGS_block_size, &scheduler.block_size);
+  apply("max_num_seqs", "scheduler.max_num_seqs", FLAGS_max_num_seqs, &scheduler.max_num_seqs);
+  apply("max_model_len", "scheduler.max_model_len", FLAGS_max_model_len, &scheduler.max_model_len);
+  apply("num_kv_blocks", "scheduler.num_kv_blocks", FLAGS_num_kv_blocks, &scheduler.num_kv_blocks);
+  apply("decode_threshold", "scheduler.decode_threshold", FLAGS_decode_threshold,
+        &scheduler.decode_threshold);
+  apply("workspace_rows", "scheduler.workspace_rows", FLAGS_workspace_rows,
+        &config->workspace_rows);
+  DCP_CHECK_ARG(config->workspace_rows >= 0, "--workspace-rows must be >= 0, got %d",
+                config->workspace_rows);
+
+  AttentionConfig& attention = config->attention;
+  apply("index_topk", "attention.index_topk", FLAGS_index_topk, &attention.index_topk);
+  apply("force_mqa", "attention.force_mqa", FLAGS_force_mqa, &attention.force_mqa);
+  apply("prefill_backend", "attention.prefill_backend", FLAGS_prefill_backend,
+        &attention.prefill_backend);
+
+  RunSection& run = config->run;
+  apply("output", "run.output", FLAGS_output, &run.output);
+  apply("device", "run.device", FLAGS_device, &run.device);
+  apply("comm", "run.comm", FLAGS_comm, &run.comm);
+  apply("seed", "run.seed", FLAGS_seed, &run.seed);
+  apply("iters", "run.iters", FLAGS_iters, &run.iters);
+  apply("warmup", "run.warmup", FLAGS_warmup, &run.warmup);
+  apply("check", "run.check", FLAGS_check, &run.check);
+  apply("tolerance", "run.tolerance", FLAGS_tolerance, &run.tolerance);
+  apply("print_plan", "run.print_plan", FLAGS_print_plan, &run.print_plan);
+  apply("json", "run.json", FLAGS_json, &run.json);
   return absl::OkStatus();
 }
 
 std::string UsageText(const char* program) {
   std::string text = absl::StrCat(
-      "usage: mpirun -np W ", program, " [--config FILE] [--batch SPEC | --problem FILE] "
+      "usage: mpirun -np W ", program,
+      " [--config FILE] [--batch SPEC | --problem FILE] "
       "[flags]\n\nRuns one DCP attention layer over the MPI world; flags override the config "
       "file.\n\nflags:\n");
   for (const char* name : kFlagNames) {
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     std::string shown = absl::StrReplaceAll(name, {{"_", "-"}});
-    absl::StrAppend(&text, "  --", shown, "  ", flag->Help(), " (default: ",
-                    flag->DefaultValue().empty() ? "none" : flag->DefaultValue(), ")\n");
+    absl::StrAppend(&text, "  --", shown, "  ", flag->Help(),
+                    " (default: ", flag->DefaultValue().empty() ? "none" : flag->DefaultValue(),
+                    ")\n");
   }
   return text;
 }

@@ -86,8 +86,7 @@ class Job {
   bool problem_mode() const { return !config_.run.problem.empty(); }
   int heads_per_rank() const { return config_.model.num_heads / process_.world_size; }
   RankView my_view() const {
-    return RankView::Of(config_.model, process_.world_size, config_.dcp.interleave,
-                        process_.rank);
+    return RankView::Of(config_.model, process_.world_size, config_.dcp.interleave, process_.rank);
   }
   RankView whole_view() const { return RankView::Of(config_.model, 1, config_.dcp.interleave, 0); }
   RunDescription Describe() const;
@@ -203,8 +202,8 @@ absl::Status Job::LoadWorkload() {
       }
     }
     DCP_RETURN_IF_ERROR(Agree(local));
-    DCP_ASSIGN_OR_RETURN(header_, BroadcastProblemHeader(*bootstrap_,
-                                                         problem_ ? &*problem_ : nullptr));
+    DCP_ASSIGN_OR_RETURN(header_,
+                         BroadcastProblemHeader(*bootstrap_, problem_ ? &*problem_ : nullptr));
     batches_.push_back(header_->requests);
     labels_.push_back(run.problem);
     return absl::OkStatus();
@@ -234,7 +233,8 @@ absl::Status Job::FitConfig() {
   if (config_.model.num_heads % world != 0) {
     return DCP_ERROR(InvalidArgument,
                      "%d heads cannot be split evenly over %d ranks: the number of ranks "
-                     "(mpirun -np) must divide num_heads", config_.model.num_heads, world);
+                     "(mpirun -np) must divide num_heads",
+                     config_.model.num_heads, world);
   }
   config_.dcp.world_size = world;
   config_.dcp.rank = process_.rank;
@@ -243,14 +243,16 @@ absl::Status Job::FitConfig() {
   int64_t max_seq_len = 0, max_requests = 0;
   for (size_t b = 0; b < batches_.size(); ++b) {
     max_requests = std::max<int64_t>(max_requests, int64_t(batches_[b].size()));
-    for (const RequestShape& r : batches_[b]) max_seq_len = std::max<int64_t>(max_seq_len, r.seq_len);
+    for (const RequestShape& r : batches_[b])
+      max_seq_len = std::max<int64_t>(max_seq_len, r.seq_len);
   }
   SchedulerConfig& scheduler = config_.scheduler;
   if (max_seq_len > scheduler.max_model_len) {
     if (config_.is_explicit("scheduler.max_model_len")) {
       return DCP_ERROR(InvalidArgument,
                        "a request has seq_len %d > scheduler.max_model_len %d (raise "
-                       "--max-model-len)", max_seq_len, scheduler.max_model_len);
+                       "--max-model-len)",
+                       max_seq_len, scheduler.max_model_len);
     }
     scheduler.max_model_len = int(RoundUp(max_seq_len, 256));
   }
@@ -258,12 +260,13 @@ absl::Status Job::FitConfig() {
     if (config_.is_explicit("scheduler.max_num_seqs")) {
       return DCP_ERROR(InvalidArgument,
                        "a batch has %d requests > scheduler.max_num_seqs %d (raise "
-                       "--max-num-seqs)", max_requests, scheduler.max_num_seqs);
+                       "--max-num-seqs)",
+                       max_requests, scheduler.max_num_seqs);
     }
     scheduler.max_num_seqs = int(max_requests);
   }
-  DCP_RETURN_IF_ERROR(ValidateConfigs(config_.model, config_.dcp, config_.scheduler,
-                                      config_.attention));
+  DCP_RETURN_IF_ERROR(
+      ValidateConfigs(config_.model, config_.dcp, config_.scheduler, config_.attention));
   if (!problem_mode()) {
     synthetic_ = std::make_unique<SyntheticWorkload>(config_.model, config_.attention.index_topk,
                                                      config_.run.seed);
@@ -287,9 +290,9 @@ absl::Status Job::StartGroup() {
   if (comm_->memory_space() != device_->memory_space()) {
     return DCP_ERROR(InvalidArgument,
                      "--comm %s moves %s buffers but --device %s keeps them in %s memory "
-                     "(use --comm nccl with --device cuda)", run.comm,
-                     comm_->memory_space() == MemorySpace::kHost ? "host" : "device", run.device,
-                     device_->memory_space() == MemorySpace::kHost ? "host" : "device");
+                     "(use --comm nccl with --device cuda)",
+                     run.comm, comm_->memory_space() == MemorySpace::kHost ? "host" : "device",
+                     run.device, device_->memory_space() == MemorySpace::kHost ? "host" : "device");
   }
   if (problem_mode()) {
     DCP_RETURN_IF_ERROR(ScatterProblem(*bootstrap_, problem_ ? &*problem_ : nullptr, *header_,
@@ -307,8 +310,8 @@ absl::Status Job::StartGroup() {
 absl::Status Job::PrintPlan() {
   std::vector<BatchRequest> requests;
   for (size_t i = 0; i < batches_[0].size(); ++i) {
-    requests.push_back({next_request_id_ + int64_t(i), batches_[0][i].seq_len,
-                        batches_[0][i].query_len});
+    requests.push_back(
+        {next_request_id_ + int64_t(i), batches_[0][i].seq_len, batches_[0][i].query_len});
   }
   const bool has_topk = problem_mode() ? header_->topk_width > 0 : true;
   DCP_ASSIGN_OR_RETURN(std::string json, context_->PlanJson(requests, has_topk));
@@ -321,16 +324,15 @@ absl::Status Job::PrintPlan() {
 
 absl::Status Job::StartReference() {
   if (!is_root()) return absl::OkStatus();
-  const RankWeights whole = problem_mode() ? SliceWeights(*problem_, whole_view())
-                                           : synthetic_->Weights(whole_view());
+  const RankWeights whole =
+      problem_mode() ? SliceWeights(*problem_, whole_view()) : synthetic_->Weights(whole_view());
   DCP_ASSIGN_OR_RETURN(reference_, Reference::Create(config_.options(), whole));
   return absl::OkStatus();
 }
 
 RankBatch Job::WholeBatch(int index, int64_t first_request_id) const {
   return problem_mode() ? SliceBatch(*problem_, whole_view(), first_request_id)
-                        : synthetic_->Batch(batches_[index], index, first_request_id,
-                                            whole_view());
+                        : synthetic_->Batch(batches_[index], index, first_request_id, whole_view());
 }
 
 void Job::Progress(int index, int done, int total) const {
@@ -347,9 +349,9 @@ absl::Status Job::RunBatch(int index) {
   const RunSection& run = config_.run;
   const int64_t first_request_id = next_request_id_;
   next_request_id_ += int64_t(batches_[index].size());
-  RankBatch batch = problem_mode() ? std::move(problem_batch_)
-                                   : synthetic_->Batch(batches_[index], index, first_request_id,
-                                                       my_view());
+  RankBatch batch = problem_mode()
+                        ? std::move(problem_batch_)
+                        : synthetic_->Batch(batches_[index], index, first_request_id, my_view());
 
   // Request bookkeeping fails locally (no agreement inside DcpContext): agree before Forward.
   DCP_RETURN_IF_ERROR(Agree(AddRequests(*context_, batch)));
@@ -394,10 +396,9 @@ absl::Status Job::RunBatch(int index) {
     absl::Status written = absl::OkStatus();
     if (is_root()) {
       const ForwardStats& last = context_->last_stats();
-      written = WriteResultFile(run.output, batch.num_tokens(), model.num_heads, model.v_head_dim,
-                                all_out, all_lse,
-                                {last.route, process_.world_size, config_.dcp.interleave,
-                                 last.num_chunks});
+      written = WriteResultFile(
+          run.output, batch.num_tokens(), model.num_heads, model.v_head_dim, all_out, all_lse,
+          {last.route, process_.world_size, config_.dcp.interleave, last.num_chunks});
     }
     DCP_RETURN_IF_ERROR(Agree(written));
   }

@@ -28,8 +28,8 @@ absl::StatusOr<const Tensor*> Get(const SafetensorsFile& file, std::string_view 
                      tensor_name);
   }
   if (!is_float && tensor.dtype != DType::kI32) {
-    return DCP_ERROR(InvalidArgument, "%s: tensor '%s' must be I32, got %s", file_name,
-                     tensor_name, dtype_name(tensor.dtype));
+    return DCP_ERROR(InvalidArgument, "%s: tensor '%s' must be I32, got %s", file_name, tensor_name,
+                     dtype_name(tensor.dtype));
   }
   if (tensor.shape.size() != rank) {
     return DCP_ERROR(InvalidArgument, "%s: tensor '%s' must have %d dimensions, got shape %s",
@@ -43,9 +43,8 @@ absl::Status ExpectShape(std::string_view file_name, const std::string& tensor_n
                          const Tensor& tensor, const std::vector<int64_t>& expected,
                          std::string_view why) {
   if (tensor.shape == expected) return absl::OkStatus();
-  return DCP_ERROR(InvalidArgument, "%s: tensor '%s' has shape %s, expected [%s] (%s)",
-                   file_name, tensor_name, tensor.shape_string(), absl::StrJoin(expected, ", "),
-                   why);
+  return DCP_ERROR(InvalidArgument, "%s: tensor '%s' has shape %s, expected [%s] (%s)", file_name,
+                   tensor_name, tensor.shape_string(), absl::StrJoin(expected, ", "), why);
 }
 
 // The float tensor as F32, rejecting NaN and infinities.
@@ -61,8 +60,10 @@ absl::StatusOr<std::vector<float>> ToFloats(std::string_view file_name, const st
   }
   for (int64_t i = 0; i < count; ++i) {
     if (!std::isfinite(values[i])) {
-      return DCP_ERROR(InvalidArgument, "%s: tensor '%s' holds a non-finite value (%g) at flat "
-                       "index %d", file_name, name, values[i], i);
+      return DCP_ERROR(InvalidArgument,
+                       "%s: tensor '%s' holds a non-finite value (%g) at flat "
+                       "index %d",
+                       file_name, name, values[i], i);
     }
   }
   return values;
@@ -180,19 +181,20 @@ absl::StatusOr<Problem> ProblemFromFile(const SafetensorsFile& file, std::string
                 r = model.kv_lora_rank, dv = model.v_head_dim;
   DCP_RETURN_IF_ERROR(ExpectShape(name, "q_nope", *q_nope, {tokens, h, dn},
                                   absl::StrFormat("T = sum of query_lens = %d", tokens)));
-  DCP_RETURN_IF_ERROR(ExpectShape(name, "q_rope", *q_rope, {tokens, h, dr},
-                                  "[T, H, Dr] with T and H of q_nope"));
+  DCP_RETURN_IF_ERROR(
+      ExpectShape(name, "q_rope", *q_rope, {tokens, h, dr}, "[T, H, Dr] with T and H of q_nope"));
   DCP_RETURN_IF_ERROR(ExpectShape(name, "kv_c", *kv_c, {rows, r},
                                   absl::StrFormat("N = sum of seq_lens = %d", rows)));
-  DCP_RETURN_IF_ERROR(ExpectShape(name, "k_pe", *k_pe, {rows, dr},
-                                  "[N, Dr] with Dr of q_rope"));
+  DCP_RETURN_IF_ERROR(ExpectShape(name, "k_pe", *k_pe, {rows, dr}, "[N, Dr] with Dr of q_rope"));
   DCP_RETURN_IF_ERROR(ExpectShape(name, "w_uk", *w_uk, {h, dn, r},
                                   "[H, Dn, R] with H, Dn of q_nope and R of kv_c"));
-  DCP_RETURN_IF_ERROR(ExpectShape(name, "w_uv", *w_uv, {h, r, dv},
-                                  "[H, R, Dv] with H of q_nope and R of kv_c"));
+  DCP_RETURN_IF_ERROR(
+      ExpectShape(name, "w_uv", *w_uv, {h, r, dv}, "[H, R, Dv] with H of q_nope and R of kv_c"));
   if (h < 1 || dn < 1 || r < 1 || dv < 1) {
-    return DCP_ERROR(InvalidArgument, "%s: H, Dn, R and Dv must be >= 1 (got H %d, Dn %d, R %d, "
-                     "Dv %d)", name, h, dn, r, dv);
+    return DCP_ERROR(InvalidArgument,
+                     "%s: H, Dn, R and Dv must be >= 1 (got H %d, Dn %d, R %d, "
+                     "Dv %d)",
+                     name, h, dn, r, dv);
   }
 
   // Metadata.
@@ -200,8 +202,10 @@ absl::StatusOr<Problem> ProblemFromFile(const SafetensorsFile& file, std::string
   if (!scale_text.empty()) {
     float scale = 0;
     if (!absl::SimpleAtof(scale_text, &scale) || !std::isfinite(scale) || scale <= 0) {
-      return DCP_ERROR(InvalidArgument, "%s: __metadata__ softmax_scale '%s' is not a positive "
-                       "number", name, scale_text);
+      return DCP_ERROR(InvalidArgument,
+                       "%s: __metadata__ softmax_scale '%s' is not a positive "
+                       "number",
+                       name, scale_text);
     }
     model.softmax_scale = scale;
   }
@@ -209,8 +213,10 @@ absl::StatusOr<Problem> ProblemFromFile(const SafetensorsFile& file, std::string
   if (!topk_text.empty()) {
     int value = 0;
     if (!absl::SimpleAtoi(topk_text, &value) || value < 1) {
-      return DCP_ERROR(InvalidArgument, "%s: __metadata__ index_topk '%s' is not a positive "
-                       "integer", name, topk_text);
+      return DCP_ERROR(InvalidArgument,
+                       "%s: __metadata__ index_topk '%s' is not a positive "
+                       "integer",
+                       name, topk_text);
     }
     problem.index_topk = value;
   } else if (topk != nullptr) {
@@ -224,7 +230,8 @@ absl::StatusOr<Problem> ProblemFromFile(const SafetensorsFile& file, std::string
     if (topk->shape[0] != tokens || topk->shape[1] < 1) {
       return DCP_ERROR(InvalidArgument,
                        "%s: tensor 'topk_indices' has shape %s, expected [%d, K] with K >= 1 (T = "
-                       "sum of query_lens)", name, topk->shape_string(), tokens);
+                       "sum of query_lens)",
+                       name, topk->shape_string(), tokens);
     }
     problem.topk_width = int(topk->shape[1]);
     problem.topk.assign(topk->as<int32_t>(), topk->as<int32_t>() + topk->num_elements());
@@ -234,8 +241,8 @@ absl::StatusOr<Problem> ProblemFromFile(const SafetensorsFile& file, std::string
       if (problem.requests[i].seq_len > problem.index_topk) {
         return DCP_ERROR(InvalidArgument,
                          "%s: no topk_indices, so every causal position is selected, but "
-                         "seq_lens[%d] = %d exceeds index_topk = %d", name, i,
-                         problem.requests[i].seq_len, problem.index_topk);
+                         "seq_lens[%d] = %d exceeds index_topk = %d",
+                         name, i, problem.requests[i].seq_len, problem.index_topk);
       }
     }
   }
@@ -283,9 +290,8 @@ RankBatch SliceBatch(const Problem& problem, const RankView& view, int64_t first
   const int64_t local_heads = view.num_heads();
   RankBatch batch;
   for (size_t i = 0; i < problem.requests.size(); ++i) {
-    batch.requests.push_back(BatchRequest{first_request_id + int64_t(i),
-                                          problem.requests[i].seq_len,
-                                          problem.requests[i].query_len});
+    batch.requests.push_back(BatchRequest{
+        first_request_id + int64_t(i), problem.requests[i].seq_len, problem.requests[i].query_len});
   }
   batch.q_nope.resize(size_t(tokens * local_heads * dn));
   batch.q_rope.resize(size_t(tokens * local_heads * dr));

@@ -27,7 +27,7 @@ struct Problem {
   std::vector<float> w_uv;             // [H, R, Dv]
   std::vector<int32_t> topk;           // [T, topk_width]; empty when the file has none
   int topk_width = 0;
-  std::string input_dtype;             // "F32", "BF16" or "mixed" (for the summary)
+  std::string input_dtype;  // "F32", "BF16" or "mixed" (for the summary)
 
   int64_t num_tokens() const;
   int64_t num_rows() const;

@@ -19,7 +19,8 @@ absl::Status CheckOutputWritable(const std::string& path) {
     return DCP_ERROR(InvalidArgument, "--output '%s' is a directory", path);
   }
   const size_t slash = path.rfind('/');
-  const std::string folder = slash == std::string::npos ? "." : path.substr(0, std::max<size_t>(slash, 1));
+  const std::string folder =
+      slash == std::string::npos ? "." : path.substr(0, std::max<size_t>(slash, 1));
   if (::stat(folder.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
     return DCP_ERROR(InvalidArgument, "--output '%s': folder '%s' does not exist", path, folder);
   }
@@ -35,8 +36,8 @@ absl::Status WriteResultFile(const std::string& path, int64_t num_tokens, int nu
                              const std::vector<float>& lse, const ResultMetadata& metadata) {
   DCP_CHECK_ARG(int64_t(out.size()) == num_tokens * num_heads * v_head_dim &&
                     int64_t(lse.size()) == num_tokens * num_heads,
-                "result of %d out and %d lse values does not match T %d, H %d, Dv %d",
-                out.size(), lse.size(), num_tokens, num_heads, v_head_dim);
+                "result of %d out and %d lse values does not match T %d, H %d, Dv %d", out.size(),
+                lse.size(), num_tokens, num_heads, v_head_dim);
   SafetensorsFile file;
   file.tensors["out"] = MakeTensor<float>({num_tokens, num_heads, v_head_dim}, out);
   file.tensors["lse"] = MakeTensor<float>({num_tokens, num_heads}, lse);

@@ -16,8 +16,8 @@ using Setter = std::function<absl::Status(const YAML::Node&, RunConfig*)>;
 // "file:line" of a node, then ": key" when a key is given.
 std::string Where(std::string_view source, const YAML::Node& node, std::string_view key) {
   const YAML::Mark mark = node.Mark();
-  std::string where = mark.line < 0 ? std::string(source)
-                                    : absl::StrFormat("%s:%d", source, mark.line + 1);
+  std::string where =
+      mark.line < 0 ? std::string(source) : absl::StrFormat("%s:%d", source, mark.line + 1);
   if (!key.empty()) where += ": " + std::string(key);
   return where;
 }
@@ -42,8 +42,9 @@ struct Key {
 
 template <typename T>
 Key Field(const char* name, T RunConfig::*section, auto member, const char* type) {
-  return Key{name, [section, member, type](const YAML::Node& node, const std::string& where,
-                                           RunConfig* config) -> absl::Status {
+  return Key{name,
+             [section, member, type](const YAML::Node& node, const std::string& where,
+                                     RunConfig* config) -> absl::Status {
                using Value = std::remove_reference_t<decltype((config->*section).*member)>;
                DCP_ASSIGN_OR_RETURN(Value value, Scalar<Value>(node, where, type));
                (config->*section).*member = value;
@@ -209,8 +210,7 @@ absl::Status ValidateRunSection(const RunConfig& config) {
   DCP_CHECK_ARG(!(run.problem.empty() && run.batches.empty()),
                 "nothing to run: give --batch (e.g. 8q1s1k) or --problem FILE, or a config "
                 "whose run section lists batches");
-  DCP_CHECK_ARG(run.problem.empty() || run.batches.empty(),
-                "give --batch or --problem, not both");
+  DCP_CHECK_ARG(run.problem.empty() || run.batches.empty(), "give --batch or --problem, not both");
   DCP_CHECK_ARG(run.output.empty() || !run.problem.empty() || run.batches.size() == 1,
                 "--output writes one batch's result, but %d batches are listed",
                 run.batches.size());

@@ -24,10 +24,10 @@ struct RunSection {
   std::string device = "cpu";        // cpu | cuda
   std::string comm = "mpi";          // mpi | nccl | auto (CUDA: nccl when every rank has a GPU)
   uint64_t seed = 0;
-  int iters = 1;                     // Forward calls per batch (timed: all of them)
-  int warmup = 0;                    // untimed Forward calls before them
-  bool check = false;                // compare with the single-rank reference on rank 0
-  double tolerance = 0.0;            // max relative error for --check; 0 = by storage dtype
+  int iters = 1;           // Forward calls per batch (timed: all of them)
+  int warmup = 0;          // untimed Forward calls before them
+  bool check = false;      // compare with the single-rank reference on rank 0
+  double tolerance = 0.0;  // max relative error for --check; 0 = by storage dtype
   bool print_plan = false;
   bool json = false;
 };

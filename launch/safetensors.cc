@@ -49,7 +49,9 @@ int64_t Tensor::num_elements() const {
   return count;
 }
 
-std::string Tensor::shape_string() const { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+std::string Tensor::shape_string() const {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
 
 absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string_view bytes, std::string_view name) {
   if (bytes.size() < 8) {
@@ -79,14 +81,17 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string_view bytes, std::st
     const nlohmann::json& value = it.value();
     if (key == "__metadata__") {
       if (!value.is_object()) {
-        return DCP_ERROR(InvalidArgument, "%s: bad safetensors header: __metadata__ must be an "
-                         "object of strings", name);
+        return DCP_ERROR(InvalidArgument,
+                         "%s: bad safetensors header: __metadata__ must be an "
+                         "object of strings",
+                         name);
       }
       for (auto m = value.begin(); m != value.end(); ++m) {
         if (!m.value().is_string()) {
           return DCP_ERROR(InvalidArgument,
                            "%s: bad safetensors header: __metadata__ value of '%s' must be a "
-                           "string", name, m.key());
+                           "string",
+                           name, m.key());
         }
         file.metadata[m.key()] = m.value().get<std::string>();
       }
@@ -96,77 +101,90 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string_view bytes, std::st
         !value.contains("data_offsets")) {
       return DCP_ERROR(InvalidArgument,
                        "%s: bad safetensors header: tensor '%s' needs dtype, shape and "
-                       "data_offsets", name, key);
+                       "data_offsets",
+                       name, key);
     }
     const nlohmann::json& dtype = value["dtype"];
     const nlohmann::json& shape = value["shape"];
     const nlohmann::json& offsets = value["data_offsets"];
     if (!dtype.is_string()) {
-      return DCP_ERROR(InvalidArgument, "%s: bad safetensors header: dtype of '%s' must be a "
-                       "string", name, key);
+      return DCP_ERROR(InvalidArgument,
+                       "%s: bad safetensors header: dtype of '%s' must be a "
+                       "string",
+                       name, key);
     }
     Tensor tensor;
     DCP_ASSIGN_OR_RETURN(tensor.dtype, ParseDType(dtype.get<std::string>(), name, key));
     if (!shape.is_array()) {
-      return DCP_ERROR(InvalidArgument, "%s: bad safetensors header: shape of '%s' must be an "
-                       "array", name, key);
+      return DCP_ERROR(InvalidArgument,
+                       "%s: bad safetensors header: shape of '%s' must be an "
+                       "array",
+                       name, key);
     }
     uint64_t num_elements = 1;
     for (const nlohmann::json& dim : shape) {
       if (!dim.is_number_unsigned()) {
-        return DCP_ERROR(InvalidArgument, "%s: bad safetensors header: shape of '%s' must hold "
-                         "non-negative integers, got %s", name, key, shape.dump());
+        return DCP_ERROR(InvalidArgument,
+                         "%s: bad safetensors header: shape of '%s' must hold "
+                         "non-negative integers, got %s",
+                         name, key, shape.dump());
       }
       const uint64_t d = dim.get<uint64_t>();
       if (d != 0 && num_elements > std::numeric_limits<int64_t>::max() / 4 / d) {
-        return DCP_ERROR(InvalidArgument, "%s: bad safetensors header: shape of '%s' is too "
-                         "large: %s", name, key, shape.dump());
+        return DCP_ERROR(InvalidArgument,
+                         "%s: bad safetensors header: shape of '%s' is too "
+                         "large: %s",
+                         name, key, shape.dump());
       }
       num_elements *= d;
       tensor.shape.push_back(static_cast<int64_t>(d));
     }
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
         !offsets[1].is_number_unsigned()) {
-      return DCP_ERROR(InvalidArgument, "%s: bad safetensors header: data_offsets of '%s' must "
-                       "be two non-negative integers, got %s", name, key, offsets.dump());
+      return DCP_ERROR(InvalidArgument,
+                       "%s: bad safetensors header: data_offsets of '%s' must "
+                       "be two non-negative integers, got %s",
+                       name, key, offsets.dump());
     }
     Entry entry{key, offsets[0].get<uint64_t>(), offsets[1].get<uint64_t>()};
     const uint64_t expected = num_elements * dtype_size(tensor.dtype);
     if (entry.end < entry.begin || entry.end - entry.begin != expected) {
       return DCP_ERROR(InvalidArgument,
                        "%s: bad safetensors header: tensor '%s' (%s %s) needs %d bytes but its "
-                       "data_offsets [%d, %d) span %d", name, key, dtype.get<std::string>(),
-                       tensor.shape_string(), expected, entry.begin, entry.end,
+                       "data_offsets [%d, %d) span %d",
+                       name, key, dtype.get<std::string>(), tensor.shape_string(), expected,
+                       entry.begin, entry.end,
                        entry.end >= entry.begin ? entry.end - entry.begin : 0);
     }
     if (entry.end > data.size()) {
       return DCP_ERROR(InvalidArgument,
                        "%s: file truncated: tensor '%s' needs bytes [%d, %d) of the data section "
-                       "but only %d bytes follow the header", name, key, entry.begin, entry.end,
-                       data.size());
+                       "but only %d bytes follow the header",
+                       name, key, entry.begin, entry.end, data.size());
     }
     entries.push_back(entry);
     file.tensors.emplace(key, std::move(tensor));
   }
 
   // Every byte of the data section belongs to exactly one tensor.
-  std::sort(entries.begin(), entries.end(),
-            [](const Entry& a, const Entry& b) { return std::tie(a.begin, a.end) <
-                                                       std::tie(b.begin, b.end); });
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+  });
   uint64_t covered = 0;
   for (const Entry& entry : entries) {
     if (entry.begin != covered) {
       return DCP_ERROR(InvalidArgument,
                        "%s: bad safetensors header: tensor '%s' starts at byte %d of the data "
-                       "section, expected %d (tensors overlap or leave a hole)", name, entry.name,
-                       entry.begin, covered);
+                       "section, expected %d (tensors overlap or leave a hole)",
+                       name, entry.name, entry.begin, covered);
     }
     covered = entry.end;
   }
   if (covered != data.size()) {
     return DCP_ERROR(InvalidArgument,
                      "%s: bad safetensors file: the tensors cover %d bytes of the data section "
-                     "but %d bytes follow the header", name, covered, data.size());
+                     "but %d bytes follow the header",
+                     name, covered, data.size());
   }
   for (const Entry& entry : entries) {
     Tensor& tensor = file.tensors[entry.name];

@@ -27,9 +27,13 @@ struct Tensor {
   int64_t num_elements() const;
   std::string shape_string() const;  // "[2, 3]"
   template <typename T>
-  const T* as() const { return reinterpret_cast<const T*>(data.data()); }
+  const T* as() const {
+    return reinterpret_cast<const T*>(data.data());
+  }
   template <typename T>
-  T* as() { return reinterpret_cast<T*>(data.data()); }
+  T* as() {
+    return reinterpret_cast<T*>(data.data());
+  }
 };
 
 // Builds a tensor of `shape` holding a copy of `values` (size must match the shape).

@@ -24,30 +24,29 @@ std::string Ms(double seconds) { return absl::StrFormat("%.3f", seconds * 1e3); 
 double Rate(double amount, double seconds) { return seconds > 0 ? amount / seconds : 0.0; }
 
 nlohmann::json ReportJson(const BatchReport& r) {
-  nlohmann::json json = {
-      {"batch", r.label},
-      {"route", r.route},
-      {"requests", r.num_requests},
-      {"decodes", r.num_decodes},
-      {"prefills", r.num_prefills},
-      {"tokens", r.num_tokens},
-      {"context_rows", r.num_context_rows},
-      {"chunks", r.num_chunks},
-      {"iters", r.iters},
-      {"time_s",
-       {{"plan", r.plan_s},
-        {"cache_write", r.cache_write_s},
-        {"gather", r.gather_s},
-        {"up_projection", r.up_projection_s},
-        {"attention", r.attention_s},
-        {"combine", r.combine_s},
-        {"total", r.total_s}}},
-      {"collectives",
-       {{"all_gather_bytes_per_rank", r.all_gather_bytes},
-        {"combine_bytes_per_rank", r.combine_bytes},
-        {"gb_per_s", r.collective_gbps}}},
-      {"flops", r.flops},
-      {"gflop_per_s", r.gflops_per_s}};
+  nlohmann::json json = {{"batch", r.label},
+                         {"route", r.route},
+                         {"requests", r.num_requests},
+                         {"decodes", r.num_decodes},
+                         {"prefills", r.num_prefills},
+                         {"tokens", r.num_tokens},
+                         {"context_rows", r.num_context_rows},
+                         {"chunks", r.num_chunks},
+                         {"iters", r.iters},
+                         {"time_s",
+                          {{"plan", r.plan_s},
+                           {"cache_write", r.cache_write_s},
+                           {"gather", r.gather_s},
+                           {"up_projection", r.up_projection_s},
+                           {"attention", r.attention_s},
+                           {"combine", r.combine_s},
+                           {"total", r.total_s}}},
+                         {"collectives",
+                          {{"all_gather_bytes_per_rank", r.all_gather_bytes},
+                           {"combine_bytes_per_rank", r.combine_bytes},
+                           {"gb_per_s", r.collective_gbps}}},
+                         {"flops", r.flops},
+                         {"gflop_per_s", r.gflops_per_s}};
   if (r.check.has_value()) {
     const CheckResult& c = *r.check;
     // JSON has no infinity: a non-finite error is written as null.
@@ -95,14 +94,19 @@ ForwardStats StatsAccumulator::Mean() const {
   return mean;
 }
 
-absl::StatusOr<BatchReport> ReduceStats(Communicator& comm, const ForwardStats& mean,
-                                        int iters) {
+absl::StatusOr<BatchReport> ReduceStats(Communicator& comm, const ForwardStats& mean, int iters) {
   const int world = comm.world_size();
   // Every value travels as the bits of a double through the control plane.
-  const double mine[] = {mean.plan_s,          mean.cache_write_s, mean.gather_s,
-                         mean.up_projection_s, mean.attention_s,   mean.combine_s,
-                         mean.total_s,         double(mean.all_gather_bytes),
-                         double(mean.combine_bytes), mean.flops};
+  const double mine[] = {mean.plan_s,
+                         mean.cache_write_s,
+                         mean.gather_s,
+                         mean.up_projection_s,
+                         mean.attention_s,
+                         mean.combine_s,
+                         mean.total_s,
+                         double(mean.all_gather_bytes),
+                         double(mean.combine_bytes),
+                         mean.flops};
   constexpr int kCount = sizeof(mine) / sizeof(mine[0]);
   std::vector<std::vector<double>> all(kCount, std::vector<double>(world));
   std::vector<int64_t> bits(world);
@@ -134,8 +138,9 @@ absl::StatusOr<BatchReport> ReduceStats(Communicator& comm, const ForwardStats& 
   report.total_s = max_of(6);
   report.all_gather_bytes = sum_of(7) / world;
   report.combine_bytes = sum_of(8) / world;
-  report.collective_gbps = Rate(report.all_gather_bytes + report.combine_bytes,
-                                report.gather_s + report.combine_s) / 1e9;
+  report.collective_gbps =
+      Rate(report.all_gather_bytes + report.combine_bytes, report.gather_s + report.combine_s) /
+      1e9;
   report.flops = sum_of(9);
   report.gflops_per_s = Rate(report.flops, report.total_s) / 1e9;
   return report;

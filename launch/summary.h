@@ -43,14 +43,13 @@ struct BatchReport {
   // Both collectives' bytes over the time of the phases they run in (gather + combine):
   // ForwardStats does not time the collectives alone.
   double collective_gbps = 0;
-  double flops = 0;                                // whole group, per iteration
+  double flops = 0;  // whole group, per iteration
   double gflops_per_s = 0;
   std::optional<CheckResult> check;
 };
 
 // Collective on `comm`: every rank contributes its mean stats; rank 0's report is complete.
-absl::StatusOr<BatchReport> ReduceStats(Communicator& comm, const ForwardStats& mean,
-                                        int iters);
+absl::StatusOr<BatchReport> ReduceStats(Communicator& comm, const ForwardStats& mean, int iters);
 
 // What the run was (the header of the summary).
 struct RunDescription {

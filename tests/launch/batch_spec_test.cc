@@ -14,8 +14,7 @@ TEST(BatchSpecTest, TheFormatsExamples) {
 }
 
 TEST(BatchSpecTest, MixedTermsKeepTheirOrder) {
-  EXPECT_EQ(*ParseBatchSpec("q4,2q1s10, q3s5"),
-            (Requests{{4, 4}, {10, 1}, {10, 1}, {5, 3}}));
+  EXPECT_EQ(*ParseBatchSpec("q4,2q1s10, q3s5"), (Requests{{4, 4}, {10, 1}, {10, 1}, {5, 3}}));
   // vLLM's '_' separator.
   EXPECT_EQ(*ParseBatchSpec("2q1k_q1s2k"), (Requests{{1024, 1024}, {1024, 1024}, {2048, 1}}));
 }

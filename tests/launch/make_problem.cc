@@ -339,11 +339,10 @@ int Verify(const std::string& problem_path, const std::string& result_path, int 
                  result_path.c_str());
     return 1;
   }
-  const int64_t tokens = p["q_nope"].shape[0], h = p["q_nope"].shape[1],
-                dn = p["q_nope"].shape[2], dr = p["q_rope"].shape[2], rank = p["kv_c"].shape[1],
-                dv = p["w_uv"].shape[2];
-  const double scale = pm.count("softmax_scale") ? std::stod(pm["softmax_scale"])
-                                                 : 1.0 / std::sqrt(double(dn + dr));
+  const int64_t tokens = p["q_nope"].shape[0], h = p["q_nope"].shape[1], dn = p["q_nope"].shape[2],
+                dr = p["q_rope"].shape[2], rank = p["kv_c"].shape[1], dv = p["w_uv"].shape[2];
+  const double scale =
+      pm.count("softmax_scale") ? std::stod(pm["softmax_scale"]) : 1.0 / std::sqrt(double(dn + dr));
   if (r["out"].dtype != "F32" || r["out"].shape != std::vector<int64_t>{tokens, h, dv} ||
       r["lse"].dtype != "F32" || r["lse"].shape != std::vector<int64_t>{tokens, h}) {
     std::fprintf(stderr, "verify: result tensors out/lse have the wrong dtype or shape\n");
@@ -412,7 +411,8 @@ int Verify(const std::string& problem_path, const std::string& result_path, int 
           const int64_t row = row_offset + keys[n];
           for (int64_t e = 0; e < dv; ++e) {
             double v = 0;
-            for (int64_t c = 0; c < rank; ++c) v += w_uv[(head * rank + c) * dv + e] * kv_c[row * rank + c];
+            for (int64_t c = 0; c < rank; ++c)
+              v += w_uv[(head * rank + c) * dv + e] * kv_c[row * rank + c];
             out[e] += weight * v;
           }
         }
@@ -434,9 +434,10 @@ int Verify(const std::string& problem_path, const std::string& result_path, int 
   }
   const double out_rel = out_error / std::max(out_scale, 1e-30);
   const bool ok = out_rel <= 1e-4 && lse_error <= 1e-4;
-  std::printf("verify: %s vs float64 reference: out rel %.3g, lse rel %.3g, route %s, chunks %s: %s\n",
-              result_path.c_str(), out_rel, lse_error, rm["route"].c_str(), rm["chunks"].c_str(),
-              ok ? "OK" : "FAIL");
+  std::printf(
+      "verify: %s vs float64 reference: out rel %.3g, lse rel %.3g, route %s, chunks %s: %s\n",
+      result_path.c_str(), out_rel, lse_error, rm["route"].c_str(), rm["chunks"].c_str(),
+      ok ? "OK" : "FAIL");
   return ok ? 0 : 1;
 }
 

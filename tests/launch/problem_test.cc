@@ -30,8 +30,7 @@ SafetensorsFile ValidFile() {
   file.tensors["seq_lens"] = MakeTensor<int32_t>({2}, kSeqLens);
   file.tensors["query_lens"] = MakeTensor<int32_t>({2}, kQueryLens);
   // Token positions 3, 4 (request 0) and 2 (request 1).
-  file.tensors["topk_indices"] =
-      MakeTensor<int32_t>({kTokens, 3}, {3, 0, -1, 4, 2, 1, -1, -1, -1});
+  file.tensors["topk_indices"] = MakeTensor<int32_t>({kTokens, 3}, {3, 0, -1, 4, 2, 1, -1, -1, -1});
   return file;
 }
 
@@ -98,8 +97,8 @@ TEST(ProblemTest, NamesEveryDefect) {
   EXPECT_NE(ErrorOf(file).find("'seq_lens' must be I32, got F32"), std::string::npos);
 
   file = ValidFile();
-  file.tensors["q_rope"] = MakeTensor<int32_t>({kTokens, kH, kDr},
-                                               std::vector<int32_t>(kTokens * kH * kDr));
+  file.tensors["q_rope"] =
+      MakeTensor<int32_t>({kTokens, kH, kDr}, std::vector<int32_t>(kTokens * kH * kDr));
   EXPECT_NE(ErrorOf(file).find("'q_rope' must be F32 or BF16"), std::string::npos);
 
   file = ValidFile();
@@ -160,8 +159,7 @@ TEST(ProblemTest, TopkIndicesMustBeCausalAndUnique) {
   // Token 2 (request 1, position 2) may not select 3.
   EXPECT_NE(ErrorOf(with_topk({3, 0, -1, 4, 2, 1, 3, -1, -1})).find("topk_indices[2][0] = 3"),
             std::string::npos);
-  EXPECT_NE(ErrorOf(with_topk({3, 0, -1, 4, 2, -7, -1, -1, -1})).find("= -7"),
-            std::string::npos);
+  EXPECT_NE(ErrorOf(with_topk({3, 0, -1, 4, 2, -7, -1, -1, -1})).find("= -7"), std::string::npos);
   EXPECT_NE(ErrorOf(with_topk({3, 0, 3, 4, 2, 1, -1, -1, -1}))
                 .find("topk_indices[0] selects position 3 more than once"),
             std::string::npos);

@@ -108,12 +108,10 @@ TEST_F(RunConfigTest, ProblemFlagReplacesTheFilesBatches) {
 TEST_F(RunConfigTest, UnknownKeysAndSectionsAreErrors) {
   EXPECT_NE(ErrorOf("model: {num_head: 4}\n").find("unknown key 'model.num_head'"),
             std::string::npos);
-  EXPECT_NE(ErrorOf("modle: {num_heads: 4}\n").find("unknown section 'modle'"),
-            std::string::npos);
+  EXPECT_NE(ErrorOf("modle: {num_heads: 4}\n").find("unknown section 'modle'"), std::string::npos);
   EXPECT_NE(ErrorOf("run: {batch: q4}\n").find("unknown key 'run.batch'"), std::string::npos);
   // The line of the offending key is named.
-  EXPECT_NE(ErrorOf("model:\n  num_heads: 4\n  bogus: 1\n").find("test.yaml:3"),
-            std::string::npos);
+  EXPECT_NE(ErrorOf("model:\n  num_heads: 4\n  bogus: 1\n").find("test.yaml:3"), std::string::npos);
 }
 
 TEST_F(RunConfigTest, BadValuesAreErrors) {
@@ -161,11 +159,17 @@ TEST_F(RunConfigTest, HelpListsTheFlagsWithDashes) {
   ASSERT_TRUE(command_line.ok());
   EXPECT_TRUE(command_line->help);
   const std::string usage = UsageText("dcp_run");
-  for (const char* flag : {"--config", "--batch", "--problem", "--output", "--num-heads",
-                           "--device", "--comm", "--combine", "--interleave", "--block-size",
-                           "--max-num-seqs", "--max-model-len", "--index-topk",
-                           "--decode-threshold", "--force-mqa", "--prefill-backend", "--seed",
-                           "--iters", "--check", "--print-plan", "--json"}) {
+  for (const char* flag : {"--config",       "--batch",
+                           "--problem",      "--output",
+                           "--num-heads",    "--device",
+                           "--comm",         "--combine",
+                           "--interleave",   "--block-size",
+                           "--max-num-seqs", "--max-model-len",
+                           "--index-topk",   "--decode-threshold",
+                           "--force-mqa",    "--prefill-backend",
+                           "--seed",         "--iters",
+                           "--check",        "--print-plan",
+                           "--json"}) {
     EXPECT_NE(usage.find(flag), std::string::npos) << flag;
   }
 }

@@ -80,7 +80,8 @@ TEST(SafetensorsTest, FileRoundTripIsAtomic) {
   }
   EXPECT_EQ(entries, 0);
   // A folder that does not exist: an error, nothing written.
-  EXPECT_FALSE(WriteSafetensors(::testing::TempDir() + "/no/such/dir/x.safetensors", Sample()).ok());
+  EXPECT_FALSE(
+      WriteSafetensors(::testing::TempDir() + "/no/such/dir/x.safetensors", Sample()).ok());
   std::remove(path.c_str());
 }
 
@@ -99,18 +100,17 @@ TEST(SafetensorsTest, RejectsBrokenFiles) {
   EXPECT_NE(Message(good + "xx").find("cover"), std::string::npos);
   EXPECT_NE(Message(Image("{not json", "")).find("not a JSON object"), std::string::npos);
   EXPECT_NE(Message(Image("[1, 2]", "")).find("not a JSON object"), std::string::npos);
-  EXPECT_NE(Message(Image(R"({"a": {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]}})",
-                          "xx"))
+  EXPECT_NE(Message(Image(R"({"a": {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]}})", "xx"))
                 .find("dtype 'F16'"),
             std::string::npos);
-  EXPECT_NE(Message(Image(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})",
-                          "xxxx"))
-                .find("needs 8 bytes"),
-            std::string::npos);
-  EXPECT_NE(Message(Image(R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})",
-                          "xxxx"))
-                .find("non-negative integers"),
-            std::string::npos);
+  EXPECT_NE(
+      Message(Image(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})", "xxxx"))
+          .find("needs 8 bytes"),
+      std::string::npos);
+  EXPECT_NE(
+      Message(Image(R"({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", "xxxx"))
+          .find("non-negative integers"),
+      std::string::npos);
   EXPECT_NE(Message(Image(R"({"a": {"dtype": "F32", "shape": [1]}})", "xxxx"))
                 .find("needs dtype, shape and data_offsets"),
             std::string::npos);

@@ -28,8 +28,9 @@ int main(int argc, char** argv) {
 
     std::vector<float> w_uk(heads * m.qk_nope_head_dim * m.kv_lora_rank, 0.01f);
     std::vector<float> w_uv(heads * m.kv_lora_rank * m.v_head_dim, 0.02f);
-    dcp::LayerWeights weights{{w_uk.data(), dcp::DType::kF32, {heads, m.qk_nope_head_dim, m.kv_lora_rank}},
-                              {w_uv.data(), dcp::DType::kF32, {heads, m.kv_lora_rank, m.v_head_dim}}};
+    dcp::LayerWeights weights{
+        {w_uk.data(), dcp::DType::kF32, {heads, m.qk_nope_head_dim, m.kv_lora_rank}},
+        {w_uv.data(), dcp::DType::kF32, {heads, m.kv_lora_rank, m.v_head_dim}}};
     auto context = dcp::DcpContext::Create(options, **comm, *device, weights);
     if (!context.ok()) {
       std::fprintf(stderr, "consumer: %s\n", std::string(context.status().message()).c_str());

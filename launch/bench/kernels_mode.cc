@@ -1,0 +1,398 @@
+// kernels: every Device kernel alone. Ceilings first (a device-to-device Copy of a large
+// buffer, a large GEMM through Device::Gemm in the storage dtype), then per batch and per-rank
+// head count the attention kernels and the up-projection GEMMs (TFLOP/s, % of the GEMM
+// ceiling), then over the -b/-e/-f sweep the memory-bound kernels (GB/s counting bytes read +
+// written, % of the copy ceiling). Row kernels, merges and top-k slots are checked (#wrong).
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "launch/bench/bench_data.h"
+#include "launch/bench/kernels_sweep.h"
+#include "launch/bench/modes.h"
+#include "runtime/status.h"
+
+namespace dcp::bench {
+namespace {
+
+constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+constexpr uint64_t kStreamA = 11, kStreamB = 12, kStreamC = 13, kStreamRows = 14;
+
+// The batches of the kernels mode when --batches is not given: the route comparison's
+// shapes that matter for the targets (prefills at and beyond K, extends).
+const std::vector<std::string>& DefaultKernelBatches() {
+  static const std::vector<std::string>* batches = new std::vector<std::string>{
+      "q1k", "q2k", "4q2k", "16q1k", "64q512", "q8k", "16q64s128", "64q64s128"};
+  return *batches;
+}
+
+struct KernelRow {
+  std::string kernel;
+  const BatchShape* shape = nullptr;  // attention and GEMM rows
+  int heads = 0;
+  int64_t size_bytes = 0;  // sweep rows
+  double flops = 0;        // per run; 0: memory-bound
+  double bytes = 0;        // read + written per run
+};
+
+class KernelBench {
+ public:
+  explicit KernelBench(BenchEnv& env) : env_(env), table_(Columns(env)) {}
+
+  // Times `run`; then, when `check` is given and -c 1, runs setup + run once more and counts
+  // wrong elements. `prepared`: this rank's status of allocating the inputs (agreed here).
+  absl::Status Measure(const KernelRow& row, const absl::Status& prepared, const Step& setup,
+                       const Step& run, const Check& check);
+  absl::Status MeasureCeilings();
+  absl::Status MeasureAttention(const BatchShape& shape, int heads);
+  absl::Status MeasureSweep(int64_t size);
+
+  ModeResult Finish();
+
+ private:
+  static std::vector<Column> Columns(const BenchEnv& env);
+  void AddRow(const KernelRow& row, const StepTimes* times, int64_t wrong,
+              const std::string& status);
+
+  BenchEnv& env_;
+  ResultTable table_;
+  double copy_gbps_ = kNan, gemm_tflops_ = kNan;
+  std::optional<StepTimes> last_times_;  // of the last Measure; empty when it failed
+  int64_t num_wrong_ = 0, num_failed_ = 0;
+};
+
+std::vector<Column> KernelBench::Columns(const BenchEnv& env) {
+  std::vector<Column> columns = env.MetaColumns();
+  const std::vector<Column> main = {
+      {"kernel", "kernel"},   {"batch", "shape"},    {"num_seqs", ""},    {"query_len", ""},
+      {"seq_len", ""},        {"uniform", ""},       {"has_context", ""}, {"heads", "heads"},
+      {"topk", ""},           {"tokens", ""},        {"size_bytes", ""},  {"time_us", "time_us"},
+      {"min_us", ""},         {"tflops", "TF/s"},    {"gbps", "GB/s"},    {"bound", ""},
+      {"ceiling_pct", "%ceil"}, {"wrong", "#wrong"}, {"status", "status"}};
+  columns.insert(columns.end(), main.begin(), main.end());
+  return columns;
+}
+
+void KernelBench::AddRow(const KernelRow& row, const StepTimes* times, int64_t wrong,
+                         const std::string& status) {
+  const double seconds = times ? times->total_s : kNan;
+  const double tflops = row.flops > 0 ? row.flops / seconds * 1e-12 : kNan;
+  const double gbps = row.bytes > 0 ? row.bytes / seconds * 1e-9 : kNan;
+  const bool compute = row.flops > 0;
+  const double pct = compute ? tflops / gemm_tflops_ * 100 : gbps / copy_gbps_ * 100;
+  std::vector<std::string> cells = env_.MetaCells();
+  const BatchShape* s = row.shape;
+  bool uniform = s != nullptr;
+  if (s) {
+    for (const auto& r : s->requests) uniform = uniform && r == s->requests.front();
+  }
+  const std::vector<std::string> main = {
+      row.kernel,
+      s ? s->spec : FormatBytes(row.size_bytes),
+      s ? FormatInt(s->requests.size()) : "-",
+      s ? FormatInt(s->max_query_len) : "-",
+      s ? FormatInt(s->max_seq_len) : "-",
+      s ? (uniform ? "1" : "0") : "-",
+      s ? (s->has_context ? "1" : "0") : "-",
+      row.heads > 0 ? FormatInt(row.heads) : "-",
+      s ? FormatInt(env_.options.index_topk) : "-",
+      s ? FormatInt(s->num_tokens) : "-",
+      row.size_bytes > 0 ? FormatInt(row.size_bytes) : "-",
+      FormatSig(seconds * 1e6),
+      FormatSig(times ? times->min_total_s * 1e6 : kNan),
+      FormatSig(tflops),
+      FormatSig(gbps),
+      compute ? "compute" : "memory",
+      FormatFixed(pct, 1),
+      wrong >= 0 ? FormatInt(wrong) : "-",
+      status};
+  cells.insert(cells.end(), main.begin(), main.end());
+  table_.AddRow(std::move(cells));
+}
+
+absl::Status KernelBench::Measure(const KernelRow& row, const absl::Status& prepared,
+                                  const Step& setup, const Step& run, const Check& check) {
+  last_times_.reset();
+  const absl::Status agreed = AgreeOnStatus(*env_.bootstrap, prepared);
+  if (!agreed.ok()) {
+    ++num_failed_;
+    AddRow(row, nullptr, -1, absl::StrCat("error: ", agreed.message()));
+    return absl::OkStatus();
+  }
+  auto times = TimeSteps(env_, 1, setup, [&](const Mark& mark) -> absl::Status {
+    DCP_RETURN_IF_ERROR(run());
+    return mark();
+  });
+  if (!times.ok()) {
+    // Unsupported shapes (a CUDA kernel compiled for DeepSeek widths only) are not failures.
+    const bool unsupported = times.status().code() == absl::StatusCode::kUnimplemented;
+    if (!unsupported) ++num_failed_;
+    AddRow(row, nullptr, -1,
+           absl::StrCat(unsupported ? "unsupported: " : "error: ", times.status().message()));
+    return absl::OkStatus();
+  }
+  int64_t wrong = -1;
+  if (check && env_.options.check) {
+    absl::StatusOr<int64_t> local = [&]() -> absl::StatusOr<int64_t> {
+      if (setup) DCP_RETURN_IF_ERROR(setup());
+      DCP_RETURN_IF_ERROR(run());
+      DCP_RETURN_IF_ERROR(env_.device->Synchronize());
+      return check();
+    }();
+    const absl::Status checked = AgreeOnStatus(*env_.bootstrap, local.status());
+    if (!checked.ok()) {
+      ++num_failed_;
+      AddRow(row, &*times, -1, absl::StrCat("check error: ", checked.message()));
+      return absl::OkStatus();
+    }
+    DCP_ASSIGN_OR_RETURN(wrong, SumOverRanks(env_, *local));
+    num_wrong_ += wrong;
+  }
+  AddRow(row, &*times, wrong, "ok");
+  last_times_ = *times;
+  return absl::OkStatus();
+}
+
+absl::Status KernelBench::MeasureCeilings() {
+  Device& device = *env_.device;
+  const BenchOptions& o = env_.options;
+  const bool gpu = env_.on_gpu();
+  // Copy: 2 x bytes moved (read + write).
+  const int64_t copy_bytes =
+      o.copy_bytes > 0 ? o.copy_bytes : (gpu ? int64_t{1} << 30 : int64_t{64} << 20);
+  {
+    Buffer src, dst;
+    const absl::Status prepared = [&]() -> absl::Status {
+      DCP_ASSIGN_OR_RETURN(src, AllocateZeroed(device, copy_bytes));
+      DCP_ASSIGN_OR_RETURN(dst, AllocateZeroed(device, copy_bytes));
+      return absl::OkStatus();
+    }();
+    KernelRow row{"copy_ceiling", nullptr, 0, copy_bytes, 0, 2.0 * copy_bytes};
+    DCP_RETURN_IF_ERROR(Measure(row, prepared, nullptr,
+                                [&] { return device.Copy(dst.data(), src.data(), copy_bytes); },
+                                nullptr));
+    if (last_times_) copy_gbps_ = row.bytes / last_times_->total_s * 1e-9;
+  }
+  // GEMM: m = n = k, storage dtype in and out, fp32 accumulation.
+  const int n = static_cast<int>(o.gemm_size > 0 ? o.gemm_size : (gpu ? 8192 : 1024));
+  {
+    const DType dtype = device.storage_dtype();
+    const size_t count = size_t(n) * n;
+    Buffer a, b, c;
+    const absl::Status prepared = [&]() -> absl::Status {
+      DCP_ASSIGN_OR_RETURN(a, device.Allocate(count * dtype_size(dtype)));
+      DCP_ASSIGN_OR_RETURN(b, device.Allocate(count * dtype_size(dtype)));
+      DCP_ASSIGN_OR_RETURN(c, device.Allocate(count * dtype_size(dtype)));
+      DCP_RETURN_IF_ERROR(FillRandom(device, a.data(), dtype, count, o.seed, kStreamA));
+      return FillRandom(device, b.data(), dtype, count, o.seed, kStreamB);
+    }();
+    GemmParams p;
+    p.a = a.data(), p.b = b.data(), p.c = c.data();
+    p.a_dtype = p.b_dtype = p.c_dtype = dtype;
+    p.m = p.n = p.k = n;
+    p.lda = p.ldb = p.ldc = n;
+    KernelRow row{"gemm_ceiling", nullptr, 0, int64_t(count * dtype_size(dtype)),
+                  2.0 * n * n * double(n), 0};
+    DCP_RETURN_IF_ERROR(Measure(row, prepared, nullptr, [&] { return device.Gemm(p); }, nullptr));
+    if (last_times_) gemm_tflops_ = row.flops / last_times_->total_s * 1e-12;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
+  Device& device = *env_.device;
+  const BenchOptions& o = env_.options;
+  const ModelDims& m = env_.dims;
+  const DType dtype = device.storage_dtype();
+  const size_t element = dtype_size(dtype);
+  const int qk = m.qk_head_dim(), dv = m.v_head_dim, dn = m.qk_nope_head_dim;
+  const int r = m.kv_lora_rank, width = m.latent_width(), topk = o.index_topk;
+  const int64_t t = shape.num_tokens, keys = shape.num_keys;
+
+  // Packed request offsets: queries and keys of request i.
+  std::vector<int32_t> cu_q(1, 0), cu_k(1, 0);
+  for (const auto& req : shape.requests) {
+    cu_q.push_back(cu_q.back() + req.query_len);
+    cu_k.push_back(cu_k.back() + req.seq_len);
+  }
+
+  // Dense MHA, bottom-right causal: the query tokens of each request over all its keys.
+  {
+    KernelRow row{"dense_mha", &shape, heads, 0,
+                  2.0 * heads * (qk + dv) * shape.SelectedKeys(std::numeric_limits<int>::max()),
+                  0};
+    const absl::Status support = device.DenseMhaSupport(qk, dv);
+    if (!support.ok()) {
+      AddRow(row, nullptr, -1, absl::StrCat("unsupported: ", support.message()));
+    } else {
+      Buffer q, k, v, out, lse, d_cu_q, d_cu_k;
+      const absl::Status prepared = [&]() -> absl::Status {
+        DCP_ASSIGN_OR_RETURN(q, device.Allocate(size_t(t) * heads * qk * element));
+        DCP_ASSIGN_OR_RETURN(k, device.Allocate(size_t(keys) * heads * qk * element));
+        DCP_ASSIGN_OR_RETURN(v, device.Allocate(size_t(keys) * heads * dv * element));
+        DCP_ASSIGN_OR_RETURN(out, device.Allocate(size_t(t) * heads * dv * 4));
+        DCP_ASSIGN_OR_RETURN(lse, device.Allocate(size_t(t) * heads * 4));
+        DCP_ASSIGN_OR_RETURN(d_cu_q, UploadInts(device, cu_q));
+        DCP_ASSIGN_OR_RETURN(d_cu_k, UploadInts(device, cu_k));
+        DCP_RETURN_IF_ERROR(FillRandom(device, q.data(), dtype, size_t(t) * heads * qk, o.seed, kStreamA));
+        DCP_RETURN_IF_ERROR(FillRandom(device, k.data(), dtype, size_t(keys) * heads * qk, o.seed, kStreamB));
+        return FillRandom(device, v.data(), dtype, size_t(keys) * heads * dv, o.seed, kStreamC);
+      }();
+      DenseMhaParams p;
+      p.q = q.data(), p.k = k.data(), p.v = v.data();
+      p.out = out.as<float>(), p.lse = lse.as<float>();
+      p.cu_seqlens_q = d_cu_q.as<int32_t>(), p.cu_seqlens_k = d_cu_k.as<int32_t>();
+      p.dtype = dtype;
+      p.num_seqs = static_cast<int>(shape.requests.size());
+      p.num_heads = heads, p.qk_dim = qk, p.v_dim = dv;
+      p.max_seqlen_q = shape.max_query_len, p.max_seqlen_k = shape.max_seq_len;
+      p.q_token_stride = p.k_token_stride = int64_t{heads} * qk;
+      p.q_head_stride = p.k_head_stride = qk;
+      p.v_token_stride = p.out_token_stride = int64_t{heads} * dv;
+      p.v_head_stride = p.out_head_stride = dv;
+      p.lse_token_stride = heads;
+      p.causal = true;
+      p.scale = m.scale();
+      DCP_RETURN_IF_ERROR(Measure(row, prepared, nullptr, [&] { return device.DenseMha(p); }, nullptr));
+    }
+  }
+
+  // Sparse MQA over the batch's rows: request i's keys are cache rows [cu_k[i], cu_k[i+1]).
+  {
+    KernelRow row{"sparse_mqa", &shape, heads, 0,
+                  2.0 * heads * (width + r) * shape.SelectedKeys(topk), 0};
+    Buffer q, cache, indices, out, lse;
+    const absl::Status prepared = [&]() -> absl::Status {
+      std::vector<int32_t> host(size_t(t) * topk);
+      int64_t token = 0;
+      for (size_t i = 0; i < shape.requests.size(); ++i) {
+        const auto& req = shape.requests[i];
+        for (int32_t x = 0; x < req.query_len; ++x, ++token) {
+          int32_t* row_indices = &host[size_t(token) * topk];
+          FillTopkRow(req.seq_len - req.query_len + x, topk, row_indices);
+          for (int j = 0; j < topk; ++j) {
+            if (row_indices[j] >= 0) row_indices[j] += cu_k[i];
+          }
+        }
+      }
+      DCP_ASSIGN_OR_RETURN(indices, UploadInts(device, host));
+      DCP_ASSIGN_OR_RETURN(q, device.Allocate(size_t(t) * heads * width * element));
+      DCP_ASSIGN_OR_RETURN(cache, device.Allocate(size_t(keys) * width * element));
+      DCP_ASSIGN_OR_RETURN(out, device.Allocate(size_t(t) * heads * r * 4));
+      DCP_ASSIGN_OR_RETURN(lse, device.Allocate(size_t(t) * heads * 4));
+      DCP_RETURN_IF_ERROR(FillRandom(device, q.data(), dtype, size_t(t) * heads * width, o.seed, kStreamA));
+      return FillRandom(device, cache.data(), dtype, size_t(keys) * width, o.seed, kStreamB);
+    }();
+    SparseMqaParams p;
+    p.q = q.data(), p.kv_cache = cache.data(), p.indices = indices.as<int32_t>();
+    p.out = out.as<float>(), p.lse = lse.as<float>();
+    p.dtype = dtype;
+    p.num_tokens = static_cast<int>(t), p.num_heads = heads;
+    p.head_dim = width, p.v_dim = r, p.topk = topk, p.num_slots = keys;
+    p.q_token_stride = int64_t{heads} * width, p.q_head_stride = width;
+    p.kv_row_stride = width, p.indices_token_stride = topk;
+    p.out_token_stride = int64_t{heads} * r, p.out_head_stride = r;
+    p.lse_token_stride = heads;
+    p.scale = m.scale();
+    DCP_RETURN_IF_ERROR(Measure(row, prepared, nullptr, [&] { return device.SparseMqa(p); }, nullptr));
+  }
+
+  // The layer's GEMMs, batched over heads as the worker issues them.
+  struct GemmCase {
+    const char* name;
+    int64_t m;
+    int n, k;
+    int64_t a_count, b_count, c_count;
+    DType c_dtype;
+  };
+  const GemmCase cases[] = {
+      // rows [keys, R+Dr] x w_uk[h]^T -> k_nope [keys, H, qk]; x w_uv[h] -> v [keys, H, Dv]
+      {"gemm_up_k", keys, dn, r, keys * width, int64_t{heads} * dn * r, keys * heads * qk, dtype},
+      {"gemm_up_v", keys, dv, r, keys * width, int64_t{heads} * r * dv, keys * heads * dv, dtype},
+      // q_nope [T, H, Dn] x w_uk[h] -> q' [T, H, R+Dr]
+      {"gemm_absorb", t, r, dn, t * heads * dn, int64_t{heads} * dn * r, t * heads * width, dtype},
+      // o_lat [T, H, R] x w_uv[h] -> out [T, H, Dv] F32
+      {"gemm_out", t, dv, r, t * heads * r, int64_t{heads} * r * dv, t * heads * dv, DType::kF32},
+  };
+  for (const GemmCase& c : cases) {
+    KernelRow row{c.name, &shape, heads, 0, 2.0 * double(c.m) * c.n * c.k * heads, 0};
+    Buffer a, b, out;
+    const absl::Status prepared = [&]() -> absl::Status {
+      DCP_ASSIGN_OR_RETURN(a, device.Allocate(size_t(c.a_count) * element));
+      DCP_ASSIGN_OR_RETURN(b, device.Allocate(size_t(c.b_count) * element));
+      DCP_ASSIGN_OR_RETURN(out, device.Allocate(size_t(c.c_count) * dtype_size(c.c_dtype)));
+      DCP_RETURN_IF_ERROR(FillRandom(device, a.data(), dtype, c.a_count, o.seed, kStreamA));
+      return FillRandom(device, b.data(), dtype, c.b_count, o.seed, kStreamB, 0.05f);
+    }();
+    GemmParams p;
+    p.a = a.data(), p.b = b.data(), p.c = out.data();
+    p.a_dtype = p.b_dtype = dtype;
+    p.c_dtype = c.c_dtype;
+    p.m = static_cast<int>(c.m), p.n = c.n, p.k = c.k, p.batch = heads;
+    const std::string name = c.name;
+    if (name == "gemm_up_k" || name == "gemm_up_v") {
+      p.trans_b = name == "gemm_up_k";  // w_uk[h] is stored [Dn, R]
+      p.lda = width, p.stride_a = 0;
+      p.ldb = p.trans_b ? r : dv;
+      p.stride_b = int64_t{r} * c.n;
+      p.ldc = int64_t{heads} * (p.trans_b ? qk : dv);
+      p.stride_c = p.trans_b ? qk : dv;
+    } else if (name == "gemm_absorb") {
+      p.lda = int64_t{heads} * dn, p.stride_a = dn;
+      p.ldb = r, p.stride_b = int64_t{dn} * r;
+      p.ldc = int64_t{heads} * width, p.stride_c = width;
+    } else {
+      p.lda = int64_t{heads} * r, p.stride_a = r;
+      p.ldb = dv, p.stride_b = int64_t{r} * dv;
+      p.ldc = int64_t{heads} * dv, p.stride_c = dv;
+    }
+    DCP_RETURN_IF_ERROR(Measure(row, prepared, nullptr, [&] { return device.Gemm(p); }, nullptr));
+  }
+  return absl::OkStatus();
+}
+
+ModeResult KernelBench::Finish() {
+  table_.AddNote(absl::StrFormat(
+      "ceilings measured in this run: copy %s GB/s (read + write), GEMM %s TFLOP/s (%s). "
+      "%%ceil: TF/s of the GEMM ceiling (compute rows) or GB/s of the copy ceiling (memory rows).",
+      FormatSig(copy_gbps_), FormatSig(gemm_tflops_),
+      dtype_name(env_.device->storage_dtype())));
+  table_.AddNote("Attention TF/s count useful FLOPs: dense causal keys x 2(qk + v); sparse "
+                 "selected keys x 2(2R + Dr). Times: median of the slowest rank.");
+  ModeResult result;
+  result.num_wrong = num_wrong_;
+  result.num_failed = num_failed_;
+  result.tables.push_back({"", std::move(table_)});
+  return result;
+}
+
+}  // namespace
+
+absl::Status KernelBench::MeasureSweep(int64_t size) {
+  return ForEachSweepKernel(env_, size, [&](const KernelCase& c) {
+    KernelRow row{c.kernel, nullptr, 0, c.size_bytes, 0, c.bytes};
+    return Measure(row, c.prepared, c.setup, c.run, c.check);
+  });
+}
+
+absl::StatusOr<ModeResult> RunKernels(BenchEnv& env) {
+  const BenchOptions& o = env.options;
+  std::vector<BatchShape> shapes;
+  for (const std::string& spec : o.batches.empty() ? DefaultKernelBatches() : o.batches) {
+    DCP_ASSIGN_OR_RETURN(BatchShape shape, ParseShape(spec));
+    shapes.push_back(std::move(shape));
+  }
+  KernelBench bench(env);
+  DCP_RETURN_IF_ERROR(bench.MeasureCeilings());
+  for (const BatchShape& shape : shapes) {
+    if (shape.num_tokens > o.max_tokens) continue;
+    for (int heads : o.heads) DCP_RETURN_IF_ERROR(bench.MeasureAttention(shape, heads));
+  }
+  for (int64_t size : SweepSizes(o, 4096)) DCP_RETURN_IF_ERROR(bench.MeasureSweep(size));
+  return bench.Finish();
+}
+
+}  // namespace dcp::bench
