@@ -8,6 +8,21 @@
 namespace dcp::cuda {
 namespace {
 
+// Bit for bit dtype.h's float_to_bf16 (round to nearest even, NaN -> its quiet NaN), so CPU and
+// CUDA ranks store identical bf16 (CUDA's __float2bfloat16_rn returns a canonical 0x7FFF NaN).
+__device__ __forceinline__ uint16_t F32ToBf16Bits(float value) {
+  uint32_t word = __float_as_uint(value);
+  if ((word & 0x7f800000u) == 0x7f800000u && (word & 0x007fffffu) != 0) {
+    return static_cast<uint16_t>((word >> 16) | 0x0040u);
+  }
+  word += 0x7fffu + ((word >> 16) & 1u);
+  return static_cast<uint16_t>(word >> 16);
+}
+
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
+  return uint32_t(F32ToBf16Bits(lo)) | (uint32_t(F32ToBf16Bits(hi)) << 16);
+}
+
 // One thread converts 8 elements per step (a 16-byte bf16 vector / two float4), grid-stride;
 // the tail (count % 8) is done element by element by the first threads.
 __global__ void F32ToBf16Kernel(__nv_bfloat16* __restrict__ dst, const float* __restrict__ src,
@@ -20,13 +35,14 @@ __global__ void F32ToBf16Kernel(__nv_bfloat16* __restrict__ dst, const float* __
     for (size_t v = thread; v < vectors; v += stride) {
       const float4 a = reinterpret_cast<const float4*>(src)[2 * v];
       const float4 b = reinterpret_cast<const float4*>(src)[2 * v + 1];
-      __nv_bfloat162 out[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
-                               __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
-      reinterpret_cast<uint4*>(dst)[v] = *reinterpret_cast<const uint4*>(out);
+      reinterpret_cast<uint4*>(dst)[v] =
+          make_uint4(PackPair(a.x, a.y), PackPair(a.z, a.w), PackPair(b.x, b.y), PackPair(b.z, b.w));
     }
     done = vectors * 8;
   }
-  for (size_t i = done + thread; i < count; i += stride) dst[i] = __float2bfloat16_rn(src[i]);
+  for (size_t i = done + thread; i < count; i += stride) {
+    dst[i] = __nv_bfloat16_raw{F32ToBf16Bits(src[i])};
+  }
 }
 
 __global__ void Bf16ToF32Kernel(float* __restrict__ dst, const __nv_bfloat16* __restrict__ src,
