@@ -24,8 +24,8 @@ struct BenchEnv {
   int rank = 0, world_size = 1;
   MpiCommunicator* bootstrap = nullptr;  // host control plane: agreement, timing reductions
   Device* device = nullptr;
-  Communicator* comm = nullptr;          // the data plane the layer runs on
-  ModelDims dims;                        // --dims; num_heads is set per run from --heads
+  Communicator* comm = nullptr;  // the data plane the layer runs on
+  ModelDims dims;                // --dims; num_heads is set per run from --heads
 
   bool root() const { return rank == 0; }
   bool on_gpu() const { return device->memory_space() == MemorySpace::kDevice; }
@@ -53,7 +53,7 @@ struct ModeResult {
 struct StepTimes {
   std::vector<double> step_s;  // [num_steps]
   double total_s = 0;
-  double min_total_s = 0;      // fastest iteration (of the slowest rank)
+  double min_total_s = 0;  // fastest iteration (of the slowest rank)
 };
 
 // Calls the steps of one iteration; `mark()` must be called once after each step.

@@ -38,8 +38,8 @@ absl::Status PrintRanks(const BenchEnv& env) {
   char name[MPI_MAX_PROCESSOR_NAME] = {};
   int length = 0;
   DCP_MPI_CHECK(MPI_Get_processor_name(name, &length));
-  std::string line = absl::StrFormat("#  rank %d host %s device %s", env.rank, name,
-                                     env.device->name());
+  std::string line =
+      absl::StrFormat("#  rank %d host %s device %s", env.rank, name, env.device->name());
   line.resize(kLine, '\0');
   std::vector<char> all(env.root() ? size_t(kLine) * env.world_size : 0);
   DCP_MPI_CHECK(MPI_Gather(line.data(), kLine, MPI_CHAR, all.data(), kLine, MPI_CHAR, 0,
@@ -57,18 +57,21 @@ void PrintHeader(const BenchEnv& env) {
               mode_name(o.mode), env.world_size, o.device.c_str(),
               std::string(dtype_name(env.device->storage_dtype())).c_str(),
               env.comm->name().c_str());
-  std::printf("# dims %s: R %d, Dn %d, Dr %d, Dv %d; K %d, block %d, interleave %d; "
-              "warm-up %d, iters %d, check %d\n",
-              o.dims.c_str(), d.kv_lora_rank, d.qk_nope_head_dim, d.qk_rope_head_dim,
-              d.v_head_dim, o.index_topk, o.block_size, o.interleave, o.warmup_iters, o.iters,
-              o.check ? 1 : 0);
+  std::printf(
+      "# dims %s: R %d, Dn %d, Dr %d, Dv %d; K %d, block %d, interleave %d; "
+      "warm-up %d, iters %d, check %d\n",
+      o.dims.c_str(), d.kv_lora_rank, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim,
+      o.index_topk, o.block_size, o.interleave, o.warmup_iters, o.iters, o.check ? 1 : 0);
 }
 
 absl::StatusOr<ModeResult> RunMode(BenchEnv& env) {
   switch (env.options.mode) {
-    case Mode::kRoutes: return RunRoutes(env);
-    case Mode::kKernels: return RunKernels(env);
-    case Mode::kCollectives: return RunCollectives(env);
+    case Mode::kRoutes:
+      return RunRoutes(env);
+    case Mode::kKernels:
+      return RunKernels(env);
+    case Mode::kCollectives:
+      return RunCollectives(env);
   }
   return DCP_ERROR(Internal, "unknown mode");
 }
@@ -81,8 +84,9 @@ int Run(int argc, char** argv, const launch::ProcessInfo& process) {
   };
   absl::StatusOr<BenchOptions> options = ParseBenchOptions(argc, argv);
   if (!options.ok()) {
-    if (root) std::fprintf(stderr, "(run with --help for the flags)\n");
-    return report(options.status(), kExitUsage);
+    report(options.status(), kExitUsage);
+    if (root) std::fprintf(stderr, "dcp_bench: run with --help for the flags\n");
+    return kExitUsage;
   }
   if (options->help) {
     if (root) std::printf("%s", BenchUsage(argv[0]).c_str());

@@ -95,13 +95,16 @@ Setter StringListFlag(std::vector<std::string> BenchOptions::*field) {
 
 const std::vector<Flag>& Flags() {
   static const std::vector<Flag>* flags = new std::vector<Flag>{
-      {nullptr, "mode", "routes|kernels|collectives",
-       "what to measure (default routes)",
+      {nullptr, "mode", "routes|kernels|collectives", "what to measure (default routes)",
        [](BenchOptions& o, const std::string& v) -> absl::Status {
-         if (v == "routes") o.mode = Mode::kRoutes;
-         else if (v == "kernels") o.mode = Mode::kKernels;
-         else if (v == "collectives") o.mode = Mode::kCollectives;
-         else return BadValue("mode", v, "expected routes, kernels or collectives");
+         if (v == "routes")
+           o.mode = Mode::kRoutes;
+         else if (v == "kernels")
+           o.mode = Mode::kKernels;
+         else if (v == "collectives")
+           o.mode = Mode::kCollectives;
+         else
+           return BadValue("mode", v, "expected routes, kernels or collectives");
          return absl::OkStatus();
        }},
       {nullptr, "device", "cpu|cuda", "the ranks' device (default cpu)",
@@ -216,9 +219,12 @@ const Flag* FindShort(const std::string& name) {
 
 const char* mode_name(Mode mode) {
   switch (mode) {
-    case Mode::kRoutes: return "routes";
-    case Mode::kKernels: return "kernels";
-    case Mode::kCollectives: return "collectives";
+    case Mode::kRoutes:
+      return "routes";
+    case Mode::kKernels:
+      return "kernels";
+    case Mode::kCollectives:
+      return "collectives";
   }
   return "?";
 }
@@ -228,10 +234,20 @@ absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
   std::string digits = text;
   int64_t factor = 1;
   switch (digits.back()) {
-    case 'k': case 'K': factor = int64_t{1} << 10; break;
-    case 'm': case 'M': factor = int64_t{1} << 20; break;
-    case 'g': case 'G': factor = int64_t{1} << 30; break;
-    default: break;
+    case 'k':
+    case 'K':
+      factor = int64_t{1} << 10;
+      break;
+    case 'm':
+    case 'M':
+      factor = int64_t{1} << 20;
+      break;
+    case 'g':
+    case 'G':
+      factor = int64_t{1} << 30;
+      break;
+    default:
+      break;
   }
   if (factor != 1) digits.pop_back();
   int64_t value = 0;

@@ -18,12 +18,12 @@ const char* mode_name(Mode mode);
 
 struct BenchOptions {
   Mode mode = Mode::kRoutes;
-  std::string device = "cpu";  // cpu | cuda
-  std::string comm = "auto";   // auto | mpi | nccl (nccl: CUDA ranks only)
+  std::string device = "cpu";     // cpu | cuda
+  std::string comm = "auto";      // auto | mpi | nccl (nccl: CUDA ranks only)
   std::string dims = "deepseek";  // deepseek (DeepSeek-V3.2) | small (ModelDims defaults)
 
-  int warmup_iters = 2;  // -w
-  int iters = 10;        // -n
+  int warmup_iters = 2;                   // -w
+  int iters = 10;                         // -n
   int64_t min_bytes = int64_t{1} << 20;   // -b
   int64_t max_bytes = int64_t{64} << 20;  // -e
   double step_factor = 4.0;               // -f
@@ -39,13 +39,13 @@ struct BenchOptions {
   std::vector<std::string> extends = {"16q64s128", "32q64s128", "64q64s128"};
   int64_t max_tokens = 32768;  // batches with more query tokens are skipped (listed)
 
-  int index_topk = 2048;  // K
-  int block_size = 64;    // B
-  int interleave = 1;     // I
+  int index_topk = 2048;          // K
+  int block_size = 64;            // B
+  int interleave = 1;             // I
   std::string combine = "ag_rs";  // the routes mode's sparse-MQA combine: ag_rs | a2a
-  int kernel_world = 8;   // W of the DcpCorrect / DcpCombine kernels timed alone
-  int64_t gemm_size = 0;   // m = n = k of the GEMM ceiling; 0: 8192 on CUDA, 1024 on CPU
-  int64_t copy_bytes = 0;  // bytes of the copy ceiling; 0: 1 GiB on CUDA, 64 MiB on CPU
+  int kernel_world = 8;           // W of the DcpCorrect / DcpCombine kernels timed alone
+  int64_t gemm_size = 0;          // m = n = k of the GEMM ceiling; 0: 8192 on CUDA, 1024 on CPU
+  int64_t copy_bytes = 0;         // bytes of the copy ceiling; 0: 1 GiB on CUDA, 64 MiB on CPU
   double timeout_s = 300.0;
   uint64_t seed = 1;
   std::string csv;  // write the results here too (rank 0)

@@ -66,10 +66,9 @@ class CollectiveBench {
 std::vector<Column> CollectiveBench::Columns(const BenchEnv& env) {
   std::vector<Column> columns = env.MetaColumns();
   const std::vector<Column> main = {
-      {"pipeline", ""},         {"op", "op"},          {"size_bytes", "size"},
-      {"count", "count"},       {"type", "type"},      {"time_us", "time_us"},
-      {"algbw_gbps", "algbw"},  {"busbw_gbps", "busbw"}, {"wrong", "#wrong"},
-      {"status", "status"}};
+      {"pipeline", ""},    {"op", "op"},           {"size_bytes", "size"},  {"count", "count"},
+      {"type", "type"},    {"time_us", "time_us"}, {"algbw_gbps", "algbw"}, {"busbw_gbps", "busbw"},
+      {"wrong", "#wrong"}, {"status", "status"}};
   columns.insert(columns.end(), main.begin(), main.end());
   return columns;
 }
@@ -80,17 +79,16 @@ void CollectiveBench::AddRow(const std::string& pipeline, const StepRow& row, do
   const double algbw = row.size_bytes / seconds * 1e-9;
   const double busbw = row.collective ? algbw * (world - 1) / world : kNan;
   std::vector<std::string> cells = env_.MetaCells();
-  const std::vector<std::string> main = {
-      pipeline,
-      row.op,
-      FormatInt(row.size_bytes),
-      FormatInt(row.size_bytes / int64_t(dtype_size(row.dtype))),
-      absl::AsciiStrToLower(dtype_name(row.dtype)),
-      FormatSig(seconds * 1e6),
-      FormatFixed(algbw, 2),
-      FormatFixed(busbw, 2),
-      wrong >= 0 ? FormatInt(wrong) : "-",
-      status};
+  const std::vector<std::string> main = {pipeline,
+                                         row.op,
+                                         FormatInt(row.size_bytes),
+                                         FormatInt(row.size_bytes / int64_t(dtype_size(row.dtype))),
+                                         absl::AsciiStrToLower(std::string(dtype_name(row.dtype))),
+                                         FormatSig(seconds * 1e6),
+                                         FormatFixed(algbw, 2),
+                                         FormatFixed(busbw, 2),
+                                         wrong >= 0 ? FormatInt(wrong) : "-",
+                                         status};
   cells.insert(cells.end(), main.begin(), main.end());
   table_.AddRow(std::move(cells));
 }
@@ -148,8 +146,8 @@ absl::Status CollectiveBench::WorkspaceFill(int64_t size) {
   const int width = env_.dims.latent_width();
   const size_t row_bytes = width * dtype_size(dtype);
   // L local rows per rank (a multiple of I), N = W * L rows gathered.
-  const int64_t local = std::max<int64_t>(
-      interleave, size / int64_t(world * row_bytes) / interleave * interleave);
+  const int64_t local =
+      std::max<int64_t>(interleave, size / int64_t(world * row_bytes) / interleave * interleave);
   const int64_t total = local * world;
   const uint64_t seed = env_.options.seed;
   const ValueStream value(seed, kStreamRows);
@@ -181,11 +179,10 @@ absl::Status CollectiveBench::WorkspaceFill(int64_t size) {
   cache.clear();
   cache.shrink_to_fit();
   const int64_t gathered_bytes = total * int64_t(row_bytes);
-  const std::vector<StepRow> step_rows = {
-      {"ws_fill", gathered_bytes, dtype, true},
-      {"ws_gather", local * int64_t(row_bytes), dtype, false},
-      {"all_gather", gathered_bytes, dtype, true},
-      {"ws_reorganize", gathered_bytes, dtype, false}};
+  const std::vector<StepRow> step_rows = {{"ws_fill", gathered_bytes, dtype, true},
+                                          {"ws_gather", local * int64_t(row_bytes), dtype, false},
+                                          {"all_gather", gathered_bytes, dtype, true},
+                                          {"ws_reorganize", gathered_bytes, dtype, false}};
   return Run(
       "ws_fill", step_rows, prepared, nullptr,
       {[&] {
@@ -193,16 +190,15 @@ absl::Status CollectiveBench::WorkspaceFill(int64_t size) {
                                    dtype, local, local, width, width, width});
        },
        [&] {
-         return comm.AllGather(local_region.data(), gathered.data(), size_t(local) * width,
-                               dtype);
+         return comm.AllGather(local_region.data(), gathered.data(), size_t(local) * width, dtype);
        },
        [&] {
-         return device.GatherRows({gathered.data(), d_reorganize.as<int32_t>(), rows.data(),
-                                   dtype, total, total, width, width, width});
+         return device.GatherRows({gathered.data(), d_reorganize.as<int32_t>(), rows.data(), dtype,
+                                   total, total, width, width, width});
        }},
       [&]() -> absl::StatusOr<int64_t> {
-        DCP_ASSIGN_OR_RETURN(auto got, DownloadFloats(device, rows.data(), dtype,
-                                                      size_t(total) * width));
+        DCP_ASSIGN_OR_RETURN(auto got,
+                             DownloadFloats(device, rows.data(), dtype, size_t(total) * width));
         int64_t wrong = 0;
         for (int64_t g = 0; g < total; ++g) {
           for (int c = 0; c < width; ++c) {
@@ -249,7 +245,9 @@ absl::Status CollectiveBench::Combine(int64_t size, bool all_to_all) {
   partial.shrink_to_fit();
   const int64_t send_bytes = int64_t(world * block * 4);
   // DcpCorrect scales in place, so every iteration starts from the pristine partial.
-  const auto setup = [&] { return device.Copy(d_partial.data(), pristine.data(), world * block * 4); };
+  const auto setup = [&] {
+    return device.Copy(d_partial.data(), pristine.data(), world * block * 4);
+  };
   std::vector<StepRow> rows;
   std::vector<std::function<absl::Status()>> steps;
   if (all_to_all) {
@@ -273,8 +271,7 @@ absl::Status CollectiveBench::Combine(int64_t size, bool all_to_all) {
             {"dcp_correct", send_bytes, DType::kF32, false},
             {"reduce_scatter", send_bytes, DType::kF32, true}};
     steps = {[&] {
-               return comm.AllGather(d_lse.data(), lse_all.data(), size_t(world) * n,
-                                     DType::kF32);
+               return comm.AllGather(d_lse.data(), lse_all.data(), size_t(world) * n, DType::kF32);
              },
              [&] {
                DcpCorrectParams p;
@@ -285,16 +282,15 @@ absl::Status CollectiveBench::Combine(int64_t size, bool all_to_all) {
                return device.DcpCorrect(p);
              },
              [&] {
-               return comm.ReduceScatterSum(d_partial.data(), combined.data(), block,
-                                            DType::kF32);
+               return comm.ReduceScatterSum(d_partial.data(), combined.data(), block, DType::kF32);
              }};
   }
   // This rank's heads: the merge over every rank q of q's partial for block `rank`.
   const auto check = [&]() -> absl::StatusOr<int64_t> {
     DCP_ASSIGN_OR_RETURN(auto got, DownloadFloats(device, combined.data(), DType::kF32, block));
-    const void* lse_data = all_to_all ? lse.data()
-                                      : static_cast<const void*>(lse_total.as<float>() +
-                                                                 size_t(rank) * n);
+    const void* lse_data = all_to_all
+                               ? lse.data()
+                               : static_cast<const void*>(lse_total.as<float>() + size_t(rank) * n);
     DCP_ASSIGN_OR_RETURN(auto got_lse, DownloadFloats(device, lse_data, DType::kF32, n));
     std::vector<ValueStream> outs;
     for (int q = 0; q < world; ++q) outs.push_back(PartialOutValues(seed, q, rank));
@@ -321,8 +317,9 @@ ModeResult CollectiveBench::Finish() {
       "all-to-all: send buffer). busbw = algbw x (W-1)/W for collectives (nccl-tests); "
       "pipeline rows (ws_fill, ag_rs, a2a) use their collective's factor.",
       env_.world_size));
-  table_.AddNote("time: median of the slowest rank, steps cut by device timestamps inside one "
-                 "iteration; #wrong counts the pipeline's result on every rank.");
+  table_.AddNote(
+      "time: median of the slowest rank, steps cut by device timestamps inside one "
+      "iteration; #wrong counts the pipeline's result on every rank.");
   ModeResult result;
   result.num_wrong = num_wrong_;
   result.num_failed = num_failed_;

@@ -67,11 +67,13 @@ class KernelBench {
 std::vector<Column> KernelBench::Columns(const BenchEnv& env) {
   std::vector<Column> columns = env.MetaColumns();
   const std::vector<Column> main = {
-      {"kernel", "kernel"},   {"batch", "shape"},    {"num_seqs", ""},    {"query_len", ""},
-      {"seq_len", ""},        {"uniform", ""},       {"has_context", ""}, {"heads", "heads"},
-      {"topk", ""},           {"tokens", ""},        {"size_bytes", ""},  {"time_us", "time_us"},
-      {"min_us", ""},         {"tflops", "TF/s"},    {"gbps", "GB/s"},    {"bound", ""},
-      {"ceiling_pct", "%ceil"}, {"wrong", "#wrong"}, {"status", "status"}};
+      {"kernel", "kernel"}, {"batch", "shape"},       {"num_seqs", ""},
+      {"query_len", ""},    {"seq_len", ""},          {"uniform", ""},
+      {"has_context", ""},  {"heads", "heads"},       {"topk", ""},
+      {"tokens", ""},       {"size_bytes", ""},       {"time_us", "time_us"},
+      {"min_us", ""},       {"tflops", "TF/s"},       {"gbps", "GB/s"},
+      {"bound", ""},        {"ceiling_pct", "%ceil"}, {"wrong", "#wrong"},
+      {"status", "status"}};
   columns.insert(columns.end(), main.begin(), main.end());
   return columns;
 }
@@ -89,26 +91,25 @@ void KernelBench::AddRow(const KernelRow& row, const StepTimes* times, int64_t w
   if (s) {
     for (const auto& r : s->requests) uniform = uniform && r == s->requests.front();
   }
-  const std::vector<std::string> main = {
-      row.kernel,
-      s ? s->spec : FormatBytes(row.size_bytes),
-      s ? FormatInt(s->requests.size()) : "-",
-      s ? FormatInt(s->max_query_len) : "-",
-      s ? FormatInt(s->max_seq_len) : "-",
-      s ? (uniform ? "1" : "0") : "-",
-      s ? (s->has_context ? "1" : "0") : "-",
-      row.heads > 0 ? FormatInt(row.heads) : "-",
-      s ? FormatInt(env_.options.index_topk) : "-",
-      s ? FormatInt(s->num_tokens) : "-",
-      row.size_bytes > 0 ? FormatInt(row.size_bytes) : "-",
-      FormatSig(seconds * 1e6),
-      FormatSig(times ? times->min_total_s * 1e6 : kNan),
-      FormatSig(tflops),
-      FormatSig(gbps),
-      compute ? "compute" : "memory",
-      FormatFixed(pct, 1),
-      wrong >= 0 ? FormatInt(wrong) : "-",
-      status};
+  const std::vector<std::string> main = {row.kernel,
+                                         s ? s->spec : FormatBytes(row.size_bytes),
+                                         s ? FormatInt(s->requests.size()) : "-",
+                                         s ? FormatInt(s->max_query_len) : "-",
+                                         s ? FormatInt(s->max_seq_len) : "-",
+                                         s ? (uniform ? "1" : "0") : "-",
+                                         s ? (s->has_context ? "1" : "0") : "-",
+                                         row.heads > 0 ? FormatInt(row.heads) : "-",
+                                         s ? FormatInt(env_.options.index_topk) : "-",
+                                         s ? FormatInt(s->num_tokens) : "-",
+                                         row.size_bytes > 0 ? FormatInt(row.size_bytes) : "-",
+                                         FormatSig(seconds * 1e6),
+                                         FormatSig(times ? times->min_total_s * 1e6 : kNan),
+                                         FormatSig(tflops),
+                                         FormatSig(gbps),
+                                         compute ? "compute" : "memory",
+                                         FormatFixed(pct, 1),
+                                         wrong >= 0 ? FormatInt(wrong) : "-",
+                                         status};
   cells.insert(cells.end(), main.begin(), main.end());
   table_.AddRow(std::move(cells));
 }
@@ -171,9 +172,9 @@ absl::Status KernelBench::MeasureCeilings() {
       return absl::OkStatus();
     }();
     KernelRow row{"copy_ceiling", nullptr, 0, copy_bytes, 0, 2.0 * copy_bytes};
-    DCP_RETURN_IF_ERROR(Measure(row, prepared, nullptr,
-                                [&] { return device.Copy(dst.data(), src.data(), copy_bytes); },
-                                nullptr));
+    DCP_RETURN_IF_ERROR(Measure(
+        row, prepared, nullptr, [&] { return device.Copy(dst.data(), src.data(), copy_bytes); },
+        nullptr));
     if (last_times_) copy_gbps_ = row.bytes / last_times_->total_s * 1e-9;
   }
   // GEMM: m = n = k, storage dtype in and out, fp32 accumulation.
@@ -194,9 +195,10 @@ absl::Status KernelBench::MeasureCeilings() {
     p.a_dtype = p.b_dtype = p.c_dtype = dtype;
     p.m = p.n = p.k = n;
     p.lda = p.ldb = p.ldc = n;
-    KernelRow row{"gemm_ceiling", nullptr, 0, int64_t(count * dtype_size(dtype)),
+    KernelRow row{"gemm_ceiling",          nullptr, 0, int64_t(count * dtype_size(dtype)),
                   2.0 * n * n * double(n), 0};
-    DCP_RETURN_IF_ERROR(Measure(row, prepared, nullptr, [&] { return device.Gemm(p); }, nullptr));
+    DCP_RETURN_IF_ERROR(Measure(
+        row, prepared, nullptr, [&] { return device.Gemm(p); }, nullptr));
     if (last_times_) gemm_tflops_ = row.flops / last_times_->total_s * 1e-12;
   }
   return absl::OkStatus();
@@ -221,7 +223,10 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
 
   // Dense MHA, bottom-right causal: the query tokens of each request over all its keys.
   {
-    KernelRow row{"dense_mha", &shape, heads, 0,
+    KernelRow row{"dense_mha",
+                  &shape,
+                  heads,
+                  0,
                   2.0 * heads * (qk + dv) * shape.SelectedKeys(std::numeric_limits<int>::max()),
                   0};
     const absl::Status support = device.DenseMhaSupport(qk, dv);
@@ -237,8 +242,10 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
         DCP_ASSIGN_OR_RETURN(lse, device.Allocate(size_t(t) * heads * 4));
         DCP_ASSIGN_OR_RETURN(d_cu_q, UploadInts(device, cu_q));
         DCP_ASSIGN_OR_RETURN(d_cu_k, UploadInts(device, cu_k));
-        DCP_RETURN_IF_ERROR(FillRandom(device, q.data(), dtype, size_t(t) * heads * qk, o.seed, kStreamA));
-        DCP_RETURN_IF_ERROR(FillRandom(device, k.data(), dtype, size_t(keys) * heads * qk, o.seed, kStreamB));
+        DCP_RETURN_IF_ERROR(
+            FillRandom(device, q.data(), dtype, size_t(t) * heads * qk, o.seed, kStreamA));
+        DCP_RETURN_IF_ERROR(
+            FillRandom(device, k.data(), dtype, size_t(keys) * heads * qk, o.seed, kStreamB));
         return FillRandom(device, v.data(), dtype, size_t(keys) * heads * dv, o.seed, kStreamC);
       }();
       DenseMhaParams p;
@@ -256,14 +263,15 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
       p.lse_token_stride = heads;
       p.causal = true;
       p.scale = m.scale();
-      DCP_RETURN_IF_ERROR(Measure(row, prepared, nullptr, [&] { return device.DenseMha(p); }, nullptr));
+      DCP_RETURN_IF_ERROR(Measure(
+          row, prepared, nullptr, [&] { return device.DenseMha(p); }, nullptr));
     }
   }
 
   // Sparse MQA over the batch's rows: request i's keys are cache rows [cu_k[i], cu_k[i+1]).
   {
-    KernelRow row{"sparse_mqa", &shape, heads, 0,
-                  2.0 * heads * (width + r) * shape.SelectedKeys(topk), 0};
+    KernelRow row{
+        "sparse_mqa", &shape, heads, 0, 2.0 * heads * (width + r) * shape.SelectedKeys(topk), 0};
     Buffer q, cache, indices, out, lse;
     const absl::Status prepared = [&]() -> absl::Status {
       std::vector<int32_t> host(size_t(t) * topk);
@@ -283,7 +291,8 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
       DCP_ASSIGN_OR_RETURN(cache, device.Allocate(size_t(keys) * width * element));
       DCP_ASSIGN_OR_RETURN(out, device.Allocate(size_t(t) * heads * r * 4));
       DCP_ASSIGN_OR_RETURN(lse, device.Allocate(size_t(t) * heads * 4));
-      DCP_RETURN_IF_ERROR(FillRandom(device, q.data(), dtype, size_t(t) * heads * width, o.seed, kStreamA));
+      DCP_RETURN_IF_ERROR(
+          FillRandom(device, q.data(), dtype, size_t(t) * heads * width, o.seed, kStreamA));
       return FillRandom(device, cache.data(), dtype, size_t(keys) * width, o.seed, kStreamB);
     }();
     SparseMqaParams p;
@@ -297,7 +306,8 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
     p.out_token_stride = int64_t{heads} * r, p.out_head_stride = r;
     p.lse_token_stride = heads;
     p.scale = m.scale();
-    DCP_RETURN_IF_ERROR(Measure(row, prepared, nullptr, [&] { return device.SparseMqa(p); }, nullptr));
+    DCP_RETURN_IF_ERROR(Measure(
+        row, prepared, nullptr, [&] { return device.SparseMqa(p); }, nullptr));
   }
 
   // The layer's GEMMs, batched over heads as the worker issues them.
@@ -349,7 +359,8 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
       p.ldb = dv, p.stride_b = int64_t{r} * dv;
       p.ldc = int64_t{heads} * dv, p.stride_c = dv;
     }
-    DCP_RETURN_IF_ERROR(Measure(row, prepared, nullptr, [&] { return device.Gemm(p); }, nullptr));
+    DCP_RETURN_IF_ERROR(Measure(
+        row, prepared, nullptr, [&] { return device.Gemm(p); }, nullptr));
   }
   return absl::OkStatus();
 }
@@ -358,10 +369,10 @@ ModeResult KernelBench::Finish() {
   table_.AddNote(absl::StrFormat(
       "ceilings measured in this run: copy %s GB/s (read + write), GEMM %s TFLOP/s (%s). "
       "%%ceil: TF/s of the GEMM ceiling (compute rows) or GB/s of the copy ceiling (memory rows).",
-      FormatSig(copy_gbps_), FormatSig(gemm_tflops_),
-      dtype_name(env_.device->storage_dtype())));
-  table_.AddNote("Attention TF/s count useful FLOPs: dense causal keys x 2(qk + v); sparse "
-                 "selected keys x 2(2R + Dr). Times: median of the slowest rank.");
+      FormatSig(copy_gbps_), FormatSig(gemm_tflops_), dtype_name(env_.device->storage_dtype())));
+  table_.AddNote(
+      "Attention TF/s count useful FLOPs: dense causal keys x 2(qk + v); sparse "
+      "selected keys x 2(2R + Dr). Times: median of the slowest rank.");
   ModeResult result;
   result.num_wrong = num_wrong_;
   result.num_failed = num_failed_;

@@ -19,6 +19,14 @@ using Measure = std::function<absl::Status(const KernelCase&)>;
 constexpr uint64_t kStreamSource = 21;
 constexpr double kRtol = 1e-5, kAtol = 1e-6;
 
+KernelCase NewCase(std::string kernel, int64_t size_bytes, double bytes) {
+  KernelCase c;
+  c.kernel = std::move(kernel);
+  c.size_bytes = size_bytes;
+  c.bytes = bytes;
+  return c;
+}
+
 // A permutation of [0, n): i -> (i * stride + 1) mod n, stride prime to n.
 std::vector<int32_t> Permutation(int64_t n) {
   const int64_t stride = n % 7919 == 0 ? 7927 : 7919;
@@ -49,7 +57,7 @@ absl::Status SweepCopy(BenchEnv& env, int64_t size, const Measure& measure) {
   Device& device = *env.device;
   const size_t count = std::max<int64_t>(1, size / 4);
   Buffer src, dst;
-  KernelCase c{"copy", int64_t(count * 4), 2.0 * count * 4};
+  KernelCase c = NewCase("copy", int64_t(count * 4), 2.0 * count * 4);
   c.prepared = [&]() -> absl::Status {
     DCP_ASSIGN_OR_RETURN(src, device.Allocate(count * 4));
     DCP_ASSIGN_OR_RETURN(dst, device.Allocate(count * 4));
@@ -74,8 +82,8 @@ absl::Status SweepRows(BenchEnv& env, int64_t size, bool gather, const Measure& 
   const int64_t rows = std::max<int64_t>(1, size / int64_t(row_bytes));
   const std::vector<int32_t> perm = Permutation(rows);
   Buffer src, dst, index;
-  KernelCase c{gather ? "gather_rows" : "scatter_rows", int64_t(rows * row_bytes),
-               2.0 * rows * row_bytes + rows * 4.0};
+  KernelCase c = NewCase(gather ? "gather_rows" : "scatter_rows", int64_t(rows * row_bytes),
+                         2.0 * rows * row_bytes + rows * 4.0);
   c.prepared = [&]() -> absl::Status {
     DCP_ASSIGN_OR_RETURN(src, device.Allocate(rows * row_bytes));
     DCP_ASSIGN_OR_RETURN(dst, device.Allocate(rows * row_bytes));
@@ -85,13 +93,13 @@ absl::Status SweepRows(BenchEnv& env, int64_t size, bool gather, const Measure& 
   }();
   if (gather) {
     c.run = [&] {
-      return device.GatherRows({src.data(), index.as<int32_t>(), dst.data(), dtype, rows, rows,
-                                width, width, width});
+      return device.GatherRows(
+          {src.data(), index.as<int32_t>(), dst.data(), dtype, rows, rows, width, width, width});
     };
   } else {
     c.run = [&] {
-      return device.ScatterRows({src.data(), index.as<int32_t>(), dst.data(), dtype, rows, rows,
-                                 width, width, width});
+      return device.ScatterRows(
+          {src.data(), index.as<int32_t>(), dst.data(), dtype, rows, rows, width, width, width});
     };
   }
   c.check = [&]() -> absl::StatusOr<int64_t> {
@@ -115,7 +123,8 @@ void MakePartials(uint64_t seed, int world, int64_t n, int dim, std::vector<floa
   for (int q = 0; q < world; ++q) {
     const ValueStream value = PartialOutValues(seed, q, 0);
     for (size_t x = 0; x < size_t(n) * dim; ++x) (*outs)[q * size_t(n) * dim + x] = value(x);
-    for (int64_t row = 0; row < n; ++row) (*lses)[q * size_t(n) + row] = PartialLse(seed, q, 0, row);
+    for (int64_t row = 0; row < n; ++row)
+      (*lses)[q * size_t(n) + row] = PartialLse(seed, q, 0, row);
   }
 }
 
@@ -146,7 +155,7 @@ absl::Status SweepMergeStates(BenchEnv& env, int64_t size, const Measure& measur
   std::vector<float> outs, lses;
   MakePartials(env.options.seed, 2, n, dim, &outs, &lses);
   Buffer d_outs, d_lses, out, lse;
-  KernelCase c{"merge_states", n * dim * 4, (3.0 * n * dim + 3.0 * n) * 4};
+  KernelCase c = NewCase("merge_states", n * dim * 4, (3.0 * n * dim + 3.0 * n) * 4);
   c.prepared = [&]() -> absl::Status {
     DCP_ASSIGN_OR_RETURN(d_outs, UploadAs(device, outs, DType::kF32));
     DCP_ASSIGN_OR_RETURN(d_lses, UploadAs(device, lses, DType::kF32));
@@ -179,7 +188,7 @@ absl::Status SweepDcpCorrect(BenchEnv& env, int64_t size, const Measure& measure
   const std::vector<float> own(outs.begin() + size_t(rank) * n * dim,
                                outs.begin() + size_t(rank + 1) * n * dim);
   Buffer pristine, out, lse_all, lse_total;
-  KernelCase c{"dcp_correct", n * dim * 4, (2.0 * n * dim + (world + 1.0) * n) * 4};
+  KernelCase c = NewCase("dcp_correct", n * dim * 4, (2.0 * n * dim + (world + 1.0) * n) * 4);
   c.prepared = [&]() -> absl::Status {
     DCP_ASSIGN_OR_RETURN(pristine, UploadAs(device, own, DType::kF32));
     DCP_ASSIGN_OR_RETURN(out, device.Allocate(n * dim * 4));
@@ -225,7 +234,7 @@ absl::Status SweepDcpCombine(BenchEnv& env, int64_t size, const Measure& measure
   std::vector<float> outs, lses;
   MakePartials(env.options.seed, world, n, dim, &outs, &lses);
   Buffer d_outs, d_lses, out, lse;
-  KernelCase c{"dcp_combine", n * dim * 4, (world + 1.0) * (n * dim + n) * 4};
+  KernelCase c = NewCase("dcp_combine", n * dim * 4, (world + 1.0) * (n * dim + n) * 4);
   c.prepared = [&]() -> absl::Status {
     DCP_ASSIGN_OR_RETURN(d_outs, UploadAs(device, outs, DType::kF32));
     DCP_ASSIGN_OR_RETURN(d_lses, UploadAs(device, lses, DType::kF32));
@@ -264,7 +273,8 @@ absl::Status SweepTopkToSlots(BenchEnv& env, int64_t size, const Measure& measur
     FillTopkRow(position[t], topk, &rows[size_t(t) * topk]);
   }
   Buffer d_rows, d_request, d_position, d_table, slots;
-  KernelCase c{"topk_to_slots", tokens * topk * 4, 2.0 * tokens * topk * 4 + tokens * 8.0};
+  KernelCase c =
+      NewCase("topk_to_slots", tokens * topk * 4, 2.0 * tokens * topk * 4 + tokens * 8.0);
   c.prepared = [&]() -> absl::Status {
     DCP_ASSIGN_OR_RETURN(d_rows, UploadInts(device, rows));
     DCP_ASSIGN_OR_RETURN(d_request, UploadInts(device, request));

@@ -19,11 +19,11 @@ using Check = std::function<absl::StatusOr<int64_t>()>;
 struct KernelCase {
   std::string kernel;
   int64_t size_bytes = 0;
-  double bytes = 0;        // read + written by one run
-  absl::Status prepared;   // this rank's status of building the inputs
-  Step setup;              // untimed, before each run; may be null
+  double bytes = 0;       // read + written by one run
+  absl::Status prepared;  // this rank's status of building the inputs
+  Step setup;             // untimed, before each run; may be null
   Step run;
-  Check check;             // wrong elements on this rank after setup + run; may be null
+  Check check;  // wrong elements on this rank after setup + run; may be null
 };
 
 // Builds each kernel at `size` in turn and hands it to `measure` while its buffers live.

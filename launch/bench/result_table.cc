@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_format.h"
@@ -63,6 +64,9 @@ void ResultTable::Print(std::FILE* out) const {
 }
 
 absl::Status ResultTable::WriteCsv(const std::string& path) const {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code error;
+  if (!parent.empty()) std::filesystem::create_directories(parent, error);
   std::ofstream file(path, std::ios::trunc);
   if (!file) return DCP_ERROR(FailedPrecondition, "cannot open '%s' for writing", path);
   for (size_t c = 0; c < columns_.size(); ++c) {

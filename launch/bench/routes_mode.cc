@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -32,10 +33,10 @@ constexpr int kAttentionPhase = 4;
 // Inputs of one batch that do not depend on the head count, on this rank's device.
 struct BatchData {
   std::vector<BatchRequest> requests;
-  Buffer kv_new;   // [T, R + Dr] storage dtype
-  Buffer topk;     // [T, K] I32
-  std::vector<Buffer> cached;          // per request: this rank's context rows
-  std::vector<int64_t> cached_rows;    // their counts
+  Buffer kv_new;                     // [T, R + Dr] storage dtype
+  Buffer topk;                       // [T, K] I32
+  std::vector<Buffer> cached;        // per request: this rank's context rows
+  std::vector<int64_t> cached_rows;  // their counts
 };
 
 // Inputs that depend on the head count.
@@ -163,10 +164,10 @@ RouteResult RunRoute(BenchEnv& env, const BatchShape& shape, const BatchData& ba
   options.attention.force_mqa = force_mqa;
 
   LayerWeights weights;
-  weights.w_uk = {head.w_uk.data(), DType::kF32,
-                  {hl, m.qk_nope_head_dim, m.kv_lora_rank}, MemorySpace::kHost};
-  weights.w_uv = {head.w_uv.data(), DType::kF32,
-                  {hl, m.kv_lora_rank, m.v_head_dim}, MemorySpace::kHost};
+  weights.w_uk = {
+      head.w_uk.data(), DType::kF32, {hl, m.qk_nope_head_dim, m.kv_lora_rank}, MemorySpace::kHost};
+  weights.w_uv = {
+      head.w_uv.data(), DType::kF32, {hl, m.kv_lora_rank, m.v_head_dim}, MemorySpace::kHost};
   auto context_or = DcpContext::Create(options, *env.comm, *env.device, weights);
   result.status = AgreeOnStatus(*env.bootstrap, context_or.status());
   if (!result.status.ok()) return result;
@@ -224,8 +225,12 @@ RouteResult RunRoute(BenchEnv& env, const BatchShape& shape, const BatchData& ba
     const ForwardStats& s = stats[stats.size() - iters + it];
     const double known =
         s.plan_s + s.cache_write_s + s.gather_s + s.up_projection_s + s.attention_s + s.combine_s;
-    const double values[kNumPhases] = {s.plan_s,      s.cache_write_s, s.gather_s,
-                                       s.up_projection_s, s.attention_s, s.combine_s,
+    const double values[kNumPhases] = {s.plan_s,
+                                       s.cache_write_s,
+                                       s.gather_s,
+                                       s.up_projection_s,
+                                       s.attention_s,
+                                       s.combine_s,
                                        std::max(0.0, s.total_s - known)};
     std::copy(values, values + kNumPhases, phases.begin() + size_t(it) * kNumPhases);
   }
@@ -237,9 +242,11 @@ RouteResult RunRoute(BenchEnv& env, const BatchShape& shape, const BatchData& ba
     result.phases_s[p] = Median(column);
   }
 
-  auto out_host = DownloadFloats(*env.device, out.data(), DType::kF32, size_t(t) * hl * m.v_head_dim);
+  auto out_host =
+      DownloadFloats(*env.device, out.data(), DType::kF32, size_t(t) * hl * m.v_head_dim);
   auto lse_host = DownloadFloats(*env.device, lse.data(), DType::kF32, size_t(t) * hl);
-  result.status = AgreeOnStatus(*env.bootstrap, out_host.ok() ? lse_host.status() : out_host.status());
+  result.status =
+      AgreeOnStatus(*env.bootstrap, out_host.ok() ? lse_host.status() : out_host.status());
   if (!result.status.ok()) return result;
   result.out = std::move(out_host).value();
   result.lse = std::move(lse_host).value();
@@ -373,9 +380,12 @@ absl::StatusOr<ModeResult> RunRoutes(BenchEnv& env) {
     bool uniform = true;
     for (const launch::RequestShape& r : shape.requests) uniform = uniform && r == first;
     std::vector<std::string> lead = env.MetaCells();
-    const std::vector<std::string> shape_cells = {
-        shape.spec, FormatInt(shape.requests.size()), FormatInt(shape.max_query_len),
-        FormatInt(shape.max_seq_len), uniform ? "1" : "0", shape.has_context ? "1" : "0"};
+    const std::vector<std::string> shape_cells = {shape.spec,
+                                                  FormatInt(shape.requests.size()),
+                                                  FormatInt(shape.max_query_len),
+                                                  FormatInt(shape.max_seq_len),
+                                                  uniform ? "1" : "0",
+                                                  shape.has_context ? "1" : "0"};
     lead.insert(lead.end(), shape_cells.begin(), shape_cells.end());
     const size_t tail = RouteColumns(env).size() - lead.size();
 
@@ -409,7 +419,8 @@ absl::StatusOr<ModeResult> RunRoutes(BenchEnv& env) {
       std::string status = "ok";
       Comparison comparison;
       if (!automatic.status.ok() || !mqa.status.ok()) {
-        status = absl::StrCat("error: ", (automatic.status.ok() ? mqa : automatic).status.message());
+        status =
+            absl::StrCat("error: ", (automatic.status.ok() ? mqa : automatic).status.message());
         ++result.num_failed;
       } else if (!same && o.check) {
         comparison = Compare(automatic, mqa, storage);
@@ -425,22 +436,29 @@ absl::StatusOr<ModeResult> RunRoutes(BenchEnv& env) {
       const double auto_s = ok ? automatic.times.total_s : nan;
       const double mqa_s = ok ? mqa.times.total_s : nan;
       const double speedup = dense ? mqa_s / auto_s : nan;
-      const double dense_flops = heads * mha_flops_per_key * shape.SelectedKeys(std::numeric_limits<int>::max());
+      const double dense_flops =
+          heads * mha_flops_per_key * shape.SelectedKeys(std::numeric_limits<int>::max());
       const double sparse_flops = heads * mqa_flops_per_key * shape.SelectedKeys(o.index_topk);
       const double auto_attn = ok ? automatic.phases_s[kAttentionPhase] : nan;
       const double mqa_attn = ok ? mqa.phases_s[kAttentionPhase] : nan;
 
       std::vector<std::string> row = lead;
       const std::vector<std::string> cells = {
-          FormatInt(heads), FormatInt(o.index_topk), FormatInt(shape.num_tokens),
-          ok ? route_name(automatic.route) : "-", Microseconds(auto_s),
-          Microseconds(ok ? automatic.times.min_total_s : nan), Microseconds(mqa_s),
-          Microseconds(ok ? mqa.times.min_total_s : nan), FormatFixed(speedup, 2),
-          Microseconds(auto_attn), Microseconds(mqa_attn),
+          FormatInt(heads),
+          FormatInt(o.index_topk),
+          FormatInt(shape.num_tokens),
+          ok ? route_name(automatic.route) : "-",
+          Microseconds(auto_s),
+          Microseconds(ok ? automatic.times.min_total_s : nan),
+          Microseconds(mqa_s),
+          Microseconds(ok ? mqa.times.min_total_s : nan),
+          FormatFixed(speedup, 2),
+          Microseconds(auto_attn),
+          Microseconds(mqa_attn),
           FormatSig((dense ? dense_flops : sparse_flops) / auto_attn * 1e-12),
           FormatSig(sparse_flops / mqa_attn * 1e-12)};
       row.insert(row.end(), cells.begin(), cells.end());
-      for (const RouteResult* route : {&automatic, &mqa}) {
+      for (const RouteResult* route : {&std::as_const(automatic), &mqa}) {
         for (int p = 0; p < kNumPhases; ++p) {
           row.push_back(Microseconds(ok ? route->phases_s[p] : nan));
         }
@@ -457,12 +475,14 @@ absl::StatusOr<ModeResult> RunRoutes(BenchEnv& env) {
       }
     }
   }
-  table.AddNote("auto: the planner's route (dense_mha when every prefill has seq_len <= K and "
-                "query_len > decode_threshold 1); mqa: sparse MQA forced. Times: whole "
-                "DcpContext::Forward, median over iterations of the slowest rank.");
-  table.AddNote("mqa/auto > 1: the dense MHA route is faster. attnTF/s: attention phase only, "
-                "useful FLOPs (dense: causal keys x (qk + v); sparse: selected keys x (2R + Dr)). "
-                "other_us: validation, input staging and output scatter inside Forward.");
+  table.AddNote(
+      "auto: the planner's route (dense_mha when every prefill has seq_len <= K and "
+      "query_len > decode_threshold 1); mqa: sparse MQA forced. Times: whole "
+      "DcpContext::Forward, median over iterations of the slowest rank.");
+  table.AddNote(
+      "mqa/auto > 1: the dense MHA route is faster. attnTF/s: attention phase only, "
+      "useful FLOPs (dense: causal keys x (qk + v); sparse: selected keys x (2R + Dr)). "
+      "other_us: validation, input staging and output scatter inside Forward.");
   result.tables.push_back({"", std::move(table)});
 
   ResultTable crossover({{"heads", "heads"},
@@ -473,9 +493,10 @@ absl::StatusOr<ModeResult> RunRoutes(BenchEnv& env) {
                          {"mqa_wins_at_seq_len", "mqa_wins_at"},
                          {"crossover_seq_len", "crossover"}});
   AddCrossovers(grid, &crossover);
-  crossover.AddNote("Pure prefills routed to dense MHA. crossover: the smallest seq_len from "
-                    "which sparse MQA is faster at every longer one ('none': MHA wins at the "
-                    "longest).");
+  crossover.AddNote(
+      "Pure prefills routed to dense MHA. crossover: the smallest seq_len from "
+      "which sparse MQA is faster at every longer one ('none': MHA wins at the "
+      "longest).");
   result.tables.push_back({"crossover", std::move(crossover)});
   return result;
 }

@@ -49,8 +49,8 @@ absl::StatusOr<std::unique_ptr<StepClock>> MakeCudaStepClock(Device& device, int
   events.reserve(num_slots);
   for (int i = 0; i < num_slots; ++i) {
     cudaEvent_t event = nullptr;
-    const absl::Status status = CudaCodeToStatus(cudaEventCreate(&event), "cudaEventCreate",
-                                                 __FILE__, __LINE__);
+    const absl::Status status =
+        CudaCodeToStatus(cudaEventCreate(&event), "cudaEventCreate", __FILE__, __LINE__);
     if (!status.ok()) {
       for (cudaEvent_t created : events) cudaEventDestroy(created);
       return status;
