@@ -2,8 +2,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <memory>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -55,6 +57,19 @@ absl::Status ReadTextFile(const std::string& path, std::string* text) {
   buffer << in.rdbuf();
   *text = buffer.str();
   return absl::OkStatus();
+}
+
+// Runs one step of the job with C++ exceptions (an allocation that fails, a library that
+// throws) turned into a Status, so that the group still agrees on the failure.
+template <typename Step>
+absl::Status Guarded(Step step) {
+  try {
+    return step();
+  } catch (const std::bad_alloc&) {
+    return DCP_ERROR(ResourceExhausted, "out of memory (the batch is too large for this host)");
+  } catch (const std::exception& e) {
+    return DCP_ERROR(Internal, "unexpected exception: %s", e.what());
+  }
 }
 
 int64_t RoundUp(int64_t value, int64_t multiple) {
@@ -135,19 +150,19 @@ absl::Status Job::Run(int argc, char** argv) {
     }
     bootstrap_ = std::move(bootstrap).value();
   }
-  DCP_RETURN_IF_ERROR(Agree(Configure(argc, argv)));
+  DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return Configure(argc, argv); })));
   if (command_line_.help) {
     if (is_root()) std::fputs(UsageText("dcp_run").c_str(), stdout);
     return absl::OkStatus();
   }
-  DCP_RETURN_IF_ERROR(Agree(LoadWorkload()));
-  DCP_RETURN_IF_ERROR(Agree(FitConfig()));
-  DCP_RETURN_IF_ERROR(Agree(StartGroup()));
+  DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return LoadWorkload(); })));
+  DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return FitConfig(); })));
+  DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return StartGroup(); })));
   if (config_.run.print_plan) return Agree(PrintPlan());
-  if (config_.run.check) DCP_RETURN_IF_ERROR(Agree(StartReference()));
+  if (config_.run.check) DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return StartReference(); })));
   if (is_root() && !config_.run.json) std::fputs(FormatHeader(Describe()).c_str(), stdout);
   for (int index = 0; index < int(batches_.size()); ++index) {
-    DCP_RETURN_IF_ERROR(Agree(RunBatch(index)));
+    DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return RunBatch(index); })));
   }
   if (is_root()) {
     if (config_.run.json) {

@@ -159,8 +159,8 @@ std::string FormatHeader(const RunDescription& run) {
 
 std::string FormatReport(const BatchReport& r, int index, int count) {
   std::string text = absl::StrFormat(
-      "batch %d/%d %s: route %s | %d requests (%d decode, %d prefill), %d tokens, %d context "
-      "rows, %d chunks\n",
+      "batch %d/%d %s: route %s | %d requests (%d decode, %d prefill), %d tokens | dense "
+      "context: %d rows in %d chunks\n",
       index + 1, count, r.label, r.route, r.num_requests, r.num_decodes, r.num_prefills,
       r.num_tokens, r.num_context_rows, r.num_chunks);
   absl::StrAppendFormat(
