@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""The torch peers of dcp_bench, run on the GPU machine (not in CI).
+
+Reads dcp_bench CSVs (--routes: the attention phase of each route; --kernels: the dense_mha
+and sparse_mqa kernels alone) and times the same shapes through torch:
+
+  dense MHA   (bottom-right causal, qk 192 / v 128, bf16):
+              sdpa_cudnn  torch SDPA restricted to the cuDNN backend
+              sdpa_flash  torch SDPA restricted to FlashAttention, v zero-padded to 192 (the
+                          padding is done once, outside the timing; the output is sliced)
+  sparse MQA  (576-wide latent queries over the top-k selected rows, v = first 512 columns):
+              torch_gather_bmm  index the rows, bmm, masked softmax, bmm (in token chunks that
+                                bound the gathered copy to ~1 GiB)
+
+The selected rows follow dcp_bench's deterministic stand-in for the indexer (every causal
+position while position < K, else the token itself and K-1 positions spread evenly before
+it), so both sides do the same work. Writes one CSV: per (source, op, shape, peer) our time,
+the peer's time, both TFLOP/s and speedup_vs_peer = peer_us / ours_us (> 1: we are faster).
+
+  python3 scripts/peer_torch.py --routes out/routes.csv --kernels out/kernels.csv \\
+      --out out/peers.csv
+"""
+
+import argparse
+import csv
+import math
+import os
+import statistics
+import sys
+
+DENSE_PEERS = ("sdpa_cudnn", "sdpa_flash")
+SPARSE_PEERS = ("torch_gather_bmm",)
+OUT_COLUMNS = [
+    "source", "op", "batch", "num_seqs", "query_len", "seq_len", "heads", "topk", "flops",
+    "ours_us", "ours_tflops", "peer", "peer_us", "peer_tflops", "speedup_vs_peer", "status",
+]
+
+
+def fail(message):
+    print(f"peer_torch.py: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def read_csv(path):
+    if not os.path.isfile(path):
+        fail(f"no such file: {path}")
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        fail(f"{path} has no rows")
+    return rows
+
+
+def selected_keys(num_seqs, query_len, seq_len, topk):
+    """Keys attended, summed over the query tokens (each capped at topk)."""
+    context = seq_len - query_len
+    total = 0
+    for i in range(query_len):
+        total += min(context + i + 1, topk)
+    return num_seqs * total
+
+
+def shapes_from_csvs(routes_path, kernels_path, dims):
+    """(source, op, batch, b, q, s, heads, topk, ours_us) for every uniform batch measured."""
+    shapes = []
+    if routes_path:
+        for row in read_csv(routes_path):
+            if row.get("status") != "ok" or row.get("uniform") != "1":
+                continue
+            if row.get("dims") != dims:
+                continue
+            common = (row["batch"], int(row["num_seqs"]), int(row["query_len"]),
+                      int(row["seq_len"]), int(row["heads"]), int(row["topk"]))
+            if row.get("route_auto") == "dense_mha" and row.get("auto_attn_us"):
+                shapes.append(("routes", "dense_mha") + common + (float(row["auto_attn_us"]),))
+            if row.get("mqa_attn_us"):
+                shapes.append(("routes", "sparse_mqa") + common + (float(row["mqa_attn_us"]),))
+    if kernels_path:
+        for row in read_csv(kernels_path):
+            if row.get("kernel") not in ("dense_mha", "sparse_mqa"):
+                continue
+            if row.get("status") != "ok" or row.get("uniform") != "1" or row.get("dims") != dims:
+                continue
+            shapes.append(("kernels", row["kernel"], row["batch"], int(row["num_seqs"]),
+                           int(row["query_len"]), int(row["seq_len"]), int(row["heads"]),
+                           int(row["topk"]), float(row["time_us"])))
+    return shapes
+
+
+class Peers:
+    """Times the torch peers; results cached per (peer, shape)."""
+
+    def __init__(self, torch, warmup, iters, qk, v, latent, rank):
+        self.torch = torch
+        self.warmup, self.iters = warmup, iters
+        self.qk, self.v, self.latent, self.rank = qk, v, latent, rank
+        self.cache = {}
+        self.device = torch.device("cuda")
+
+    def time_us(self, fn):
+        torch = self.torch
+        for _ in range(self.warmup):
+            fn()
+        times = []
+        for _ in range(self.iters):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        return statistics.median(times)
+
+    def dense(self, peer, b, q, s, h):
+        key = (peer, b, q, s, h)
+        if key not in self.cache:
+            self.cache[key] = self._dense(peer, b, q, s, h)
+        return self.cache[key]
+
+    def _dense(self, peer, b, q, s, h):
+        torch = self.torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        import torch.nn.functional as F
+        gen = torch.Generator(device=self.device).manual_seed(1)
+        bf16 = torch.bfloat16
+        query = torch.randn(b, h, q, self.qk, device=self.device, dtype=bf16, generator=gen)
+        key = torch.randn(b, h, s, self.qk, device=self.device, dtype=bf16, generator=gen)
+        value = torch.randn(b, h, s, self.v, device=self.device, dtype=bf16, generator=gen)
+        backend = SDPBackend.CUDNN_ATTENTION
+        if peer == "sdpa_flash":
+            backend = SDPBackend.FLASH_ATTENTION
+            value = F.pad(value, (0, self.qk - self.v))
+        scale = 1.0 / math.sqrt(self.qk)
+        if q == s:
+            mask_kwargs = {"is_causal": True}
+        else:
+            # New tokens after their context: query i sees keys [0, s - q + i].
+            from torch.nn.attention.bias import causal_lower_right
+            mask_kwargs = {"attn_mask": causal_lower_right(q, s)}
+
+        def run():
+            with sdpa_kernel(backend):
+                out = F.scaled_dot_product_attention(query, key, value, scale=scale,
+                                                     **mask_kwargs)
+            return out[..., :self.v]
+
+        try:
+            run()
+            torch.cuda.synchronize()
+        except Exception as error:  # noqa: BLE001 - an unsupported backend/shape is a result
+            if "attn_mask" in mask_kwargs:
+                # Some backends take no CausalBias: fall back to an explicit boolean mask.
+                rows = torch.arange(q, device=self.device)[:, None]
+                cols = torch.arange(s, device=self.device)[None, :]
+                mask_kwargs = {"attn_mask": cols <= rows + (s - q)}
+                try:
+                    run()
+                    torch.cuda.synchronize()
+                except Exception as error2:  # noqa: BLE001
+                    return None, f"unsupported: {str(error2).splitlines()[0][:120]}"
+            else:
+                return None, f"unsupported: {str(error).splitlines()[0][:120]}"
+        return self.time_us(run), "ok"
+
+    def sparse(self, b, q, s, h, topk):
+        key = ("torch_gather_bmm", b, q, s, h, topk)
+        if key not in self.cache:
+            self.cache[key] = self._sparse(b, q, s, h, topk)
+        return self.cache[key]
+
+    def _sparse(self, b, q, s, h, topk):
+        torch = self.torch
+        bf16 = torch.bfloat16
+        gen = torch.Generator(device=self.device).manual_seed(2)
+        tokens = b * q
+        queries = torch.randn(tokens, h, self.latent, device=self.device, dtype=bf16,
+                              generator=gen)
+        cache = torch.randn(b * s, self.latent, device=self.device, dtype=bf16, generator=gen)
+        # Top-k rows of every token, as dcp_bench builds them (FillTopkRow).
+        position = (torch.arange(q, device=self.device) + (s - q)).repeat(b)[:, None]
+        offset = (torch.arange(b, device=self.device) * s).repeat_interleave(q)[:, None]
+        j = torch.arange(topk, device=self.device)[None, :]
+        causal = torch.where(j <= position, j, -1)
+        spread = torch.where(j < topk - 1, (j * position) // max(topk - 1, 1), position)
+        indices = torch.where(position < topk, causal, spread)
+        indices = torch.where(indices >= 0, indices + offset, indices).to(torch.int32)
+        scale = 1.0 / math.sqrt(self.qk)
+        chunk = max(1, min(tokens, (1 << 30) // (topk * self.latent * 2)))
+
+        def run():
+            outs = []
+            for begin in range(0, tokens, chunk):
+                idx = indices[begin:begin + chunk].long()
+                valid = idx >= 0
+                rows = cache[idx.clamp(min=0)]                     # [C, K, 576]
+                scores = torch.bmm(queries[begin:begin + chunk], rows.transpose(1, 2))
+                scores = scores.float().mul_(scale)
+                scores.masked_fill_(~valid[:, None, :], float("-inf"))
+                probs = torch.softmax(scores, dim=-1).to(bf16)       # [C, H, K]
+                outs.append(torch.bmm(probs, rows[..., :self.rank]))  # [C, H, 512]
+            return outs
+
+        try:
+            run()
+            torch.cuda.synchronize()
+        except Exception as error:  # noqa: BLE001 - out of memory is a result here
+            return None, f"error: {str(error).splitlines()[0][:120]}"
+        return self.time_us(run), "ok"
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--routes", help="dcp_bench --mode routes CSV")
+    parser.add_argument("--kernels", help="dcp_bench --mode kernels CSV")
+    parser.add_argument("--out", help="output CSV (default: peers.csv next to the first input)")
+    parser.add_argument("--dims", default="deepseek",
+                        help="only rows of these dims (default deepseek: the kernels the peers "
+                             "model have qk 192 / v 128 / latent 576)")
+    parser.add_argument("-w", "--warmup", type=int, default=2, help="warm-up runs (default 2)")
+    parser.add_argument("-n", "--iters", type=int, default=10, help="timed runs (default 10)")
+    parser.add_argument("--max-tokens", type=int, default=32768,
+                        help="skip shapes with more query tokens (default 32768)")
+    args = parser.parse_args()
+    if not args.routes and not args.kernels:
+        parser.error("give --routes and/or --kernels (dcp_bench CSVs)")
+    for path in (args.routes, args.kernels):
+        if path and not os.path.isfile(path):
+            fail(f"no such file: {path}")
+    out_path = args.out or os.path.join(
+        os.path.dirname(os.path.abspath(args.routes or args.kernels)), "peers.csv")
+
+    shapes = shapes_from_csvs(args.routes, args.kernels, args.dims)
+    if not shapes:
+        fail(f"no measured uniform batch of dims '{args.dims}' in the input CSVs")
+    try:
+        import torch
+    except ImportError:
+        fail("torch is not installed (pip install torch; the peers need a CUDA GPU)")
+    if not torch.cuda.is_available():
+        fail("torch sees no CUDA device")
+    # DeepSeek-V3.2: qk = Dn + Dr = 192, v = 128, latent = R + Dr = 576, R = 512.
+    peers = Peers(torch, args.warmup, args.iters, qk=192, v=128, latent=576, rank=512)
+    print(f"# peer_torch: torch {torch.__version__}, {torch.cuda.get_device_name()}, "
+          f"{len(shapes)} shapes", flush=True)
+
+    results = []
+    for source, op, batch, b, q, s, h, topk, ours_us in shapes:
+        if b * q > args.max_tokens:
+            continue
+        if op == "dense_mha":
+            flops = 2.0 * h * (192 + 128) * selected_keys(b, q, s, 1 << 62)
+            runs = [(peer, peers.dense(peer, b, q, s, h)) for peer in DENSE_PEERS]
+        else:
+            flops = 2.0 * h * (576 + 512) * selected_keys(b, q, s, topk)
+            runs = [("torch_gather_bmm", peers.sparse(b, q, s, h, topk))]
+        for peer, (peer_us, status) in runs:
+            row = {
+                "source": source, "op": op, "batch": batch, "num_seqs": b, "query_len": q,
+                "seq_len": s, "heads": h, "topk": topk, "flops": f"{flops:.6g}",
+                "ours_us": f"{ours_us:.6g}", "ours_tflops": f"{flops / ours_us * 1e-6:.4g}",
+                "peer": peer, "peer_us": "", "peer_tflops": "", "speedup_vs_peer": "",
+                "status": status,
+            }
+            if peer_us:
+                row["peer_us"] = f"{peer_us:.6g}"
+                row["peer_tflops"] = f"{flops / peer_us * 1e-6:.4g}"
+                row["speedup_vs_peer"] = f"{peer_us / ours_us:.3f}"
+            results.append(row)
+            print(f"{source:8s} {op:10s} {batch:>10s} h{h:<4d} ours {ours_us:10.1f} us  "
+                  f"{peer:16s} {row['peer_us'] or '-':>10s} us  x{row['speedup_vs_peer'] or '-'}"
+                  f"  {status}", flush=True)
+        torch.cuda.empty_cache()
+
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    with open(out_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=OUT_COLUMNS)
+        writer.writeheader()
+        writer.writerows(results)
+    print(f"# wrote {out_path} ({len(results)} rows)")
+
+
+if __name__ == "__main__":
+    main()
