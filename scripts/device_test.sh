@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 out="${OUT:-/tmp/dcp-device-out}"
 mkdir -p "$out"
-stages="${DCP_STAGES:-build test sanitize bench run}"
+stages="${DCP_STAGES:-build test sanitize bench run}"  # also: worker
 jobs="${DCP_JOBS:-$(nproc)}"
 build="$root/build-gpu"
 prefix=/tmp/dcp-prefix
@@ -145,7 +145,7 @@ if has_stage run; then
       [ -n "$np" ] || continue
       log="$out/one_dcp_run.log"
       timeout 150 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np" \
-          "$run" --device cuda --comm "$comm" --combine "$combine" --model deepseek_v32 \
+          </dev/null "$run" --device cuda --comm "$comm" --combine "$combine" --model deepseek_v32 \
           --num_heads 128 --index_topk 2048 --batch "$batch" --check >"$log" 2>&1
       code=$?
       note "dcp_run np $np --comm $comm --combine $combine: exit $code | $(grep -iE 'check|error|relative|route' "$log" | tail -4 | tr '\n' ' ' | cut -c1-500)"
@@ -162,6 +162,31 @@ ${DCP_RUNS:-1 nccl ag_rs
 EOF_RUNS
   else
     note "dcp_run: not built"
+  fi
+fi
+
+# 7. The worker's multi-rank equivalence suite on CUDA ranks, repeated (fresh random batches each
+# time), with new device buffers poisoned (NaN) so that reads of unwritten memory show.
+if has_stage worker; then
+  echo "== worker on CUDA ranks, repeated ($(elapsed))"
+  exe="$build/tests/multirank/worker_multirank_test"
+  if [ -x "$exe" ]; then
+    for np in ${DCP_WORKER_NPS:-1 2 4}; do
+      for poison in 0 1; do
+        for rep in $(seq "${DCP_WORKER_REPS:-2}"); do
+          log="$out/one_worker_run.log"
+          DCP_TEST_DEVICE=cuda DCP_CUDA_POISON_ALLOCATIONS=$poison timeout 120 mpirun \
+              --allow-run-as-root --oversubscribe --bind-to none -np "$np" </dev/null "$exe" \
+              --gtest_color=no ${DCP_WORKER_FILTER:+--gtest_filter=$DCP_WORKER_FILTER} >"$log" 2>&1
+          code=$?
+          note "worker np $np poison $poison rep $rep: exit $code $(grep -E '^\[  FAILED  \]|exceeds|evaluates to|out token|lse token|I [0-9]+ combine|seed|NaN|nan' "$log" | head -8 | tr '\n' ' ' | cut -c1-700)"
+          { echo "=== worker np $np poison $poison rep $rep (exit $code)"; cat "$log"; } >>"$out/worker.log"
+          rm -f "$log"
+        done
+      done
+    done
+  else
+    note "worker: worker_multirank_test not built"
   fi
 fi
 

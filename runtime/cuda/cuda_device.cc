@@ -77,6 +77,21 @@ absl::StatusOr<Buffer> CudaDevice::Allocate(size_t bytes) {
                      "cudaMalloc(%d bytes) on %s failed: %s (%d of %d bytes free)", bytes, name(),
                      cudaGetErrorString(code), free_bytes, total_bytes);
   }
+  // Debugging aid: DCP_CUDA_POISON_ALLOCATIONS=1 fills new buffers with 0xFF bytes (NaN for
+  // fp32 and bf16, -1 for int32), so a read of memory nothing wrote shows up as NaN instead of
+  // a stale value recycled from an earlier allocation.
+  static const bool poison = [] {
+    const char* value = std::getenv("DCP_CUDA_POISON_ALLOCATIONS");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  if (poison) {
+    if (absl::Status filled = CudaCodeToStatus(cudaMemsetAsync(data, 0xFF, bytes, stream_),
+                                               "cudaMemsetAsync(poison)", __FILE__, __LINE__);
+        !filled.ok()) {
+      cudaFree(data);
+      return filled;
+    }
+  }
   return Buffer(this, data, bytes);
 }
 

@@ -1,6 +1,8 @@
 // CudaDevice: a rank's Device on one NVIDIA GPU (runtime/device.h).
 //
-// - Memory: cudaMalloc'd buffers (never managed memory); Free is cudaFree.
+// - Memory: cudaMalloc'd buffers (never managed memory); Free is cudaFree. Contents of a new
+//   buffer are whatever cudaMalloc recycled (often an earlier buffer's data, not zeros); set
+//   DCP_CUDA_POISON_ALLOCATIONS=1 to fill new buffers with 0xFF (NaN) while debugging.
 // - One stream per device, created *blocking* (cudaStreamDefault) on purpose: work on the legacy
 //   default stream (stream 0, what the communicators of collectives/cuda use unless given this
 //   stream) is then ordered with it both ways, so kernels and collectives never race.
