@@ -220,6 +220,8 @@ def main():
                              "model have qk 192 / v 128 / latent 576)")
     parser.add_argument("-w", "--warmup", type=int, default=2, help="warm-up runs (default 2)")
     parser.add_argument("-n", "--iters", type=int, default=10, help="timed runs (default 10)")
+    parser.add_argument("--heads", default="",
+                        help="only these per-rank head counts, e.g. 128 or 16,128 (default all)")
     parser.add_argument("--max-tokens", type=int, default=32768,
                         help="skip shapes with more query tokens (default 32768)")
     args = parser.parse_args()
@@ -232,6 +234,12 @@ def main():
         os.path.dirname(os.path.abspath(args.routes or args.kernels)), "peers.csv")
 
     shapes = shapes_from_csvs(args.routes, args.kernels, args.dims)
+    if args.heads:
+        try:
+            wanted = {int(h) for h in args.heads.split(",") if h}
+        except ValueError:
+            fail(f"--heads: '{args.heads}' is not a list of integers")
+        shapes = [shape for shape in shapes if shape[6] in wanted]
     if not shapes:
         fail(f"no measured uniform batch of dims '{args.dims}' in the input CSVs")
     try:

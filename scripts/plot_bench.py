@@ -8,8 +8,10 @@
   --kernels kernels.csv -> kernels_tflops.png: our attention and GEMM TFLOP/s per shape with
                            the GEMM ceiling of the same run; kernels_gbps.png: the memory-bound
                            kernels' GB/s over the size sweep with the copy ceiling.
-  --peers peers.csv     -> peers_tflops.png: our TFLOP/s against each torch peer per shape
-                           (scripts/peer_torch.py output).
+  --peers peers.csv     -> peers_dense_mha.png, peers_sparse_mqa.png: our TFLOP/s against each
+                           torch peer per shape (scripts/peer_torch.py output).
+  --targets FILE        -> where each target of issue 7 stands, as a Markdown table (FILE and
+                           stdout), from whichever CSVs are given.
 
   python3 scripts/plot_bench.py --routes out/routes.csv --kernels out/kernels.csv \\
       --peers out/peers.csv
@@ -231,12 +233,98 @@ def plot_peers(plt, path):
     return written
 
 
+def human_bytes(text):
+    value = number(text) or 0
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if value >= 1 << shift:
+            return f"{value / (1 << shift):.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def summarize(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    return values[0], values[len(values) // 2], values[-1]
+
+
+def target_rows(routes, kernels, peers):
+    """(target, measured, status) for the four targets of issue 7."""
+    rows = []
+    if peers is not None:
+        for op, peer, goal, name in (
+                ("dense_mha", "sdpa_cudnn", 1.0,
+                 "dense MHA at least as fast as torch cuDNN SDPA on every routes shape"),
+                ("sparse_mqa", "torch_gather_bmm", 4.0,
+                 "sparse MQA at least 4x torch gather + bmm")):
+            for source in ("routes", "kernels"):
+                selected = [r for r in peers if r["op"] == op and r["peer"] == peer
+                            and r["source"] == source and number(r["speedup_vs_peer"])]
+                stats = summarize(number(r["speedup_vs_peer"]) for r in selected)
+                if stats is None:
+                    continue
+                worst = min(selected, key=lambda r: number(r["speedup_vs_peer"]))
+                below = sum(1 for r in selected if number(r["speedup_vs_peer"]) < goal)
+                best_tflops = max(number(r["ours_tflops"]) or 0 for r in selected)
+                rows.append((
+                    f"{name} ({source})",
+                    f"{len(selected)} shapes: ours/peer speed min {stats[0]:.2f}x, median "
+                    f"{stats[1]:.2f}x, max {stats[2]:.2f}x; worst {worst['batch']} "
+                    f"h{worst['heads']}; best {best_tflops:.0f} TFLOP/s",
+                    "met" if below == 0 else f"not met ({below} shapes below {goal:g}x)"))
+    if kernels is not None:
+        copy = next((number(r["gbps"]) for r in kernels
+                     if r["kernel"] == "copy_ceiling" and r["status"] == "ok"), None)
+        sweep = [r for r in kernels if r["status"] == "ok" and number(r.get("size_bytes"))
+                 and r["kernel"] in ("gather_rows", "scatter_rows", "merge_states",
+                                     "dcp_correct", "dcp_combine")]
+        if copy and sweep:
+            # Each kernel at its largest size of the sweep (row kernels round to whole rows).
+            largest = {}
+            for r in sweep:
+                if r["kernel"] not in largest or \
+                        number(r["size_bytes"]) > number(largest[r["kernel"]]["size_bytes"]):
+                    largest[r["kernel"]] = r
+            parts = [f"{k} {number(r['ceiling_pct']):.0f}% at {human_bytes(r['size_bytes'])}"
+                     for k, r in sorted(largest.items())]
+            below = [r for r in largest.values() if number(r["ceiling_pct"]) < 80]
+            rows.append((
+                "workspace fill and combine kernels at least 80% of the copy bandwidth",
+                f"copy {copy:.0f} GB/s; " + ", ".join(parts),
+                "met" if not below else f"not met ({len(below)} kernels below 80%)"))
+    if routes is not None:
+        dense = [r for r in routes if r["status"] == "ok" and r["route_auto"] == "dense_mha"
+                 and number(r["speedup_mqa_over_auto"]) is not None]
+        if dense:
+            slower = [r for r in dense if number(r["speedup_mqa_over_auto"]) < 1.0]
+            stats = summarize(number(r["speedup_mqa_over_auto"]) for r in dense)
+            worst = min(dense, key=lambda r: number(r["speedup_mqa_over_auto"]))
+            rows.append((
+                "dense MHA route faster than sparse MQA for every prefill batch, seq_len <= K",
+                f"{len(dense)} batches: t_mqa/t_dense min {stats[0]:.2f} ({worst['batch']} "
+                f"h{worst['heads']}), median {stats[1]:.2f}, max {stats[2]:.2f}",
+                "met" if not slower else f"not met ({len(slower)} batches where MQA wins)"))
+    return rows
+
+
+def write_targets(path, routes, kernels, peers):
+    lines = ["| target (issue 7) | measured | status |", "|---|---|---|"]
+    for target, measured, status in target_rows(routes, kernels, peers):
+        lines.append(f"| {target} | {measured} | {status} |")
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--routes", help="dcp_bench --mode routes CSV")
     parser.add_argument("--kernels", help="dcp_bench --mode kernels CSV")
     parser.add_argument("--peers", help="scripts/peer_torch.py CSV")
+    parser.add_argument("--targets", help="write where each target stands (Markdown) here")
     args = parser.parse_args()
     if not (args.routes or args.kernels or args.peers):
         parser.error("give at least one of --routes, --kernels, --peers")
@@ -257,6 +345,14 @@ def main():
         written += plot_kernels(plt, args.kernels)
     if args.peers:
         written += plot_peers(plt, args.peers)
+    if args.targets:
+        routes = read_csv(args.routes, ["route_auto", "speedup_mqa_over_auto"]) \
+            if args.routes else None
+        kernels = read_csv(args.kernels, ["kernel", "gbps", "ceiling_pct", "size_bytes"]) \
+            if args.kernels else None
+        peers = read_csv(args.peers, ["op", "peer", "source", "speedup_vs_peer"]) \
+            if args.peers else None
+        written.append(write_targets(args.targets, routes, kernels, peers))
     for path in written:
         print(f"plot_bench.py: wrote {path}")
     if not written:

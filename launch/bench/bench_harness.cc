@@ -20,6 +20,19 @@ std::vector<std::string> BenchEnv::MetaCells() const {
           options.dims};
 }
 
+absl::Status BenchEnv::Stream(ResultTable* table, const std::string& suffix) const {
+  if (!root()) return absl::OkStatus();
+  const std::string path = options.csv.empty() ? "" : CsvPath(options.csv, suffix);
+  return table->StreamTo(stderr, path, suffix.empty() ? mode_name(options.mode) : suffix);
+}
+
+std::string CsvPath(const std::string& csv, const std::string& suffix) {
+  if (suffix.empty()) return csv;
+  const bool has_extension = csv.size() > 4 && csv.compare(csv.size() - 4, 4, ".csv") == 0;
+  const std::string stem = has_extension ? csv.substr(0, csv.size() - 4) : csv;
+  return stem + "_" + suffix + ".csv";
+}
+
 absl::StatusOr<ModelDims> DimsByName(const std::string& name) {
   if (name == "deepseek") return ModelDims::DeepSeekV32();
   if (name == "small") return ModelDims{};

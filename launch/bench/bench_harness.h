@@ -32,7 +32,14 @@ struct BenchEnv {
   // The CSV metadata columns every mode starts with, and their values.
   std::vector<Column> MetaColumns() const;
   std::vector<std::string> MetaCells() const;
+  // On rank 0: rows of `table` are printed to stderr as they come and streamed to the CSV of
+  // `suffix` (csv_path), so a run cut short keeps what it measured. Elsewhere nothing.
+  absl::Status Stream(ResultTable* table, const std::string& suffix) const;
 };
+
+// The CSV of a table: --csv FILE for the main table (suffix ""), else FILE's stem + "_" +
+// suffix + ".csv" ("out/routes.csv" + "crossover" -> "out/routes_crossover.csv").
+std::string CsvPath(const std::string& csv, const std::string& suffix);
 
 // The model dimensions named by --dims.
 absl::StatusOr<ModelDims> DimsByName(const std::string& name);

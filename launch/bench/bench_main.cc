@@ -24,14 +24,6 @@ namespace {
 
 constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2;
 
-// "out/routes.csv" + "crossover" -> "out/routes_crossover.csv".
-std::string CsvPath(const std::string& path, const std::string& suffix) {
-  if (suffix.empty()) return path;
-  const bool has_extension = path.size() > 4 && path.compare(path.size() - 4, 4, ".csv") == 0;
-  const std::string stem = has_extension ? path.substr(0, path.size() - 4) : path;
-  return absl::StrCat(stem, "_", suffix, ".csv");
-}
-
 // One line per rank, gathered to rank 0: where each rank runs.
 absl::Status PrintRanks(const BenchEnv& env) {
   constexpr int kLine = 160;

@@ -41,6 +41,9 @@ class CollectiveBench {
  public:
   explicit CollectiveBench(BenchEnv& env) : env_(env), table_(Columns(env)) {}
 
+  // Rows go to stderr and the CSV as they are measured (BenchEnv::Stream).
+  absl::Status Start() { return AgreeOnStatus(*env_.bootstrap, env_.Stream(&table_, "")); }
+
   // Times the pipeline's steps; rows[0] is the whole pipeline, rows[1..] its steps.
   // `check` runs after the timing (setup + steps once more) and returns this rank's #wrong.
   absl::Status Run(const std::string& pipeline, const std::vector<StepRow>& rows,
@@ -331,6 +334,7 @@ ModeResult CollectiveBench::Finish() {
 
 absl::StatusOr<ModeResult> RunCollectives(BenchEnv& env) {
   CollectiveBench bench(env);
+  DCP_RETURN_IF_ERROR(bench.Start());
   const int world = env.world_size;
   const int64_t row_bytes =
       env.dims.latent_width() * int64_t(dtype_size(env.device->storage_dtype()));

@@ -42,6 +42,9 @@ class KernelBench {
  public:
   explicit KernelBench(BenchEnv& env) : env_(env), table_(Columns(env)) {}
 
+  // Rows go to stderr and the CSV as they are measured (BenchEnv::Stream).
+  absl::Status Start() { return AgreeOnStatus(*env_.bootstrap, env_.Stream(&table_, "")); }
+
   // Times `run`; then, when `check` is given and -c 1, runs setup + run once more and counts
   // wrong elements. `prepared`: this rank's status of allocating the inputs (agreed here).
   absl::Status Measure(const KernelRow& row, const absl::Status& prepared, const Step& setup,
@@ -397,6 +400,7 @@ absl::StatusOr<ModeResult> RunKernels(BenchEnv& env) {
     shapes.push_back(std::move(shape));
   }
   KernelBench bench(env);
+  DCP_RETURN_IF_ERROR(bench.Start());
   DCP_RETURN_IF_ERROR(bench.MeasureCeilings());
   for (const BatchShape& shape : shapes) {
     if (shape.num_tokens > o.max_tokens) continue;

@@ -31,7 +31,46 @@ void ResultTable::AddRow(std::vector<std::string> cells) {
                  cells.size(), columns_.size());
     std::abort();
   }
+  if (progress_ != nullptr) {
+    std::string line = "dcp_bench: [" + label_ + "]";
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      if (!columns_[c].header.empty()) line += " " + cells[c];
+    }
+    std::fprintf(progress_, "%s\n", line.c_str());
+    std::fflush(progress_);
+  }
+  if (stream_) {
+    WriteCsvRow(*stream_, cells);
+    stream_->flush();
+  }
   rows_.push_back(std::move(cells));
+}
+
+absl::Status ResultTable::StreamTo(std::FILE* progress, const std::string& csv_path,
+                                   const std::string& label) {
+  progress_ = progress;
+  label_ = label;
+  stream_.reset();
+  if (csv_path.empty()) return absl::OkStatus();
+  const std::filesystem::path parent = std::filesystem::path(csv_path).parent_path();
+  std::error_code error;
+  if (!parent.empty()) std::filesystem::create_directories(parent, error);
+  auto file = std::make_unique<std::ofstream>(csv_path, std::ios::trunc);
+  if (!*file) return DCP_ERROR(FailedPrecondition, "cannot open '%s' for writing", csv_path);
+  std::vector<std::string> header;
+  for (const Column& column : columns_) header.push_back(column.csv_name);
+  WriteCsvRow(*file, header);
+  file->flush();
+  stream_ = std::move(file);
+  return absl::OkStatus();
+}
+
+void ResultTable::WriteCsvRow(std::ostream& out, const std::vector<std::string>& cells) const {
+  for (size_t c = 0; c < cells.size(); ++c) {
+    // "-" means not applicable: an empty CSV field reads as missing in pandas.
+    out << (c ? "," : "") << (cells[c] == "-" ? "" : CsvCell(cells[c]));
+  }
+  out << "\n";
 }
 
 void ResultTable::Print(std::FILE* out) const {
@@ -69,17 +108,10 @@ absl::Status ResultTable::WriteCsv(const std::string& path) const {
   if (!parent.empty()) std::filesystem::create_directories(parent, error);
   std::ofstream file(path, std::ios::trunc);
   if (!file) return DCP_ERROR(FailedPrecondition, "cannot open '%s' for writing", path);
-  for (size_t c = 0; c < columns_.size(); ++c) {
-    file << (c ? "," : "") << CsvCell(columns_[c].csv_name);
-  }
-  file << "\n";
-  for (const auto& row : rows_) {
-    for (size_t c = 0; c < row.size(); ++c) {
-      // "-" means not applicable: an empty CSV field reads as missing in pandas.
-      file << (c ? "," : "") << (row[c] == "-" ? "" : CsvCell(row[c]));
-    }
-    file << "\n";
-  }
+  std::vector<std::string> header;
+  for (const Column& column : columns_) header.push_back(column.csv_name);
+  WriteCsvRow(file, header);
+  for (const auto& row : rows_) WriteCsvRow(file, row);
   file.close();
   if (!file) return DCP_ERROR(DataLoss, "writing '%s' failed", path);
   return absl::OkStatus();

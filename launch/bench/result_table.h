@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdio>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,11 +28,21 @@ class ResultTable {
   void AddNote(std::string note) { notes_.push_back(std::move(note)); }
   bool empty() const { return rows_.empty(); }
 
+  // From now on, each added row is also printed to `progress` (its table cells, one line;
+  // may be null) and appended to the CSV at `csv_path` (may be empty), flushed at once, so a
+  // run cut short still leaves the rows it measured.
+  absl::Status StreamTo(std::FILE* progress, const std::string& csv_path, const std::string& label);
+
   void Print(std::FILE* out) const;
   absl::Status WriteCsv(const std::string& path) const;
 
  private:
+  void WriteCsvRow(std::ostream& out, const std::vector<std::string>& cells) const;
+
   std::vector<Column> columns_;
+  std::FILE* progress_ = nullptr;
+  std::string label_;
+  std::unique_ptr<std::ofstream> stream_;
   std::vector<std::vector<std::string>> rows_;
   std::vector<std::string> notes_;
 };
