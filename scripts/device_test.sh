@@ -57,6 +57,9 @@ if ! find /usr /usr/local -path '*cmake/GTest/GTestConfig.cmake' 2>/dev/null | g
   for deb in .debs/fallback/*.deb; do dpkg -x "$deb" "$prefix"; done
 fi
 export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Also in the environment: tests that configure projects of their own (the installed-package
+# consumer test) must find the same packages.
+export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 
 # 2. Configure and build.
 if has_stage build; then
