@@ -134,8 +134,14 @@ class Peers:
         scale = 1.0 / math.sqrt(self.qk)
         if q == s:
             mask_kwargs = {"is_causal": True}
+        elif peer == "sdpa_cudnn":
+            # New tokens after their context: query i sees keys [0, s - q + i]. An explicit
+            # mask keeps SDPA on cuDNN (a CausalBias would dispatch to another backend).
+            rows = torch.arange(q, device=self.device)[:, None]
+            cols = torch.arange(s, device=self.device)[None, :]
+            mask_kwargs = {"attn_mask": cols <= rows + (s - q)}
         else:
-            # New tokens after their context: query i sees keys [0, s - q + i].
+            # FlashAttention's causal mask is bottom-right aligned: CausalBias dispatches to it.
             from torch.nn.attention.bias import causal_lower_right
             mask_kwargs = {"attn_mask": causal_lower_right(q, s)}
 
@@ -149,18 +155,7 @@ class Peers:
             run()
             torch.cuda.synchronize()
         except Exception as error:  # noqa: BLE001 - an unsupported backend/shape is a result
-            if "attn_mask" in mask_kwargs:
-                # Some backends take no CausalBias: fall back to an explicit boolean mask.
-                rows = torch.arange(q, device=self.device)[:, None]
-                cols = torch.arange(s, device=self.device)[None, :]
-                mask_kwargs = {"attn_mask": cols <= rows + (s - q)}
-                try:
-                    run()
-                    torch.cuda.synchronize()
-                except Exception as error2:  # noqa: BLE001
-                    return None, f"unsupported: {str(error2).splitlines()[0][:120]}"
-            else:
-                return None, f"unsupported: {str(error).splitlines()[0][:120]}"
+            return None, f"unsupported: {str(error).splitlines()[0][:120]}"
         return self.time_us(run), "ok"
 
     def sparse(self, b, q, s, h, topk):
