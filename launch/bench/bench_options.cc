@@ -4,6 +4,7 @@
 #include <functional>
 #include <limits>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -342,7 +343,18 @@ std::string BenchUsage(const char* program) {
                             ? absl::StrCat(flag.short_name, ", --", flag.long_name)
                             : absl::StrCat("    --", flag.long_name);
     if (flag.value_name != nullptr) absl::StrAppend(&names, " ", flag.value_name);
-    absl::StrAppendFormat(&text, "  %-40s %s\n", names, flag.help);
+    // The help wrapped at 100 columns, continuation lines under its first word.
+    constexpr size_t kIndent = 43, kWidth = 100;
+    std::string line = absl::StrFormat("  %-40s ", names);
+    for (absl::string_view word : absl::StrSplit(flag.help, ' ', absl::SkipEmpty())) {
+      if (line.size() > kIndent && line.size() + word.size() > kWidth) {
+        absl::StrAppend(&text, absl::StripTrailingAsciiWhitespace(line), "\n");
+        line = std::string(kIndent, ' ');
+      }
+      absl::StrAppend(&line, word, " ");
+    }
+    line.pop_back();
+    absl::StrAppend(&text, line, "\n");
   }
   return text;
 }
