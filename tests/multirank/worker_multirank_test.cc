@@ -298,14 +298,19 @@ RankRun RunRank(MpiCommunicator& mpi, const Scenario& s, const Dims& d, const Pr
   return run;
 }
 
-// Every value of this rank's heads against the reference; NaN never passes.
+// Every value of this rank's heads against the reference; NaN never passes. The output
+// tolerance is relative to max(1, RMS of the reference output): with bf16 storage (CUDA ranks)
+// a 576-wide logit carries an absolute rounding error that a near-zero output entry does not
+// shrink, so a purely elementwise relative bound would be wrong there.
 void ExpectMatchesReference(const RankRun& run, const Problem& p, const Dims& d, int world,
                             int rank) {
   ASSERT_TRUE(run.status.ok()) << run.status;
   const reference::MlaResult ref = reference::ReferenceAttention(p.whole);
   const int hl = d.heads / world;
   const int64_t t = p.token_begin.back();
-  double worst = 0;
+  double sum_squares = 0;
+  for (double v : ref.out) sum_squares += v * v;
+  const double scale = std::max(1.0, std::sqrt(sum_squares / std::max<size_t>(1, ref.out.size())));
   for (int64_t token = 0; token < t; ++token) {
     for (int hh = 0; hh < hl; ++hh) {
       const int h = rank * hl + hh;
@@ -322,9 +327,9 @@ void ExpectMatchesReference(const RankRun& run, const Problem& p, const Dims& d,
         const double want = ref.out[(token * d.heads + h) * d.dv + c];
         const float got = run.out[(token * hl + hh) * d.dv + c];
         ASSERT_FALSE(std::isnan(got)) << "token " << token << " head " << h << " c " << c;
-        worst = std::max(worst, std::abs(got - want));
-        ASSERT_NEAR(got, want, Tolerance() * (1 + std::abs(want)))
-            << "out token " << token << " head " << h << " c " << c;
+        ASSERT_NEAR(got, want, Tolerance() * (scale + std::abs(want)))
+            << "out token " << token << " head " << h << " c " << c << " (output RMS " << scale
+            << ")";
       }
     }
   }
