@@ -76,6 +76,7 @@ if [ ! -d "$prefix/usr" ]; then
   fi
 fi
 export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 build="${DCP_BUILD_DIR:-}"
 if [ -z "$build" ]; then
   for dir in build-gpu build-device; do
