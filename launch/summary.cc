@@ -44,6 +44,10 @@ nlohmann::json ReportJson(const BatchReport& r) {
                          {"collectives",
                           {{"all_gather_bytes_per_rank", r.all_gather_bytes},
                            {"combine_bytes_per_rank", r.combine_bytes},
+                           {"all_gather_s", r.all_gather_comm_s},
+                           {"combine_s", r.combine_comm_s},
+                           {"all_gather_gb_per_s", r.all_gather_gbps},
+                           {"combine_gb_per_s", r.combine_gbps},
                            {"gb_per_s", r.collective_gbps}}},
                          {"flops", r.flops},
                          {"gflop_per_s", r.gflops_per_s}};
@@ -70,6 +74,8 @@ void StatsAccumulator::Add(const ForwardStats& s) {
   sum_.up_projection_s += s.up_projection_s;
   sum_.attention_s += s.attention_s;
   sum_.combine_s += s.combine_s;
+  sum_.all_gather_comm_s += s.all_gather_comm_s;
+  sum_.combine_comm_s += s.combine_comm_s;
   sum_.total_s += s.total_s;
   sum_.all_gather_bytes += s.all_gather_bytes;
   sum_.combine_bytes += s.combine_bytes;
@@ -87,6 +93,8 @@ ForwardStats StatsAccumulator::Mean() const {
   mean.up_projection_s = sum_.up_projection_s / n;
   mean.attention_s = sum_.attention_s / n;
   mean.combine_s = sum_.combine_s / n;
+  mean.all_gather_comm_s = sum_.all_gather_comm_s / n;
+  mean.combine_comm_s = sum_.combine_comm_s / n;
   mean.total_s = sum_.total_s / n;
   mean.all_gather_bytes = static_cast<int64_t>(double(sum_.all_gather_bytes) / n);
   mean.combine_bytes = static_cast<int64_t>(double(sum_.combine_bytes) / n);
@@ -106,7 +114,9 @@ absl::StatusOr<BatchReport> ReduceStats(Communicator& comm, const ForwardStats& 
                          mean.total_s,
                          double(mean.all_gather_bytes),
                          double(mean.combine_bytes),
-                         mean.flops};
+                         mean.flops,
+                         mean.all_gather_comm_s,
+                         mean.combine_comm_s};
   constexpr int kCount = sizeof(mine) / sizeof(mine[0]);
   std::vector<std::vector<double>> all(kCount, std::vector<double>(world));
   std::vector<int64_t> bits(world);
@@ -138,9 +148,13 @@ absl::StatusOr<BatchReport> ReduceStats(Communicator& comm, const ForwardStats& 
   report.total_s = max_of(6);
   report.all_gather_bytes = sum_of(7) / world;
   report.combine_bytes = sum_of(8) / world;
-  report.collective_gbps =
-      Rate(report.all_gather_bytes + report.combine_bytes, report.gather_s + report.combine_s) /
-      1e9;
+  report.all_gather_comm_s = max_of(10);
+  report.combine_comm_s = max_of(11);
+  report.all_gather_gbps = Rate(report.all_gather_bytes, report.all_gather_comm_s) / 1e9;
+  report.combine_gbps = Rate(report.combine_bytes, report.combine_comm_s) / 1e9;
+  report.collective_gbps = Rate(report.all_gather_bytes + report.combine_bytes,
+                                report.all_gather_comm_s + report.combine_comm_s) /
+                           1e9;
   report.flops = sum_of(9);
   report.gflops_per_s = Rate(report.flops, report.total_s) / 1e9;
   return report;
@@ -170,9 +184,10 @@ std::string FormatReport(const BatchReport& r, int index, int count) {
       r.iters, Ms(r.total_s), Ms(r.plan_s), Ms(r.cache_write_s), Ms(r.gather_s),
       Ms(r.up_projection_s), Ms(r.attention_s), Ms(r.combine_s));
   absl::StrAppendFormat(&text,
-                        "  collectives per rank: all-gather %s, combine %s, %.2f GB/s over the "
-                        "gather and combine phases | group %.2f GFLOP/s\n",
-                        Bytes(r.all_gather_bytes), Bytes(r.combine_bytes), r.collective_gbps,
+                        "  collectives per rank: all-gather %s in %s ms (%.2f GB/s), combine %s "
+                        "in %s ms (%.2f GB/s) | group %.2f GFLOP/s\n",
+                        Bytes(r.all_gather_bytes), Ms(r.all_gather_comm_s), r.all_gather_gbps,
+                        Bytes(r.combine_bytes), Ms(r.combine_comm_s), r.combine_gbps,
                         r.gflops_per_s);
   if (r.check.has_value()) {
     const CheckResult& c = *r.check;

@@ -42,7 +42,9 @@ struct BatchReport {
   double all_gather_bytes = 0, combine_bytes = 0;  // per rank per iteration (rank mean)
   // Both collectives' bytes over the time of the phases they run in (gather + combine):
   // ForwardStats does not time the collectives alone.
-  double collective_gbps = 0;
+  double collective_gbps = 0;  // both collectives' bytes over their own time
+  double all_gather_comm_s = 0, combine_comm_s = 0;
+  double all_gather_gbps = 0, combine_gbps = 0;
   double flops = 0;  // whole group, per iteration
   double gflops_per_s = 0;
   std::optional<CheckResult> check;

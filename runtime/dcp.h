@@ -82,7 +82,11 @@ struct ForwardStats {
   int64_t num_tokens = 0, num_context_rows = 0;
   double plan_s = 0, cache_write_s = 0, gather_s = 0, up_projection_s = 0, attention_s = 0,
          combine_s = 0, total_s = 0;
-  int64_t all_gather_bytes = 0, combine_bytes = 0;  // sent + received by this rank
+  // Time inside the collectives alone (within gather_s / combine_s), and the bytes they moved
+  // through this rank (sent + received): the all-gathers of q' and of the workspace, and the
+  // combine's all-gather/reduce-scatter or all-to-alls.
+  double all_gather_comm_s = 0, combine_comm_s = 0;
+  int64_t all_gather_bytes = 0, combine_bytes = 0;
   double flops = 0;  // attention + projection FLOPs of this rank
 };
 

@@ -408,7 +408,8 @@ absl::Status Worker::RunSparseMqa(const Plan& plan, const BatchInputs& inputs,
   DCP_ASSIGN_OR_RETURN(void* q_all, scratch(kQAll, q_latent_count * world * element_));
   DCP_RETURN_IF_ERROR(comm_.AllGather(q_latent, q_all, q_latent_count, storage_));
   stats_.all_gather_bytes += int64_t(q_latent_count) * element_ * world;
-  stats_.combine_s += Seconds(start);
+  stats_.all_gather_comm_s += Seconds(start);
+  stats_.gather_s += Seconds(start);
 
   // Local sparse MQA of every rank's heads over this rank's keys: partial [W, tx, Hl, R].
   start = Clock::now();
@@ -456,7 +457,9 @@ absl::Status Worker::RunSparseMqa(const Plan& plan, const BatchInputs& inputs,
   } else if (options_.dcp.combine == CombineBackend::kAllGatherReduceScatter) {
     DCP_ASSIGN_OR_RETURN(void* lse_all, scratch(kLseAll, lse_count * world * world * 4));
     DCP_ASSIGN_OR_RETURN(void* lse_total, scratch(kLseTotal, lse_count * world * 4));
+    auto comm_start = Clock::now();
     DCP_RETURN_IF_ERROR(comm_.AllGather(lse_part, lse_all, lse_count * world, DType::kF32));
+    stats_.combine_comm_s += Seconds(comm_start);
     DcpCorrectParams correct;
     correct.out = partial;
     correct.lse_all = static_cast<const float*>(lse_all);
@@ -467,7 +470,9 @@ absl::Status Worker::RunSparseMqa(const Plan& plan, const BatchInputs& inputs,
     correct.num_heads = hl;
     correct.dim = r;
     DCP_RETURN_IF_ERROR(device_.DcpCorrect(correct));
+    comm_start = Clock::now();
     DCP_RETURN_IF_ERROR(comm_.ReduceScatterSum(partial, combined, part_count, DType::kF32));
+    stats_.combine_comm_s += Seconds(comm_start);
     DCP_RETURN_IF_ERROR(device_.Copy(lse, static_cast<float*>(lse_total) +
                                               size_t(options_.dcp.rank) * lse_count,
                                      lse_count * 4));
@@ -475,8 +480,10 @@ absl::Status Worker::RunSparseMqa(const Plan& plan, const BatchInputs& inputs,
   } else {
     DCP_ASSIGN_OR_RETURN(void* received, scratch(kReceived, part_count * world * 4));
     DCP_ASSIGN_OR_RETURN(void* lse_received, scratch(kLseReceived, lse_count * world * 4));
+    const auto comm_start = Clock::now();
     DCP_RETURN_IF_ERROR(comm_.AllToAll(partial, received, part_count, DType::kF32));
     DCP_RETURN_IF_ERROR(comm_.AllToAll(lse_part, lse_received, lse_count, DType::kF32));
+    stats_.combine_comm_s += Seconds(comm_start);
     DcpCombineParams combine;
     combine.outs = static_cast<const float*>(received);
     combine.lses = static_cast<const float*>(lse_received);
@@ -639,8 +646,11 @@ absl::Status Worker::RunDenseMha(const Plan& plan, const void* q_nope, const voi
     DCP_RETURN_IF_ERROR(device_.GatherRows({cache_.data(), d_local_slots, local_region, storage_,
                                             local_rows, num_slots_, width_, width_, width_}));
     if (world > 1) {
+      DCP_RETURN_IF_ERROR(device_.Synchronize());  // the all-gather's own time, below
+      const auto comm_start = Clock::now();
       DCP_RETURN_IF_ERROR(comm_.AllGather(local_region, gathered_region,
                                           size_t(local_rows) * width_, storage_));
+      stats_.all_gather_comm_s += Seconds(comm_start);
       stats_.all_gather_bytes += local_rows * width_ * int64_t(element_) * world;
     }
     // Reorganize into per-request rows in global order.
