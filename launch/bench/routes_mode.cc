@@ -25,9 +25,12 @@ namespace {
 constexpr uint64_t kStreamQNope = 1, kStreamQRope = 2, kStreamWuk = 3, kStreamWuv = 4;
 constexpr uint64_t kStreamKv = 1000;  // + request index
 
-constexpr int kNumPhases = 7;
+// The phases of ForwardStats, "other" (total minus the phases: validation, staging, output
+// scatter), then the collectives' own time, which lies inside gather and combine.
+constexpr int kNumPhases = 9;
 constexpr std::array<const char*, kNumPhases> kPhaseNames = {
-    "plan", "cache_write", "gather", "up_proj", "attention", "combine", "other"};
+    "plan",    "cache_write", "gather",          "up_proj",     "attention",
+    "combine", "other",       "all_gather_comm", "combine_comm"};
 constexpr int kAttentionPhase = 4;
 
 // Inputs of one batch that do not depend on the head count, on this rank's device.
@@ -227,7 +230,9 @@ RouteResult RunRoute(BenchEnv& env, const BatchShape& shape, const BatchData& ba
                                        s.up_projection_s,
                                        s.attention_s,
                                        s.combine_s,
-                                       std::max(0.0, s.total_s - known)};
+                                       std::max(0.0, s.total_s - known),
+                                       s.all_gather_comm_s,
+                                       s.combine_comm_s};
     std::copy(values, values + kNumPhases, phases.begin() + size_t(it) * kNumPhases);
   }
   result.status = MaxOverRanks(env, &phases);
