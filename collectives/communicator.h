@@ -10,7 +10,10 @@
 // Every call returns a Status. A call that fails, or does not complete within the configured
 // timeout, returns an error (DeadlineExceeded for a timeout) and marks the communicator broken:
 // later calls fail at once. The caller then returns the error; a launcher calls Abort() so no
-// rank hangs in a collective its peers will never join. Collectives know nothing of attention.
+// rank hangs in a collective its peers will never join. A timed-out operation cannot be
+// cancelled: if the late peers do arrive, it still completes into its buffers, at the latest
+// while the communicator is destroyed, so those buffers must outlive the communicator (or the
+// process must abort). Collectives know nothing of attention.
 #pragma once
 
 #include <cstddef>

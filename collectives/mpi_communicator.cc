@@ -106,9 +106,10 @@ absl::Status MpiCommunicator::CheckUsable(const char* what) const {
 
 absl::Status MpiCommunicator::Wait(MPI_Request* request, const char* what) {
   using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+  const auto started = Clock::now();
+  const auto deadline = started + std::chrono::duration<double>(timeout_s_);
   int done = 0;
-  for (int polls = 0;; ++polls) {
+  for (;;) {
     const int code = MPI_Test(request, &done, MPI_STATUS_IGNORE);
     if (code != MPI_SUCCESS) {
       broken_ = true;
@@ -124,9 +125,15 @@ absl::Status MpiCommunicator::Wait(MPI_Request* request, const char* what) {
                        "%s did not complete within %.1f s: a peer rank failed or never joined",
                        what, timeout_s_);
     }
-    // Spin briefly for latency, then back off so a waiting rank does not starve a busy one on
-    // an oversubscribed machine.
-    if (polls > 64) std::this_thread::sleep_for(std::chrono::microseconds(polls > 4096 ? 200 : 20));
+    // Spin (yielding, so an oversubscribed core still serves the other ranks) for the first
+    // 2 ms, the life of a small collective; then sleep in growing steps.
+    const auto waited = Clock::now() - started;
+    if (waited < std::chrono::milliseconds(2)) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(
+          std::chrono::microseconds(waited < std::chrono::milliseconds(100) ? 20 : 200));
+    }
   }
 }
 

@@ -32,8 +32,17 @@ void KeepFirstError(ncclResult_t code, ncclResult_t* first) {
   if (*first == ncclSuccess || *first == ncclInProgress) *first = code;
 }
 
-void Backoff(int polls) {
-  if (polls > 64) std::this_thread::sleep_for(std::chrono::microseconds(polls > 4096 ? 200 : 20));
+// Spin (yielding) for the first 2 ms, the whole life of a decode-sized collective, so that
+// completion is seen within a microsecond or so; then sleep in growing steps so a rank waiting
+// on a slow peer does not burn a core for the whole timeout.
+void Backoff(Clock::time_point started) {
+  const auto waited = Clock::now() - started;
+  if (waited < std::chrono::milliseconds(2)) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(
+        waited < std::chrono::milliseconds(100) ? 20 : 200));
+  }
 }
 
 // Polls a non-blocking communicator until its pending operation (init, enqueue) has left
@@ -41,7 +50,8 @@ void Backoff(int polls) {
 // DeadlineExceeded.
 absl::Status WaitNotInProgress(ncclComm_t comm, Clock::time_point deadline, const char* what,
                                double timeout_s) {
-  for (int polls = 0;; ++polls) {
+  const auto started = Clock::now();
+  for (;;) {
     ncclResult_t state = ncclSuccess;
     DCP_NCCL_CHECK(ncclCommGetAsyncError(comm, &state));
     if (state == ncclSuccess) return absl::OkStatus();
@@ -51,7 +61,7 @@ absl::Status WaitNotInProgress(ncclComm_t comm, Clock::time_point deadline, cons
                        "%s did not complete within %.1f s: a peer rank failed or never joined",
                        what, timeout_s);
     }
-    Backoff(polls);
+    Backoff(started);
   }
 }
 
@@ -156,11 +166,16 @@ absl::Status NcclCommunicator::Complete(ncclResult_t enqueued, const char* what)
       !recorded.ok()) {
     return Fail(recorded, what);
   }
+  const auto started = Clock::now();
   for (int polls = 0;; ++polls) {
     const cudaError_t done = cudaEventQuery(event_);
     if (done == cudaSuccess) return absl::OkStatus();
     if (done != cudaErrorNotReady) {
       return Fail(CudaCodeToStatus(done, what, __FILE__, __LINE__), what);
+    }
+    if (polls % 32 != 31) {  // the event is cheap to poll; NCCL's async state less so
+      Backoff(started);
+      continue;
     }
     ncclResult_t state = ncclSuccess;
     const ncclResult_t queried = ncclCommGetAsyncError(comm_, &state);
@@ -176,7 +191,7 @@ absl::Status NcclCommunicator::Complete(ncclResult_t enqueued, const char* what)
                             what, timeout_s_),
                   "timed out");
     }
-    Backoff(polls);
+    Backoff(started);
   }
 }
 

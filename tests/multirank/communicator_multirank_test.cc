@@ -178,10 +178,12 @@ TEST_F(CommunicatorTest, WrongSizesAreErrors) {
 // communicator refuses further work.
 TEST_F(CommunicatorTest, MissingPeerTimesOut) {
   if (world() < 2) GTEST_SKIP() << "needs two ranks";
+  // The buffers outlive the communicator: a timed-out collective completes (writing recv)
+  // when the late peer arrives, at the latest in the communicator's destructor.
+  std::vector<float> send(4, 1.0f), recv(4 * world());
   auto made = MpiCommunicator::Create(MPI_COMM_WORLD, /*timeout_s=*/0.3);
   ASSERT_TRUE(made.ok());
   auto late = std::move(made).value();
-  std::vector<float> send(4, 1.0f), recv(4 * world());
   if (rank() == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     // Rank 0 arrives after its peers gave up; with the same short timeout it may or may not
