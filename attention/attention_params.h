@@ -125,4 +125,19 @@ struct TopkToSlotsParams {
   int world_size = 1, interleave = 1, rank = 0, block_size = 1;
 };
 
+// The checked entry for top-k positions (DESIGN.md section 3): every index of token t is -1 or
+// a request-local position in [0, token_position[t]], and none repeats within the row. The
+// first error (lowest token, then lowest column) names the token, the column and the value.
+struct TopkValidateParams {
+  const int32_t* topk = nullptr;            // [T, topk_width] request-local positions, -1 = none
+  const int32_t* token_position = nullptr;  // [T] request-local position of each token
+  int num_tokens = 0, topk_width = 0;
+  int64_t topk_token_stride = 0;  // elements between rows of topk, >= topk_width
+  // > every token_position (the CUDA check's bitmap size); a token at or past it is an error.
+  int max_positions = 0;
+  // Errors name token first_token + t: the row's index in the caller's batch when these rows
+  // are a slice of it.
+  int first_token = 0;
+};
+
 }  // namespace dcp

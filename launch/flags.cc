@@ -36,6 +36,7 @@ ABSL_FLAG(int64_t, workspace_rows, 0,
 ABSL_FLAG(int, index_topk, 2048, "top-k width K of the sparse attention");
 ABSL_FLAG(int, decode_threshold, 1, "a request with query_len <= this is a decode");
 ABSL_FLAG(bool, force_mqa, false, "always take the sparse MQA route");
+ABSL_FLAG(bool, validate_topk, true, "check the top-k indices on the device every step");
 ABSL_FLAG(std::string, prefill_backend, "auto", "dense MHA prefill backend: auto, none or a name");
 ABSL_FLAG(double, comm_timeout, 300.0, "seconds before a stuck collective is an error");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the synthetic data");
@@ -58,8 +59,9 @@ namespace {
 constexpr const char* kFlagNames[] = {
     "config", "batch", "problem", "output", "model", "num_heads", "device", "comm", "combine",
     "interleave", "block_size", "max_num_seqs", "max_model_len", "num_kv_blocks",
-    "workspace_rows", "index_topk", "decode_threshold", "force_mqa", "prefill_backend",
-    "comm_timeout", "seed", "iters", "warmup", "check", "tolerance", "print_plan", "json"};
+    "workspace_rows", "index_topk", "decode_threshold", "force_mqa", "validate_topk",
+    "prefill_backend", "comm_timeout", "seed", "iters", "warmup", "check", "tolerance",
+    "print_plan", "json"};
 // clang-format on
 
 absl::CommandLineFlag* FindOurs(std::string_view name) {
@@ -182,6 +184,7 @@ absl::Status ApplyFlags(const CommandLine& command_line, RunConfig* config) {
   AttentionConfig& attention = config->attention;
   apply("index_topk", "attention.index_topk", FLAGS_index_topk, &attention.index_topk);
   apply("force_mqa", "attention.force_mqa", FLAGS_force_mqa, &attention.force_mqa);
+  apply("validate_topk", "attention.validate_topk", FLAGS_validate_topk, &attention.validate_topk);
   apply("prefill_backend", "attention.prefill_backend", FLAGS_prefill_backend,
         &attention.prefill_backend);
 

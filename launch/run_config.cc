@@ -95,6 +95,8 @@ const std::map<std::string, std::vector<Key>>& Schema() {
        {Field("index_topk", &RunConfig::attention, &AttentionConfig::index_topk, "an integer"),
         Field("is_sparse", &RunConfig::attention, &AttentionConfig::is_sparse, "true or false"),
         Field("force_mqa", &RunConfig::attention, &AttentionConfig::force_mqa, "true or false"),
+        Field("validate_topk", &RunConfig::attention, &AttentionConfig::validate_topk,
+              "true or false"),
         Field("prefill_backend", &RunConfig::attention, &AttentionConfig::prefill_backend,
               "a name")}},
       {"run",

@@ -4,6 +4,7 @@
 #include <new>
 
 #include "attention/cpu/attention_cpu.h"
+#include "attention/topk_validation.h"
 #include "runtime/device.h"
 #include "runtime/status.h"
 #include "workspace/cpu/rows_cpu.h"
@@ -78,6 +79,9 @@ class CpuDevice final : public Device {
   absl::Status DcpCorrect(const DcpCorrectParams& p) override { return cpu::DcpCorrect(p); }
   absl::Status DcpCombine(const DcpCombineParams& p) override { return cpu::DcpCombine(p); }
   absl::Status TopkToSlots(const TopkToSlotsParams& p) override { return cpu::TopkToSlots(p); }
+  absl::Status ValidateTopk(const TopkValidateParams& p) override {
+    return ValidateTopkPositions(p);
+  }
   absl::Status GatherRows(const GatherRowsParams& p) override { return cpu::GatherRows(p); }
   absl::Status ScatterRows(const ScatterRowsParams& p) override { return cpu::ScatterRows(p); }
   absl::Status Synchronize() override { return absl::OkStatus(); }

@@ -67,7 +67,10 @@ struct BatchInputs {
   TensorView q_nope;  // [T, H/W, Dn] this rank's heads
   TensorView q_rope;  // [T, H/W, Dr] RoPE applied
   TensorView kv_new;  // [T, R + Dr] the new tokens' [kv_c | k_pe], identical on every rank
-  TensorView topk;    // [T, K] I32 request-local positions, -1 = none; empty = every causal key
+  // [T, K] I32 request-local positions, -1 = none; empty = every causal key. Identical on every
+  // rank (the indexer runs replicated): each rank checks only its share of the rows
+  // (AttentionConfig::validate_topk) and the ranks agree on the verdict.
+  TensorView topk;
 };
 
 struct BatchOutputs {

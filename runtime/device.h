@@ -80,6 +80,10 @@ class Device {
   virtual absl::Status DcpCorrect(const DcpCorrectParams& params) = 0;
   virtual absl::Status DcpCombine(const DcpCombineParams& params) = 0;
   virtual absl::Status TopkToSlots(const TopkToSlotsParams& params) = 0;
+  // The top-k check of DESIGN.md section 3 (TopkValidateParams): OK, or InvalidArgument naming
+  // the first bad row's token, column and value. Synchronous: it returns the verdict, not a
+  // promise, so on CudaDevice it waits for the stream (one small copy back, never the top-k).
+  virtual absl::Status ValidateTopk(const TopkValidateParams& params) = 0;
   virtual absl::Status GatherRows(const GatherRowsParams& params) = 0;
   virtual absl::Status ScatterRows(const ScatterRowsParams& params) = 0;
 

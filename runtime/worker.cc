@@ -5,7 +5,6 @@
 #include <cmath>
 #include <limits>
 
-#include "attention/topk_validation.h"
 #include "runtime/logging.h"
 #include "runtime/status.h"
 
@@ -252,21 +251,39 @@ absl::Status Worker::ValidateInputs(absl::Span<const BatchRequest> batch,
                     inputs.topk.shape[1] <= options_.attention.index_topk,
                 "topk has shape %s, expected [%d, K] with 1 <= K <= index_topk %d",
                 ShapeString(inputs.topk.shape), num_tokens, options_.attention.index_topk);
-  DCP_RETURN_IF_ERROR(CheckView("topk", inputs.topk.data, inputs.topk.dtype, inputs.topk.memory,
-                                inputs.topk.shape, inputs.topk.shape, false, memory));
+  return CheckView("topk", inputs.topk.data, inputs.topk.dtype, inputs.topk.memory,
+                   inputs.topk.shape, inputs.topk.shape, false, memory);
+}
+
+absl::Status Worker::StageTopk(absl::Span<const BatchRequest> batch, const TensorView& topk) {
+  DCP_ASSIGN_OR_RETURN(void* staged, stage(kTopk, topk, DType::kI32));
+  if (!options_.attention.validate_topk) return absl::OkStatus();
+  // This rank's share of the caller's rows: [begin, end) of T.
+  const int64_t num_tokens = topk.shape[0], width = topk.shape[1];
+  const int64_t world = comm_.world_size(), rank = comm_.rank();
+  const int64_t begin = rank * num_tokens / world, end = (rank + 1) * num_tokens / world;
+  if (begin == end) return absl::OkStatus();
   std::vector<int32_t> positions;
+  positions.reserve(end - begin);
+  int32_t max_position = 0;
+  int64_t token = 0;
   for (const BatchRequest& r : batch) {
-    for (int i = 0; i < r.query_len; ++i) positions.push_back(r.seq_len - r.query_len + i);
+    for (int i = 0; i < r.query_len; ++i, ++token) {
+      if (token < begin || token >= end) continue;
+      positions.push_back(r.seq_len - r.query_len + i);
+      max_position = std::max(max_position, positions.back());
+    }
   }
-  const int width = static_cast<int>(inputs.topk.shape[1]);
-  std::vector<int32_t> host(size_t(num_tokens) * width);
-  if (inputs.topk.memory == MemorySpace::kHost) {
-    std::copy_n(static_cast<const int32_t*>(inputs.topk.data), host.size(), host.begin());
-  } else {
-    DCP_RETURN_IF_ERROR(device_.CopyToHost(host.data(), inputs.topk.data, host.size() * 4));
-    DCP_RETURN_IF_ERROR(device_.Synchronize());
-  }
-  return ValidateTopkPositions(host.data(), positions.data(), static_cast<int>(num_tokens), width);
+  DCP_ASSIGN_OR_RETURN(int32_t* d_positions, upload(kTopkCheckPosition, positions));
+  TopkValidateParams p;
+  p.topk = static_cast<const int32_t*>(staged) + begin * width;
+  p.token_position = d_positions;
+  p.num_tokens = static_cast<int>(end - begin);
+  p.topk_width = static_cast<int>(width);
+  p.topk_token_stride = width;
+  p.max_positions = max_position + 1;
+  p.first_token = static_cast<int>(begin);
+  return device_.ValidateTopk(p);
 }
 
 absl::Status Worker::WriteNewTokens(const Plan& plan, const void* kv_new) {
@@ -711,7 +728,11 @@ absl::Status Worker::Forward(absl::Span<const BatchRequest> batch, const BatchIn
                              const BatchOutputs& outputs) {
   const auto forward_start = Clock::now();
   stats_ = ForwardStats{};
-  DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, ValidateInputs(batch, inputs, outputs)));
+  // The top-k is staged and checked before anything runs (every rank its share of the rows),
+  // and agreed with the rest: no kernel consumes an unchecked top-k.
+  absl::Status local = ValidateInputs(batch, inputs, outputs);
+  if (local.ok() && !inputs.topk.shape.empty()) local = StageTopk(batch, inputs.topk);
+  DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, local));
 
   auto start = Clock::now();
   const bool damage = damage_next_plan_;
@@ -757,10 +778,9 @@ absl::Status Worker::Forward(absl::Span<const BatchRequest> batch, const BatchIn
   DCP_ASSIGN_OR_RETURN(void* q_rope, reorder(q_rope_staged, kQRopeExec, storage_, hl * dr));
   DCP_ASSIGN_OR_RETURN(void* kv_exec, reorder(kv_new, kKvNewExec, storage_, width_));
   if (!inputs.topk.shape.empty()) {
-    DCP_ASSIGN_OR_RETURN(void* topk_staged, stage(kTopk, inputs.topk, DType::kI32));
-    DCP_RETURN_IF_ERROR(
-        reorder(topk_staged, kTopkExec, DType::kI32, static_cast<int>(inputs.topk.shape[1]))
-            .status());
+    DCP_RETURN_IF_ERROR(reorder(scratch_[kTopk].data(), kTopkExec, DType::kI32,
+                                static_cast<int>(inputs.topk.shape[1]))
+                            .status());
   }
   DCP_RETURN_IF_ERROR(device_.Synchronize());
   stats_.cache_write_s = Seconds(start);

@@ -2,7 +2,8 @@
 // rows on its Device), its heads' weights and the workspace, and runs each batch's plan.
 //
 // Per batch (DESIGN.md sections 4-7):
-//   validate (every rank, agreed) -> plan (rank 0, broadcast, checked) -> write owned new tokens
+//   validate (every rank; the top-k on the device, each rank a share of its rows; agreed)
+//   -> plan (rank 0, broadcast, checked) -> write owned new tokens
 //   -> sparse MQA for the MQA tokens: absorb q, all-gather q' over heads, top-k positions ->
 //      local slots, local sparse MQA per source rank's heads, combine (ag_rs | a2a), w_uv
 //   -> dense MHA for the prefills (dense route): per context chunk gather local rows,
@@ -50,7 +51,8 @@ class Worker {
   // Scratch buffers, grown on demand and reused across batches.
   enum Scratch : int {
     // inputs: staged in the storage dtype (caller order), then in execution order
-    kKvNew, kCacheSlots, kQNope, kQRope, kTopk, kPerm, kQNopeExec, kQRopeExec, kKvNewExec, kTopkExec,
+    kKvNew, kCacheSlots, kQNope, kQRope, kTopk, kTopkCheckPosition, kPerm, kQNopeExec,
+    kQRopeExec, kKvNewExec, kTopkExec,
     // sparse MQA
     kSlots, kTokenRequest, kTokenPosition, kBlockTables, kQLatent, kQAll, kPartial, kLsePartial,
     kLseAll, kLseTotal, kReceived, kLseReceived, kCombined, kOLatStorage,
@@ -69,8 +71,14 @@ class Worker {
   // A device copy of `view` converted to `dtype`, `count` elements.
   absl::StatusOr<void*> stage(Scratch which, const TensorView& view, DType dtype);
 
+  // Shapes, dtypes and the batch against the cache; the top-k contents are StageTopk's.
   absl::Status ValidateInputs(absl::Span<const BatchRequest> batch, const BatchInputs& inputs,
                               const BatchOutputs& outputs);
+  // Stages the top-k (caller order) into scratch kTopk and, with attention.validate_topk,
+  // checks this rank's share of its rows on the device: rank r of W takes rows
+  // [r*T/W, (r+1)*T/W) of the T (every rank holds the same top-k). The caller agrees on the
+  // result before anything reads the top-k.
+  absl::Status StageTopk(absl::Span<const BatchRequest> batch, const TensorView& topk);
   absl::Status WriteNewTokens(const Plan& plan, const void* kv_new);
   // Up-projects rows [n, R + Dr] of the latent cache into k [n, Hl, Dn + Dr] and v [n, Hl, Dv].
   absl::Status UpProject(const void* rows, int64_t n, void* k, void* v);

@@ -10,6 +10,7 @@
 #include "attention/cuda/merge_states.h"
 #include "attention/cuda/sparse_mqa.h"
 #include "attention/cuda/topk_to_slots.h"
+#include "attention/cuda/topk_validate.h"
 #include "runtime/cuda/convert.h"
 #include "runtime/cuda/cuda_status.h"
 #include "runtime/logging.h"
@@ -45,6 +46,7 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal) {
 CudaDevice::~CudaDevice() {
   cudaSetDevice(ordinal_);
   cudaStreamSynchronize(stream_);
+  if (topk_record_ != nullptr) cudaFree(topk_record_);
   cublasDestroy(cublas_);
   cudaStreamDestroy(stream_);
 }
@@ -213,6 +215,14 @@ absl::Status CudaDevice::DcpCombine(const DcpCombineParams& params) {
 absl::Status CudaDevice::TopkToSlots(const TopkToSlotsParams& params) {
   DCP_RETURN_IF_ERROR(Activate());
   return cuda::TopkToSlots(params, stream_);
+}
+
+absl::Status CudaDevice::ValidateTopk(const TopkValidateParams& params) {
+  DCP_RETURN_IF_ERROR(Activate());
+  if (topk_record_ == nullptr) {
+    DCP_CUDA_CHECK(cudaMalloc(&topk_record_, sizeof(cuda::TopkValidateRecord)));
+  }
+  return cuda::ValidateTopk(params, static_cast<cuda::TopkValidateRecord*>(topk_record_), stream_);
 }
 
 absl::Status CudaDevice::GatherRows(const GatherRowsParams& params) {

@@ -11,8 +11,9 @@
 //   worker can hand them stack vectors. Synchronize() waits for everything.
 // - Storage dtype BF16 (cache, workspace, projected K/V, queries); outputs and LSE fp32.
 // - Kernels: attention/cuda (dense MHA 192/128, sparse MQA 576/512 on tensor cores, merges,
-//   top-k slots), workspace/cuda (row gather/scatter), cuBLAS for Gemm. DenseMha copies the
-//   (small) cu_seqlens arrays to the host to check them before launching.
+//   top-k slots, the top-k check), workspace/cuda (row gather/scatter), cuBLAS for Gemm.
+//   DenseMha copies the (small) cu_seqlens arrays to the host to check them before launching;
+//   ValidateTopk copies back only its verdict.
 // - Errors: every CUDA/cuBLAS code becomes a Status with the call text, rank and file:line.
 #pragma once
 
@@ -63,6 +64,7 @@ class CudaDevice final : public Device {
   absl::Status DcpCorrect(const DcpCorrectParams& params) override;
   absl::Status DcpCombine(const DcpCombineParams& params) override;
   absl::Status TopkToSlots(const TopkToSlotsParams& params) override;
+  absl::Status ValidateTopk(const TopkValidateParams& params) override;
   absl::Status GatherRows(const GatherRowsParams& params) override;
   absl::Status ScatterRows(const ScatterRowsParams& params) override;
 
@@ -77,6 +79,7 @@ class CudaDevice final : public Device {
   int ordinal_;
   cudaStream_t stream_;
   cublasHandle_t cublas_;
+  void* topk_record_ = nullptr;  // device scratch of ValidateTopk, allocated on first use
 };
 
 // The GPU of this process: local rank (OMPI_COMM_WORLD_LOCAL_RANK, else MPI_LOCALRANKID, else

@@ -1,10 +1,12 @@
-// Top-k positions: ValidateTopkPositions (the checked entry) and cpu::TopkToSlots, the latter
-// against a brute-force enumeration that deals every request's tokens to the ranks in runs of
-// I and counts each rank's rows (no layout formula shared with the code under test).
+// Top-k positions: ValidateTopkPositions (the checked entry, also through CpuDevice) and
+// cpu::TopkToSlots, the latter against a brute-force enumeration that deals every request's
+// tokens to the ranks in runs of I and counts each rank's rows (no layout formula shared with
+// the code under test).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "attention/cpu/attention_cpu.h"
 #include "attention/topk_validation.h"
+#include "runtime/device.h"
 #include "tests/attention/attention_test_util.h"
 
 namespace dcp {
@@ -68,6 +71,45 @@ TEST(TopkValidationTest, RejectsFutureNegativeAndRepeatedIndices) {
   topk[3] = 2;
   EXPECT_TRUE(ValidateTopkPositions(topk.data(), positions.data(), 2, 4).ok());
   ExpectInvalid(ValidateTopkPositions(nullptr, positions.data(), 2, 4), {"topk is null"});
+}
+
+// Through the Device (CpuDevice::ValidateTopk): a strided slice of a larger batch, named by the
+// caller's token index, and the position limit.
+TEST(TopkValidationTest, CpuDeviceChecksStridedSlices) {
+  std::unique_ptr<Device> device = MakeCpuDevice();
+  // Rows of 3 columns in a stride of 5 (the last 2 are never read: 99 there would be invalid).
+  const std::vector<int32_t> positions = {4, 9, 2};
+  std::vector<int32_t> topk = {4,  0, -1, 99, 99,  //
+                               9,  8, 1,  99, 99,  //
+                               -1, 2, 1,  99, 99};
+  TopkValidateParams p;
+  p.topk = topk.data();
+  p.token_position = positions.data();
+  p.num_tokens = 3;
+  p.topk_width = 3;
+  p.topk_token_stride = 5;
+  p.max_positions = 10;
+  p.first_token = 40;
+  EXPECT_TRUE(device->ValidateTopk(p).ok());
+  topk[11] = 3;  // token 2 (caller's 42), column 1: past position 2
+  ExpectInvalid(device->ValidateTopk(p),
+                {"top-k", "index 3", "token 42", "column 1", "position 2", "future key"});
+  topk[11] = 2, topk[7] = 9;  // token 1 holds 9 twice
+  ExpectInvalid(device->ValidateTopk(p), {"index 9", "token 41", "repeated", "columns 0 and 2"});
+  topk[7] = -5;
+  ExpectInvalid(device->ValidateTopk(p), {"index -5", "token 41", "column 2", "below -1"});
+  topk[7] = 1;
+  p.max_positions = 9;  // token 1 sits at 9
+  ExpectInvalid(device->ValidateTopk(p), {"token 41", "position 9", "max_positions 9"});
+  p.max_positions = 10;
+  EXPECT_TRUE(device->ValidateTopk(p).ok());
+  p.num_tokens = 0;
+  p.topk = nullptr;
+  EXPECT_TRUE(device->ValidateTopk(p).ok());
+  p.num_tokens = 3;
+  p.topk = topk.data();
+  p.topk_token_stride = 2;
+  EXPECT_EQ(device->ValidateTopk(p).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The rank-r rows of a request, by dealing: runs of `interleave` tokens go to ranks 0, 1, ...,

@@ -50,7 +50,7 @@ model:
 scheduler: {max_num_seqs: 8, max_model_len: 512, block_size: 16, decode_threshold: 2,
             workspace_rows: 256}
 dcp: {interleave: 4, combine: a2a, comm_timeout_s: 12.5}
-attention: {index_topk: 128, force_mqa: true, prefill_backend: none}
+attention: {index_topk: 128, force_mqa: true, validate_topk: false, prefill_backend: none}
 run:
   batches: [q2k, 8q1s1k]
   seed: 9
@@ -70,6 +70,7 @@ run:
   EXPECT_DOUBLE_EQ(config->dcp.comm_timeout_s, 12.5);
   EXPECT_EQ(config->attention.index_topk, 128);
   EXPECT_TRUE(config->attention.force_mqa);
+  EXPECT_FALSE(config->attention.validate_topk);
   EXPECT_EQ(config->attention.prefill_backend, "none");
   EXPECT_EQ(config->run.batches, (std::vector<std::string>{"q2k", "8q1s1k"}));
   EXPECT_EQ(config->run.seed, 9u);
@@ -79,16 +80,17 @@ run:
 }
 
 TEST_F(RunConfigTest, FlagsOverrideTheFile) {
-  absl::StatusOr<RunConfig> config =
-      Configure("attention: {index_topk: 128}\nrun: {batches: [q4], check: true}\n",
-                {"--index-topk", "256", "--nocheck", "--num_heads=32", "--combine=a2a",
-                 "--force-mqa", "--batch", "q8;2q1s9", "--max-model-len=1024"});
+  absl::StatusOr<RunConfig> config = Configure(
+      "attention: {index_topk: 128}\nrun: {batches: [q4], check: true}\n",
+      {"--index-topk", "256", "--nocheck", "--num_heads=32", "--combine=a2a", "--force-mqa",
+       "--novalidate_topk", "--batch", "q8;2q1s9", "--max-model-len=1024"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->attention.index_topk, 256);
   EXPECT_FALSE(config->run.check);
   EXPECT_EQ(config->model.num_heads, 32);
   EXPECT_EQ(config->dcp.combine, CombineBackend::kAllToAll);
   EXPECT_TRUE(config->attention.force_mqa);
+  EXPECT_FALSE(config->attention.validate_topk);
   EXPECT_EQ(config->run.batches, (std::vector<std::string>{"q8", "2q1s9"}));
   EXPECT_EQ(config->scheduler.max_model_len, 1024);
 }

@@ -49,6 +49,7 @@ struct Scenario {
   int index_topk = 64;
   bool give_topk = false;  // else every causal key (needs seq_len <= K)
   bool force_mqa = false;
+  bool validate_topk = true;
   CombineBackend combine = CombineBackend::kAllGatherReduceScatter;
   int64_t workspace_rows = 0;
   int max_num_seqs = 16;
@@ -172,6 +173,7 @@ RankRun RunRank(MpiCommunicator& mpi, const Scenario& s, const Dims& d, const Pr
   options.scheduler.num_kv_blocks = s.num_kv_blocks;
   options.attention.index_topk = s.index_topk;
   options.attention.force_mqa = s.force_mqa;
+  options.attention.validate_topk = s.validate_topk;
   options.workspace_rows_override = s.workspace_rows;
 
   // This rank's heads of the weights and queries.
@@ -533,6 +535,10 @@ TEST_F(WorkerTest, BadInputFailsOnEveryRankWithOneMessage) {
     Scenario s = good;
     s.give_topk = true;
     cases.push_back({"invalid top-k", s, "top-k"});
+    // The last token's row: checked by the last rank (each rank checks its share of the rows),
+    // named by its index in the caller's batch.
+    cases.push_back(
+        {"repeated top-k in the last token", s, "top-k index 4 of token 8 is repeated"});
   }
   cases.push_back({"plan checksum mismatch", good, "checksum", true});
   {
@@ -547,6 +553,10 @@ TEST_F(WorkerTest, BadInputFailsOnEveryRankWithOneMessage) {
     if (std::string(c.name) == "invalid top-k") {
       p.whole.topk[3] = 19;  // token 0 sits at position 16: 19 is in its future
     }
+    if (std::string(c.name) == "repeated top-k in the last token") {
+      // Token 8 sits at position 4 and selects all of 0..4 in its first columns.
+      p.whole.topk[8 * c.scenario.index_topk + 30] = 4;
+    }
     const RankRun run = RunRank(mpi_comm(), c.scenario, dims, p, c.damage_plan);
     ASSERT_FALSE(run.status.ok());
     EXPECT_NE(run.status.message().find(c.message), std::string::npos) << run.status;
@@ -557,6 +567,17 @@ TEST_F(WorkerTest, BadInputFailsOnEveryRankWithOneMessage) {
                                    absl::MakeSpan(hashes))
                     .ok());
     for (int64_t h : hashes) EXPECT_EQ(h, hashes[0]) << run.status;
+  }
+  {
+    // validate_topk off: the engine vouches for its indexer; the future index is then dropped
+    // by TopkToSlots instead of rejected, and the batch runs.
+    Scenario s = good;
+    s.give_topk = true;
+    s.validate_topk = false;
+    Problem p = BuildProblem(s, dims, 7);
+    p.whole.topk[3] = 19;
+    const RankRun run = RunRank(mpi_comm(), s, dims, p);
+    EXPECT_TRUE(run.status.ok()) << run.status;
   }
 }
 

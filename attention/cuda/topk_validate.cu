@@ -1,0 +1,58 @@
+#include <algorithm>
+#include <cstdint>
+
+#include "attention/cuda/topk_validate.h"
+#include "attention/cuda/topk_validate_kernel.cuh"
+#include "runtime/cuda/cuda_status.h"
+
+namespace dcp::cuda {
+namespace {
+
+// The bitmap of the fast path lives in shared memory within the default 48 KB (no opt-in
+// attribute needed): max_positions up to 393216, i.e. max_model_len 384k.
+constexpr size_t kMaxBitmapBytes = 48 * 1024;
+
+}  // namespace
+
+absl::Status ValidateTopk(const TopkValidateParams& p, TopkValidateRecord* record,
+                          cudaStream_t stream) {
+  DCP_CHECK_ARG(p.num_tokens >= 0 && p.topk_width >= 0,
+                "ValidateTopk: negative size (tokens %d, topk_width %d)", p.num_tokens,
+                p.topk_width);
+  if (p.num_tokens == 0) return absl::OkStatus();
+  DCP_CHECK_ARG(p.token_position != nullptr, "ValidateTopk: token_position is null");
+  DCP_CHECK_ARG(p.topk_width == 0 || p.topk != nullptr, "ValidateTopk: topk is null");
+  DCP_CHECK_ARG(p.topk_token_stride >= p.topk_width,
+                "ValidateTopk: topk_token_stride %d < topk_width %d", p.topk_token_stride,
+                p.topk_width);
+  DCP_CHECK_ARG(p.max_positions >= 1, "ValidateTopk: max_positions %d must be >= 1",
+                p.max_positions);
+  DCP_CHECK_ARG(record != nullptr, "ValidateTopk: record is null");
+
+  const size_t bitmap_bytes = (size_t(p.max_positions) + 31) / 32 * sizeof(uint32_t);
+  const bool use_bitmap = bitmap_bytes <= kMaxBitmapBytes;
+  const size_t shared = use_bitmap ? bitmap_bytes : 0;
+  auto kernel = use_bitmap ? TopkValidateKernel<true> : TopkValidateKernel<false>;
+  // As many CTAs as fit at once: each zeroes its bitmap once, then strides over the rows.
+  int device = 0, sms = 0, per_sm = 0;
+  DCP_CUDA_CHECK(cudaGetDevice(&device));
+  DCP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  DCP_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTopkValidateThreads, shared));
+  const int grid = std::clamp(sms * std::max(per_sm, 1), 1, p.num_tokens);
+
+  DCP_CUDA_CHECK(cudaMemsetAsync(record, 0xFF, sizeof(TopkValidateRecord), stream));
+  kernel<<<grid, kTopkValidateThreads, shared, stream>>>(p.topk, p.token_position, p.num_tokens,
+                                                         p.topk_width, p.topk_token_stride,
+                                                         p.max_positions, &record->first_error);
+  DCP_CUDA_LAUNCH_CHECK("TopkValidateKernel");
+  TopkDescribeKernel<<<1, 1, 0, stream>>>(p.topk, p.token_position, p.topk_token_stride,
+                                          p.max_positions, p.first_token, record);
+  DCP_CUDA_LAUNCH_CHECK("TopkDescribeKernel");
+  TopkValidateRecord host;
+  DCP_CUDA_CHECK(cudaMemcpyAsync(&host, record, sizeof(host), cudaMemcpyDeviceToHost, stream));
+  DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return TopkErrorStatus(host.error);
+}
+
+}  // namespace dcp::cuda
