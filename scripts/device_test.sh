@@ -24,6 +24,7 @@ jobs="${DCP_JOBS:-$(nproc)}"
 build="$root/build-gpu"
 prefix=/tmp/dcp-prefix
 summary="$out/summary.txt"
+failures=0  # stages that failed; the exit status is 1 when any did
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
 has_stage() { [[ " $stages " == *" $1 "* ]]; }
@@ -78,6 +79,7 @@ if has_stage build; then
   if ! ninja -C "$build" -j "$jobs" -k 0 >>"$out/build.log" 2>&1; then
     grep -E "error|FAILED" "$out/build.log" | head -40
     note "build: FAILED (see build.log); continuing with what built"
+    failures=$((failures + 1))
   else
     note "build: ok ($(elapsed))"
   fi
@@ -88,7 +90,7 @@ if has_stage test; then
   echo "== ctest, DCP_REQUIRE_GPU=1 ($(elapsed))"
   # shellcheck disable=SC2086
   DCP_REQUIRE_GPU=1 ctest --test-dir "$build" -j 8 --timeout 300 --output-on-failure \
-      ${DCP_CTEST_ARGS:-} >"$out/ctest.log" 2>&1
+      ${DCP_CTEST_ARGS:-} >"$out/ctest.log" 2>&1 || failures=$((failures + 1))
   grep -E "tests passed|tests failed" "$out/ctest.log" | tail -1 | sed 's/^/ctest: /' | tee -a "$summary"
   grep -E "^\s+[0-9]+ - .*\((Failed|Timeout|Not Run|SEGFAULT|Subprocess)" "$out/ctest.log" \
       | head -30 | tee -a "$summary"
@@ -108,6 +110,7 @@ if has_stage sanitize; then
     DCP_REQUIRE_GPU=1 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
         --leak-check no --report-api-errors no "$exe" --gtest_filter="-$big" >"$out/one_sanitizer_run.log" 2>&1
     code=$?
+    [ "$code" -eq 0 ] || failures=$((failures + 1))
     note "memcheck $binary: exit $code, $(grep -E 'ERROR SUMMARY' "$out/one_sanitizer_run.log" | tail -1)"
     { echo "=== memcheck $binary (exit $code)"; cat "$out/one_sanitizer_run.log"; } >>"$out/sanitizer.log"
   done
@@ -117,6 +120,7 @@ if has_stage sanitize; then
         --gtest_filter='SparseMqaCudaTest.RaggedTopk*:SparseMqaCudaTest.OneKey*:DenseMhaCudaTest.CausalRagged*:DenseMhaCudaTest.NonCausal*' \
         >"$out/one_sanitizer_run.log" 2>&1
     code=$?
+    [ "$code" -eq 0 ] || failures=$((failures + 1))
     note "racecheck attention (small cases): exit $code, $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$out/one_sanitizer_run.log" | tail -1)"
     { echo "=== racecheck (exit $code)"; cat "$out/one_sanitizer_run.log"; } >>"$out/sanitizer.log"
   fi
@@ -151,6 +155,14 @@ if has_stage run; then
           </dev/null "$run" --device cuda --comm "$comm" --combine "$combine" --model deepseek_v32 \
           --num_heads 128 --index_topk 2048 --batch "$batch" --check >"$log" 2>&1
       code=$?
+      # NCCL on ranks that share a GPU must be refused clearly (exit 2, bad input); anything
+      # else must pass its check.
+      if [ "$comm" = nccl ] && [ "$np" -gt "$(nvidia-smi -L | wc -l)" ]; then
+        { [ "$code" -eq 2 ] && grep -q "needs one GPU per rank" "$log"; } ||
+          failures=$((failures + 1))
+      elif [ "$code" -ne 0 ]; then
+        failures=$((failures + 1))
+      fi
       note "dcp_run np $np --comm $comm --combine $combine: exit $code | $(grep -iE 'check|error|relative|route' "$log" | tail -4 | tr '\n' ' ' | cut -c1-500)"
       { echo "=== np $np --comm $comm --combine $combine (exit $code)"; cat "$log"; } >>"$out/dcp_run.log"
       rm -f "$log"
@@ -196,4 +208,6 @@ fi
 echo
 echo "================ summary ($(elapsed)) ================"
 cat "$summary"
-[ -f "$out/bench.txt" ] && tail -12 "$out/bench.txt"
+if [ -f "$out/bench.txt" ]; then tail -12 "$out/bench.txt"; fi
+echo "failures: $failures"
+exit $(( failures > 0 ? 1 : 0 ))
