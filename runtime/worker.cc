@@ -300,39 +300,38 @@ absl::Status Worker::WriteNewTokens(const Plan& plan, const void* kv_new) {
                               width_, width_, width_});
 }
 
+absl::Status Worker::HeadGemm(const HeadGemmArgs& g) {
+  GemmParams p;
+  p.a = g.a;
+  p.b = g.weights;
+  p.c = g.c;
+  p.a_dtype = p.b_dtype = storage_;
+  p.c_dtype = g.c_dtype;
+  p.trans_b = g.trans_weights;
+  p.m = static_cast<int>(g.m);
+  p.n = g.n;
+  p.k = g.k;
+  p.batch = heads_;
+  p.lda = g.lda;
+  p.ldb = g.trans_weights ? g.k : g.n;
+  p.ldc = g.ldc;
+  p.stride_a = g.stride_a;
+  p.stride_b = int64_t{g.k} * g.n;
+  p.stride_c = g.stride_c;
+  return device_.Gemm(p);
+}
+
 absl::Status Worker::UpProject(const void* rows, int64_t n, void* k, void* v) {
   const ModelDims& m = options_.model;
   const int dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim, dv = m.v_head_dim;
   const int r = m.kv_lora_rank, hl = heads_, qk = dn + dr;
-  // k_nope[t][h] = w_uk[h] @ kv_c[t]: per head [n, R] x [R, Dn] (w_uk[h] stored [Dn, R]).
-  GemmParams gk;
-  gk.a = rows;
-  gk.b = w_uk_.data();
-  gk.c = k;
-  gk.a_dtype = gk.b_dtype = gk.c_dtype = storage_;
-  gk.trans_b = true;
-  gk.m = static_cast<int>(n);
-  gk.n = dn;
-  gk.k = r;
-  gk.batch = hl;
-  gk.lda = width_;
-  gk.ldb = r;
-  gk.ldc = int64_t{hl} * qk;
-  gk.stride_a = 0;
-  gk.stride_b = int64_t{dn} * r;
-  gk.stride_c = qk;
-  DCP_RETURN_IF_ERROR(device_.Gemm(gk));
+  // k_nope[t][h] = w_uk[h] @ kv_c[t]: per head [n, R] x [R, Dn] (w_uk[h] stored [Dn, R]),
+  // written into k[t][h][:Dn].
+  DCP_RETURN_IF_ERROR(HeadGemm({rows, width_, 0, w_uk_.data(), true, k, storage_,
+                                int64_t{hl} * qk, qk, n, dn, r}));
   // v[t][h] = w_uv[h]^T kv_c[t]: per head [n, R] x [R, Dv].
-  GemmParams gv = gk;
-  gv.b = w_uv_.data();
-  gv.c = v;
-  gv.trans_b = false;
-  gv.n = dv;
-  gv.ldb = dv;
-  gv.ldc = int64_t{hl} * dv;
-  gv.stride_b = int64_t{r} * dv;
-  gv.stride_c = dv;
-  DCP_RETURN_IF_ERROR(device_.Gemm(gv));
+  DCP_RETURN_IF_ERROR(HeadGemm({rows, width_, 0, w_uv_.data(), false, v, storage_,
+                                int64_t{hl} * dv, dv, n, dv, r}));
   // k_pe is shared by the heads: copy it behind each head's k_nope.
   for (int h = 0; h < hl; ++h) {
     DCP_RETURN_IF_ERROR(device_.Copy2D(
@@ -398,22 +397,9 @@ absl::Status Worker::RunSparseMqa(const Plan& plan, const BatchInputs& inputs,
   // Absorb: q'[t][h] = [w_uk[h]^T q_nope[t][h] | q_rope[t][h]], [tx, Hl, R + Dr].
   const size_t q_latent_count = size_t(tx) * hl * width_;
   DCP_ASSIGN_OR_RETURN(void* q_latent, scratch(kQLatent, q_latent_count * element_));
-  GemmParams absorb;
-  absorb.a = q_nope;
-  absorb.b = w_uk_.data();
-  absorb.c = q_latent;
-  absorb.a_dtype = absorb.b_dtype = absorb.c_dtype = storage_;
-  absorb.m = static_cast<int>(tx);
-  absorb.n = r;
-  absorb.k = dn;
-  absorb.batch = hl;
-  absorb.lda = int64_t{hl} * dn;
-  absorb.ldb = r;
-  absorb.ldc = int64_t{hl} * width_;
-  absorb.stride_a = dn;
-  absorb.stride_b = int64_t{dn} * r;
-  absorb.stride_c = width_;
-  DCP_RETURN_IF_ERROR(device_.Gemm(absorb));
+  // Per head [tx, Dn] x [Dn, R] (w_uk[h] as stored), written into q'[t][h][:R].
+  DCP_RETURN_IF_ERROR(HeadGemm({q_nope, int64_t{hl} * dn, dn, w_uk_.data(), false, q_latent,
+                                storage_, int64_t{hl} * width_, width_, tx, r, dn}));
   DCP_RETURN_IF_ERROR(device_.Copy2D(static_cast<std::byte*>(q_latent) + size_t(r) * element_,
                                      size_t(width_) * element_, q_rope, size_t(dr) * element_,
                                      size_t(dr) * element_, size_t(tx) * hl));
@@ -524,23 +510,8 @@ absl::Status Worker::RunSparseMqa(const Plan& plan, const BatchInputs& inputs,
     DCP_RETURN_IF_ERROR(device_.Convert(converted, storage_, combined, DType::kF32, part_count));
     o_lat = converted;
   }
-  GemmParams up;
-  up.a = o_lat;
-  up.b = w_uv_.data();
-  up.c = out;
-  up.a_dtype = up.b_dtype = storage_;
-  up.c_dtype = DType::kF32;
-  up.m = static_cast<int>(tx);
-  up.n = dv;
-  up.k = r;
-  up.batch = hl;
-  up.lda = int64_t{hl} * r;
-  up.ldb = dv;
-  up.ldc = int64_t{hl} * dv;
-  up.stride_a = r;
-  up.stride_b = int64_t{r} * dv;
-  up.stride_c = dv;
-  DCP_RETURN_IF_ERROR(device_.Gemm(up));
+  DCP_RETURN_IF_ERROR(HeadGemm({o_lat, int64_t{hl} * r, r, w_uv_.data(), false, out,
+                                DType::kF32, int64_t{hl} * dv, dv, tx, dv, r}));
   DCP_RETURN_IF_ERROR(device_.Synchronize());
   stats_.up_projection_s += Seconds(start);
   stats_.flops += 2.0 * double(tx) * hl * (double(dn) * r + double(r) * dv);

@@ -80,6 +80,22 @@ class Worker {
   // result before anything reads the top-k.
   absl::Status StageTopk(absl::Span<const BatchRequest> batch, const TensorView& topk);
   absl::Status WriteNewTokens(const Plan& plan, const void* kv_new);
+  // One GEMM per head of this rank, batched over the heads: C[h] [m, n] = A[h] [m, k] @ W[h],
+  // W[h] the head's weight matrix (stored [k, n], or [n, k] and transposed when trans_weights).
+  // A[h] starts at a + h * stride_a, C[h] at c + h * stride_c (elements); A and the weights are
+  // in the storage dtype.
+  struct HeadGemmArgs {
+    const void* a;
+    int64_t lda, stride_a;
+    const void* weights;  // [Hl, k, n] (or [Hl, n, k] with trans_weights)
+    bool trans_weights;
+    void* c;
+    DType c_dtype;
+    int64_t ldc, stride_c;
+    int64_t m;
+    int n, k;
+  };
+  absl::Status HeadGemm(const HeadGemmArgs& args);
   // Up-projects rows [n, R + Dr] of the latent cache into k [n, Hl, Dn + Dr] and v [n, Hl, Dv].
   absl::Status UpProject(const void* rows, int64_t n, void* k, void* v);
   absl::Status RunSparseMqa(const Plan& plan, const BatchInputs& inputs, const void* q_nope,
