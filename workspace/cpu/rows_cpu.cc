@@ -3,28 +3,12 @@
 #include <cstring>
 
 #include "runtime/status.h"
+#include "workspace/rows_check.h"
 
 namespace dcp::cpu {
-namespace {
-
-absl::Status CheckRows(const char* what, const void* src, const int32_t* index, const void* dst,
-                       int64_t num_rows, int width, int64_t src_stride, int64_t dst_stride) {
-  DCP_CHECK_ARG(num_rows >= 0 && width >= 0, "%s: num_rows %d and width %d must be >= 0", what,
-                num_rows, width);
-  if (num_rows == 0 || width == 0) return absl::OkStatus();
-  DCP_CHECK_ARG(src != nullptr && index != nullptr && dst != nullptr,
-                "%s: src, index and dst must not be null", what);
-  DCP_CHECK_ARG(src_stride >= width && dst_stride >= width,
-                "%s: row strides (%d, %d) must be >= width %d", what, src_stride, dst_stride,
-                width);
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::Status GatherRows(const GatherRowsParams& p) {
-  DCP_RETURN_IF_ERROR(CheckRows("GatherRows", p.src, p.index, p.dst, p.num_rows, p.width,
-                                p.src_row_stride, p.dst_row_stride));
+  DCP_RETURN_IF_ERROR(CheckRows(p));
   const size_t element = dtype_size(p.dtype);
   const size_t row_bytes = size_t(p.width) * element;
   const auto* src = static_cast<const std::byte*>(p.src);
@@ -42,8 +26,7 @@ absl::Status GatherRows(const GatherRowsParams& p) {
 }
 
 absl::Status ScatterRows(const ScatterRowsParams& p) {
-  DCP_RETURN_IF_ERROR(CheckRows("ScatterRows", p.src, p.index, p.dst, p.num_rows, p.width,
-                                p.src_row_stride, p.dst_row_stride));
+  DCP_RETURN_IF_ERROR(CheckRows(p));
   const size_t element = dtype_size(p.dtype);
   const size_t row_bytes = size_t(p.width) * element;
   const auto* src = static_cast<const std::byte*>(p.src);

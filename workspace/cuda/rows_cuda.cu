@@ -4,22 +4,10 @@
 #include "runtime/cuda/cuda_status.h"
 #include "workspace/cuda/rows_cuda.h"
 #include "workspace/cuda/rows_kernel.cuh"
+#include "workspace/rows_check.h"
 
 namespace dcp::cuda {
 namespace {
-
-absl::Status CheckRows(const char* what, const void* src, const int32_t* index, const void* dst,
-                       int64_t num_rows, int width, int64_t src_stride, int64_t dst_stride) {
-  DCP_CHECK_ARG(num_rows >= 0 && width >= 0, "%s: num_rows %d and width %d must be >= 0", what,
-                num_rows, width);
-  if (num_rows == 0 || width == 0) return absl::OkStatus();
-  DCP_CHECK_ARG(src != nullptr && index != nullptr && dst != nullptr,
-                "%s: src, index and dst must not be null", what);
-  DCP_CHECK_ARG(src_stride >= width && dst_stride >= width,
-                "%s: row strides (%d, %d) must be >= width %d", what, src_stride, dst_stride,
-                width);
-  return absl::OkStatus();
-}
 
 // The widest unit (16, 8, 4 or 2 bytes; 1 for odd sizes) dividing every byte quantity given.
 int UnitBytes(std::initializer_list<uint64_t> quantities) {
@@ -90,16 +78,14 @@ absl::Status Dispatch(const void* src, const int32_t* index, void* dst, DType dt
 }  // namespace
 
 absl::Status GatherRows(const GatherRowsParams& p, cudaStream_t stream) {
-  DCP_RETURN_IF_ERROR(CheckRows("GatherRows", p.src, p.index, p.dst, p.num_rows, p.width,
-                                p.src_row_stride, p.dst_row_stride));
+  DCP_RETURN_IF_ERROR(CheckRows(p));
   if (p.num_rows == 0 || p.width == 0) return absl::OkStatus();
   return Dispatch<true>(p.src, p.index, p.dst, p.dtype, p.num_rows, p.num_src_rows, p.width,
                         p.src_row_stride, p.dst_row_stride, stream);
 }
 
 absl::Status ScatterRows(const ScatterRowsParams& p, cudaStream_t stream) {
-  DCP_RETURN_IF_ERROR(CheckRows("ScatterRows", p.src, p.index, p.dst, p.num_rows, p.width,
-                                p.src_row_stride, p.dst_row_stride));
+  DCP_RETURN_IF_ERROR(CheckRows(p));
   if (p.num_rows == 0 || p.width == 0) return absl::OkStatus();
   return Dispatch<false>(p.src, p.index, p.dst, p.dtype, p.num_rows, p.num_dst_rows, p.width,
                          p.src_row_stride, p.dst_row_stride, stream);

@@ -1,0 +1,37 @@
+// The argument checks of the row gather/scatter (workspace_params.h), shared by the CPU and
+// CUDA implementations so both reject the same calls with the same message.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "runtime/status.h"
+#include "workspace/workspace_params.h"
+
+namespace dcp {
+
+inline absl::Status CheckRowMove(const char* what, const void* src, const int32_t* index,
+                                 const void* dst, int64_t num_rows, int width, int64_t src_stride,
+                                 int64_t dst_stride) {
+  DCP_CHECK_ARG(num_rows >= 0 && width >= 0, "%s: num_rows %d and width %d must be >= 0", what,
+                num_rows, width);
+  if (num_rows == 0 || width == 0) return absl::OkStatus();
+  DCP_CHECK_ARG(src != nullptr && index != nullptr && dst != nullptr,
+                "%s: src, index and dst must not be null", what);
+  DCP_CHECK_ARG(src_stride >= width && dst_stride >= width,
+                "%s: row strides (%d, %d) must be >= width %d", what, src_stride, dst_stride,
+                width);
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckRows(const GatherRowsParams& p) {
+  return CheckRowMove("GatherRows", p.src, p.index, p.dst, p.num_rows, p.width, p.src_row_stride,
+                      p.dst_row_stride);
+}
+
+inline absl::Status CheckRows(const ScatterRowsParams& p) {
+  return CheckRowMove("ScatterRows", p.src, p.index, p.dst, p.num_rows, p.width,
+                      p.src_row_stride, p.dst_row_stride);
+}
+
+}  // namespace dcp
