@@ -414,36 +414,69 @@ absl::Status Worker::RunSparseMqa(const Plan& plan, const BatchInputs& inputs,
   stats_.all_gather_comm_s += Seconds(start);
   stats_.gather_s += Seconds(start);
 
-  // Local sparse MQA of every rank's heads over this rank's keys: partial [W, tx, Hl, R].
+  // Local sparse MQA of every rank's heads over this rank's keys: partial [W, tx, Hl, R],
+  // source-rank-major as the combine's collectives want it. The kernel runs once over all H
+  // heads (its head tile is wide: W launches of H/W heads would leave most of it idle), so q'
+  // is first rearranged [W, tx, Hl, *] -> [tx, H, *] and the outputs back afterwards.
   start = Clock::now();
+  const int all_heads = hl * world;
   const size_t part_count = size_t(tx) * hl * r;
   DCP_ASSIGN_OR_RETURN(void* partial_data, scratch(kPartial, part_count * world * 4));
   DCP_ASSIGN_OR_RETURN(void* lse_part_data, scratch(kLsePartial, size_t(tx) * hl * world * 4));
   auto* partial = static_cast<float*>(partial_data);
   auto* lse_part = static_cast<float*>(lse_part_data);
-  for (int q = 0; q < world; ++q) {
-    SparseMqaParams p;
-    p.q = static_cast<const std::byte*>(q_all) + q * q_latent_count * element_;
-    p.kv_cache = cache_.data();
-    p.indices = slots;
-    p.out = partial + q * part_count;
-    p.lse = lse_part + size_t(q) * tx * hl;
-    p.dtype = storage_;
-    p.num_tokens = static_cast<int>(tx);
-    p.num_heads = hl;
-    p.head_dim = width_;
-    p.v_dim = r;
-    p.topk = topk_width;
-    p.num_slots = num_slots_;
-    p.q_token_stride = int64_t{hl} * width_;
-    p.q_head_stride = width_;
-    p.kv_row_stride = width_;
-    p.indices_token_stride = topk_width;
-    p.out_token_stride = int64_t{hl} * r;
-    p.out_head_stride = r;
-    p.lse_token_stride = hl;
-    p.scale = scale_;
-    DCP_RETURN_IF_ERROR(device_.SparseMqa(p));
+  const void* q_heads = q_all;
+  float* out_heads = partial;
+  float* lse_heads = lse_part;
+  if (world > 1) {
+    DCP_ASSIGN_OR_RETURN(void* q_data, scratch(kQHeads, q_latent_count * world * element_));
+    DCP_ASSIGN_OR_RETURN(void* out_data, scratch(kOutHeads, part_count * world * 4));
+    DCP_ASSIGN_OR_RETURN(void* lse_data, scratch(kLseHeads, size_t(tx) * all_heads * 4));
+    const size_t block = size_t(hl) * width_ * element_;  // one token's heads of one rank
+    for (int q = 0; q < world; ++q) {
+      DCP_RETURN_IF_ERROR(device_.Copy2D(static_cast<std::byte*>(q_data) + q * block,
+                                         block * world,
+                                         static_cast<const std::byte*>(q_all) + q * tx * block,
+                                         block, block, size_t(tx)));
+    }
+    q_heads = q_data;
+    out_heads = static_cast<float*>(out_data);
+    lse_heads = static_cast<float*>(lse_data);
+  }
+  SparseMqaParams p;
+  p.q = q_heads;
+  p.kv_cache = cache_.data();
+  p.indices = slots;
+  p.out = out_heads;
+  p.lse = lse_heads;
+  p.dtype = storage_;
+  p.num_tokens = static_cast<int>(tx);
+  p.num_heads = all_heads;
+  p.head_dim = width_;
+  p.v_dim = r;
+  p.topk = topk_width;
+  p.num_slots = num_slots_;
+  p.q_token_stride = int64_t{all_heads} * width_;
+  p.q_head_stride = width_;
+  p.kv_row_stride = width_;
+  p.indices_token_stride = topk_width;
+  p.out_token_stride = int64_t{all_heads} * r;
+  p.out_head_stride = r;
+  p.lse_token_stride = all_heads;
+  p.scale = scale_;
+  DCP_RETURN_IF_ERROR(device_.SparseMqa(p));
+  if (world > 1) {
+    const size_t out_block = size_t(hl) * r * 4, lse_block = size_t(hl) * 4;
+    for (int q = 0; q < world; ++q) {
+      DCP_RETURN_IF_ERROR(device_.Copy2D(
+          reinterpret_cast<std::byte*>(partial) + q * tx * out_block, out_block,
+          reinterpret_cast<const std::byte*>(out_heads) + q * out_block, out_block * world,
+          out_block, size_t(tx)));
+      DCP_RETURN_IF_ERROR(device_.Copy2D(
+          reinterpret_cast<std::byte*>(lse_part) + q * tx * lse_block, lse_block,
+          reinterpret_cast<const std::byte*>(lse_heads) + q * lse_block, lse_block * world,
+          lse_block, size_t(tx)));
+    }
   }
   DCP_RETURN_IF_ERROR(device_.Synchronize());
   stats_.attention_s += Seconds(start);

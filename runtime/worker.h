@@ -55,7 +55,7 @@ class Worker {
     kQRopeExec, kKvNewExec, kTopkExec,
     // sparse MQA
     kSlots, kTokenRequest, kTokenPosition, kBlockTables, kQLatent, kQAll, kPartial, kLsePartial,
-    kLseAll, kLseTotal, kReceived, kLseReceived, kCombined, kOLatStorage,
+    kQHeads, kOutHeads, kLseHeads, kLseAll, kLseTotal, kReceived, kLseReceived, kCombined, kOLatStorage,
     // dense MHA
     kQDense, kKNew, kVNew, kOutNew, kLseNew, kOutCtx, kLseCtx, kOutChunk, kLseChunk,
     kLocalSlots, kChunkIndex, kChunkRows, kKChunk, kVChunk, kCuSeqlensQ, kCuSeqlensK,
