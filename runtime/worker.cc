@@ -332,14 +332,19 @@ absl::Status Worker::UpProject(const void* rows, int64_t n, void* k, void* v) {
   // v[t][h] = w_uv[h]^T kv_c[t]: per head [n, R] x [R, Dv].
   DCP_RETURN_IF_ERROR(HeadGemm({rows, width_, 0, w_uv_.data(), false, v, storage_,
                                 int64_t{hl} * dv, dv, n, dv, r}));
-  // k_pe is shared by the heads: copy it behind each head's k_nope.
-  for (int h = 0; h < hl; ++h) {
-    DCP_RETURN_IF_ERROR(device_.Copy2D(
-        static_cast<std::byte*>(k) + (size_t(h) * qk + dn) * element_, size_t(hl) * qk * element_,
-        static_cast<const std::byte*>(rows) + size_t(r) * element_, size_t(width_) * element_,
-        size_t(dr) * element_, size_t(n)));
+  // k_pe is shared by the heads: one gather copies row t's k_pe behind each head's k_nope
+  // (row t * Hl + h of k[:, :, Dn:] takes source row t), instead of a copy per head.
+  const int64_t targets = n * hl;
+  if (broadcast_rows_ < targets) {
+    std::vector<int32_t> index(targets);
+    for (int64_t i = 0; i < targets; ++i) index[i] = static_cast<int32_t>(i / hl);
+    DCP_RETURN_IF_ERROR(upload(kRopeIndex, index).status());
+    broadcast_rows_ = targets;
   }
-  return absl::OkStatus();
+  return device_.GatherRows({static_cast<const std::byte*>(rows) + size_t(r) * element_,
+                             scratch_[kRopeIndex].as<int32_t>(),
+                             static_cast<std::byte*>(k) + size_t(dn) * element_, storage_,
+                             targets, n, dr, width_, qk});
 }
 
 absl::Status Worker::RunSparseMqa(const Plan& plan, const BatchInputs& inputs,

@@ -58,7 +58,7 @@ class Worker {
     kQHeads, kOutHeads, kLseHeads, kLseAll, kLseTotal, kReceived, kLseReceived, kCombined, kOLatStorage,
     // dense MHA
     kQDense, kKNew, kVNew, kOutNew, kLseNew, kOutCtx, kLseCtx, kOutChunk, kLseChunk,
-    kLocalSlots, kChunkIndex, kChunkRows, kKChunk, kVChunk, kCuSeqlensQ, kCuSeqlensK,
+    kRopeIndex, kLocalSlots, kChunkIndex, kChunkRows, kKChunk, kVChunk, kCuSeqlensQ, kCuSeqlensK,
     // outputs
     kOutExec, kLseExec, kOutCaller, kLseCaller, kNumScratch
   };
@@ -123,6 +123,7 @@ class Worker {
   std::vector<Buffer> scratch_;
   ForwardStats stats_;
   bool damage_next_plan_ = false;
+  int64_t broadcast_rows_ = 0;  // rows the k_pe broadcast index (kRopeIndex: i / Hl) covers
 };
 
 }  // namespace dcp
