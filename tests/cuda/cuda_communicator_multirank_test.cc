@@ -11,28 +11,11 @@
 #include "collectives/cuda/nccl_communicator.h"
 #include "runtime/cuda/cuda_device.h"
 #include "tests/cuda/gpu_test_util.h"
+#include "tests/multirank/collective_values.h"
 #include "tests/multirank/multirank_test.h"
 
 namespace dcp::testing {
 namespace {
-
-double value_of(int r, size_t i, int salt) {
-  return 0.25 * static_cast<double>((r * 13 + static_cast<int>(i % 17) + salt) % 29);
-}
-
-template <typename T>
-T as(double x) {
-  if constexpr (std::is_same_v<T, bf16>) return float_to_bf16(static_cast<float>(x));
-  if constexpr (std::is_same_v<T, float>) return static_cast<float>(x);
-  if constexpr (std::is_same_v<T, int32_t>) return static_cast<int32_t>(x * 4);
-}
-
-template <typename T>
-double back(T v) {
-  if constexpr (std::is_same_v<T, bf16>) return bf16_to_float(v);
-  if constexpr (std::is_same_v<T, float>) return v;
-  if constexpr (std::is_same_v<T, int32_t>) return v / 4.0;
-}
 
 template <typename T>
 void ExerciseDataPlane(Communicator& comm) {

@@ -8,29 +8,11 @@
 
 #include "collectives/communicator.h"
 #include "runtime/dtype.h"
+#include "tests/multirank/collective_values.h"
 #include "tests/multirank/multirank_test.h"
 
 namespace dcp::testing {
 namespace {
-
-// The value rank r contributes at position i of a buffer tagged `salt`.
-double value_of(int r, size_t i, int salt) {
-  return 0.25 * static_cast<double>((r * 13 + static_cast<int>(i % 17) + salt) % 29);
-}
-
-template <typename T>
-T as(double x) {
-  if constexpr (std::is_same_v<T, bf16>) return float_to_bf16(static_cast<float>(x));
-  if constexpr (std::is_same_v<T, float>) return static_cast<float>(x);
-  if constexpr (std::is_same_v<T, int32_t>) return static_cast<int32_t>(x * 4);
-}
-
-template <typename T>
-double back(T v) {
-  if constexpr (std::is_same_v<T, bf16>) return bf16_to_float(v);
-  if constexpr (std::is_same_v<T, float>) return v;
-  if constexpr (std::is_same_v<T, int32_t>) return v / 4.0;
-}
 
 template <typename T>
 class CommunicatorTypedTest : public MultiRankTest {};
