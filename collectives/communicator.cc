@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp {
 

@@ -22,11 +22,10 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "runtime/dtype.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
 
 namespace dcp {
-
-enum class MemorySpace { kHost, kDevice };
 
 class Communicator {
  public:

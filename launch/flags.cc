@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 ABSL_FLAG(std::string, config, "", "YAML config (sections model, scheduler, dcp, attention, run)");
 ABSL_FLAG(std::string, batch, "",

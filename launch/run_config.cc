@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "runtime/status.h"
+#include "core/status.h"
 #include "yaml-cpp/yaml.h"
 
 namespace dcp::launch {

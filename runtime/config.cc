@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp {
 

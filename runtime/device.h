@@ -12,8 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "attention/attention_params.h"
-#include "collectives/communicator.h"
-#include "runtime/dtype.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
 #include "workspace/workspace_params.h"
 
 namespace dcp {

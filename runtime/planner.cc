@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
-#include "runtime/logging.h"
-#include "runtime/status.h"
+#include "core/logging.h"
+#include "core/status.h"
 
 namespace dcp {
 

@@ -11,7 +11,7 @@
 #include "collectives/communicator.h"
 #include "runtime/batch.h"
 #include "runtime/config.h"
-#include "runtime/kv_layout.h"
+#include "core/kv_layout.h"
 #include "runtime/plan.h"
 #include "workspace/workspace_size.h"
 

@@ -1,5 +1,5 @@
 // TopkToSlots on CPU: request-local positions -> this rank's cache slots (DESIGN.md section 4).
-// The ownership math is written out here on purpose rather than taken from runtime/kv_layout.h:
+// The ownership math is written out here on purpose rather than taken from core/kv_layout.h:
 // a kernel twin of the CUDA code, which cannot include host helpers; the tests check both
 // against brute-force enumeration.
 #include <cstdint>
@@ -7,7 +7,7 @@
 
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/cpu_kernel_utils.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::cpu {
 namespace {

@@ -23,7 +23,7 @@
 #include "attention/attention_params.h"
 #include "attention/cuda/dense_mha.h"
 #include "attention/cuda/mma_sm80.cuh"
-#include "runtime/cuda/cuda_status.h"
+#include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
 

@@ -2,7 +2,7 @@
 
 #include "attention/cuda/merge_states.h"
 #include "attention/cuda/merge_states_kernel.cuh"
-#include "runtime/cuda/cuda_status.h"
+#include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
 namespace {

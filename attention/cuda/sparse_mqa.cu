@@ -2,7 +2,7 @@
 #include <cstdint>
 
 #include "attention/cuda/sparse_mqa.h"
-#include "runtime/cuda/cuda_status.h"
+#include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
 namespace {

@@ -24,7 +24,7 @@
 #include "attention/attention_params.h"
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/sparse_mqa.h"
-#include "runtime/cuda/cuda_status.h"
+#include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
 

@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <numeric>
 
-#include "runtime/cuda/cuda_status.h"
-#include "runtime/status.h"
+#include "core/cuda/cuda_status.h"
+#include "core/status.h"
 
 namespace dcp {
 

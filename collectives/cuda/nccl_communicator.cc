@@ -4,9 +4,10 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/cuda/convert.h"
-#include "runtime/cuda/cuda_status.h"
-#include "runtime/status.h"
+#include "core/cuda/convert.h"
+#include "collectives/cuda/nccl_status.h"
+#include "core/cuda/cuda_status.h"
+#include "core/status.h"
 
 namespace dcp {
 namespace {

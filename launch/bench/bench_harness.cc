@@ -7,7 +7,8 @@
 #include <limits>
 
 #include "launch/bench/step_clock.h"
-#include "runtime/status.h"
+#include "collectives/mpi_status.h"
+#include "core/status.h"
 
 namespace dcp::bench {
 

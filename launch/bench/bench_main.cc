@@ -17,7 +17,8 @@
 #include "launch/bench/bench_setup.h"
 #include "launch/bench/modes.h"
 #include "launch/bootstrap.h"
-#include "runtime/status.h"
+#include "collectives/mpi_status.h"
+#include "core/status.h"
 
 namespace dcp::bench {
 namespace {

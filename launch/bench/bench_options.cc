@@ -11,7 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::bench {
 namespace {

@@ -20,8 +20,8 @@
 #include "launch/bench/bench_check.h"
 #include "launch/bench/bench_data.h"
 #include "launch/bench/modes.h"
-#include "runtime/kv_layout.h"
-#include "runtime/status.h"
+#include "core/kv_layout.h"
+#include "core/status.h"
 
 namespace dcp::bench {
 namespace {

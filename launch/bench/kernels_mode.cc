@@ -13,7 +13,7 @@
 #include "launch/bench/bench_data.h"
 #include "launch/bench/kernels_sweep.h"
 #include "launch/bench/modes.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::bench {
 namespace {

@@ -8,8 +8,8 @@
 
 #include "launch/bench/bench_check.h"
 #include "launch/bench/bench_data.h"
-#include "runtime/kv_layout.h"
-#include "runtime/status.h"
+#include "core/kv_layout.h"
+#include "core/status.h"
 
 namespace dcp::bench {
 namespace {

@@ -6,14 +6,15 @@
 #include <vector>
 
 #include "attention/cuda/dense_mha.h"
+#include "attention/cuda/cublas_status.h"
 #include "attention/cuda/gemm_cublas.h"
 #include "attention/cuda/merge_states.h"
 #include "attention/cuda/sparse_mqa.h"
 #include "attention/cuda/topk_to_slots.h"
 #include "attention/cuda/topk_validate.h"
-#include "runtime/cuda/convert.h"
-#include "runtime/cuda/cuda_status.h"
-#include "runtime/logging.h"
+#include "core/cuda/convert.h"
+#include "core/cuda/cuda_status.h"
+#include "core/logging.h"
 #include "workspace/cuda/rows_cuda.h"
 
 namespace dcp {

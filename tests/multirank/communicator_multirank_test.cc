@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 #include "tests/multirank/collective_values.h"
 #include "tests/multirank/multirank_test.h"
 
