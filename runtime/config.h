@@ -68,4 +68,15 @@ struct AttentionConfig {
 absl::Status ValidateConfigs(const ModelDims& model, const DcpConfig& dcp,
                              const SchedulerConfig& scheduler, const AttentionConfig& attention);
 
+// Everything a DcpContext or DcpEngine is created from.
+struct DcpOptions {
+  ModelDims model;
+  DcpConfig dcp;  // world_size and rank must match the communicator's
+  SchedulerConfig scheduler;
+  AttentionConfig attention;
+  // Rows S of the chunked-prefill workspace; 0 = the seed's formula (DESIGN.md section 6).
+  // Rounded up to lcm(B, W*I). For tests that force several chunks, and for tuning.
+  int64_t workspace_rows_override = 0;
+};
+
 }  // namespace dcp

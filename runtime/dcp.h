@@ -32,16 +32,6 @@ namespace dcp {
 
 class Worker;
 
-struct DcpOptions {
-  ModelDims model;
-  DcpConfig dcp;  // world_size and rank must match the communicator's
-  SchedulerConfig scheduler;
-  AttentionConfig attention;
-  // Rows S of the chunked-prefill workspace; 0 = the seed's formula (DESIGN.md section 6).
-  // Rounded up to lcm(B, W*I). For tests that force several chunks, and for tuning.
-  int64_t workspace_rows_override = 0;
-};
-
 class DcpContext {
  public:
   static absl::StatusOr<std::unique_ptr<DcpContext>> Create(const DcpOptions& options,

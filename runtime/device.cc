@@ -1,5 +1,7 @@
 #include "runtime/device.h"
 
+#include "core/status.h"
+
 namespace dcp {
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
@@ -20,6 +22,11 @@ void Buffer::reset() {
   device_ = nullptr;
   data_ = nullptr;
   bytes_ = 0;
+}
+
+absl::Status Device::SetStream(void* stream) {
+  DCP_CHECK_ARG(stream == nullptr, "device %s runs in order and takes no stream", name());
+  return absl::OkStatus();
 }
 
 }  // namespace dcp

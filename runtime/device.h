@@ -88,6 +88,11 @@ class Device {
   virtual absl::Status ScatterRows(const ScatterRowsParams& params) = 0;
 
   virtual absl::Status Synchronize() = 0;
+
+  // The stream later calls enqueue on (a cudaStream_t on CUDA ranks; nullptr = the device's
+  // own). Streams of another GPU are refused. CPU ranks run in order and take only nullptr.
+  virtual absl::Status SetStream(void* stream);
+  virtual void* stream_handle() const { return nullptr; }
 };
 
 // Host memory, kernels of attention/cpu and workspace/cpu. Storage dtype F32 or BF16.

@@ -26,7 +26,8 @@ struct ForwardStats {
 };
 
 // Times one phase on the host: Stop() waits for the device's queued work, so the time includes
-// the phase's kernels (the cost of a device synchronisation per phase boundary).
+// the phase's kernels (the cost of a device synchronisation per phase boundary). Stats are
+// opt-in: with `stats` null, EndPhase neither waits nor records.
 class PhaseTimer {
  public:
   using Clock = std::chrono::steady_clock;
@@ -43,5 +44,12 @@ class PhaseTimer {
  private:
   Clock::time_point start_;
 };
+
+// Ends a phase begun at `timer`: with stats on, waits for the device and adds the phase's
+// seconds to stats->*phase; with stats null, does nothing.
+inline absl::Status EndPhase(Device& device, ForwardStats* stats, const PhaseTimer& timer,
+                             double ForwardStats::*phase) {
+  return stats == nullptr ? absl::OkStatus() : timer.Stop(device, &(stats->*phase));
+}
 
 }  // namespace dcp

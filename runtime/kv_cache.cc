@@ -71,20 +71,13 @@ absl::Status KvCache::Load(int64_t request_id, int64_t num_tokens, const TensorV
   return absl::OkStatus();
 }
 
-absl::Status KvCache::WriteNewTokens(const Plan& plan, const void* kv_new) {
-  std::vector<int32_t> slots(plan.num_tokens, -1);
-  for (const PlannedRequest& r : plan.requests) {
-    DCP_RETURN_IF_ERROR(tables_.Grow(r.request_id, r.seq_len));
-    for (int i = 0; i < r.query_len; ++i) {
-      DCP_ASSIGN_OR_RETURN(int64_t slot, tables_.slot(r.request_id, r.context_len() + i));
-      slots[r.caller_token_begin + i] = static_cast<int32_t>(slot);
-    }
-  }
-  return Scatter(kv_new, slots);
+absl::Status KvCache::Grow(absl::Span<const BatchRequest> batch) {
+  for (const BatchRequest& r : batch) DCP_RETURN_IF_ERROR(tables_.Grow(r.request_id, r.seq_len));
+  return absl::OkStatus();
 }
 
-void KvCache::CommitLengths(const Plan& plan) {
-  for (const PlannedRequest& r : plan.requests) cached_[r.request_id] = r.seq_len;
+void KvCache::CommitLengths(absl::Span<const BatchRequest> batch) {
+  for (const BatchRequest& r : batch) cached_[r.request_id] = r.seq_len;
 }
 
 }  // namespace dcp

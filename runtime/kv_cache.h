@@ -15,18 +15,21 @@
 #include "core/tensor.h"
 #include "runtime/block_tables.h"
 #include "runtime/device.h"
-#include "runtime/plan.h"
+#include "runtime/batch.h"
 #include "runtime/scratch.h"
 
 namespace dcp {
 
-// Rows of a paged cache as the kernels address them: slot s is row s.
+// One layer's paged KV cache as the kernels address it: block b holds slots [b*B, (b+1)*B),
+// slot s is the row at data + s * row_stride elements. Engine-owned memory on the rank's device
+// (host memory on CPU ranks); dcp reads and writes it in place.
 struct KvCacheView {
-  void* data = nullptr;  // [num_slots, row_width] of dtype
-  DType dtype = DType::kF32;
-  int64_t num_slots = 0;
-  int row_width = 0;     // R + Dr
-  int block_size = 0;    // B rows per block
+  void* data = nullptr;     // [num_blocks * block_size, row_stride] of dtype
+  DType dtype = DType::kF32;  // the rank's storage dtype (Device::storage_dtype)
+  int64_t num_blocks = 0;
+  int block_size = 0;       // B rows per block
+  int64_t row_stride = 0;   // elements from one row to the next, >= R + Dr
+  int64_t num_slots() const { return num_blocks * block_size; }
 };
 
 class KvCache {
@@ -41,11 +44,8 @@ class KvCache {
   // Places the request's first num_tokens tokens: local_rows [local_length(num_tokens), width]
   // in local order (already checked by the caller).
   absl::Status Load(int64_t request_id, int64_t num_tokens, const TensorView& local_rows);
-  // Grows every planned request to its seq_len and writes the rows of its new tokens that this
-  // rank owns: kv_new [T, width] of the storage dtype on the device, caller token order.
-  absl::Status WriteNewTokens(const Plan& plan, const void* kv_new);
-  // Once every rank wrote: each planned request's cached length becomes its seq_len.
-  void CommitLengths(const Plan& plan);
+  // Once a step ran: each request's cached length becomes its seq_len.
+  void CommitLengths(absl::Span<const BatchRequest> batch);
 
   bool has_request(int64_t request_id) const { return cached_.contains(request_id); }
   // Tokens cached for the request; -1 when it is not registered.
@@ -54,8 +54,12 @@ class KvCache {
     return tables_.table(request_id);
   }
   KvCacheView view() const {
-    return {rows_.data(), storage_, num_slots_, row_width_, tables_.block_size()};
+    return {rows_.data(), storage_, num_slots_ / tables_.block_size(), tables_.block_size(),
+            row_width_};
   }
+  const BlockTables& tables() const { return tables_; }
+  // Grows each request of the batch to its seq_len (blocks for the new tokens).
+  absl::Status Grow(absl::Span<const BatchRequest> batch);
   const KvLayout& layout() const { return tables_.layout(); }
   int rank() const { return tables_.rank(); }
 

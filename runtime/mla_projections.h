@@ -3,7 +3,7 @@
 //   Absorb:     q'[t][h] = [w_uk[h]^T q_nope[t][h] | q_rope[t][h]]          (sparse route)
 //   UpProject:  k[t][h] = [w_uk[h] kv_c[t] | k_pe[t]], v[t][h] = w_uv[h]^T kv_c[t]  (dense)
 //   ProjectOut: out[t][h] = w_uv[h]^T o_lat[t][h]                           (sparse route)
-// Owns the weights (staged once, converted to the storage dtype).
+// The weights are the caller's (device memory, storage dtype), bound per layer with Bind.
 #pragma once
 
 #include <cstdint>
@@ -14,18 +14,22 @@
 #include "core/dtype.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
-#include "runtime/layer_io.h"
 #include "runtime/scratch.h"
 
 namespace dcp {
 
 class MlaProjections {
  public:
-  // weights: [Hl, Dn, R] and [Hl, R, Dv] (checked), host or device memory, F32 or BF16.
-  static absl::StatusOr<std::unique_ptr<MlaProjections>> Create(Device& device,
-                                                                const ModelDims& model,
-                                                                int heads,
-                                                                const LayerWeights& weights);
+  MlaProjections(Device& device, const ModelDims& model, int heads)
+      : device_(device), model_(model), heads_(heads), storage_(device.storage_dtype()) {}
+
+  // At plan time: UpProject will see at most `max_rows` rows (uploads the k_pe broadcast index).
+  absl::Status Prepare(int64_t max_rows);
+  // The layer's weights: w_uk [Hl, Dn, R], w_uv [Hl, R, Dv], storage dtype, on the device.
+  void Bind(const void* w_uk, const void* w_uv) {
+    w_uk_ = w_uk;
+    w_uv_ = w_uv;
+  }
 
   // q_nope [T, Hl, Dn], q_rope [T, Hl, Dr] -> q_latent [T, Hl, R + Dr].
   absl::Status Absorb(const void* q_nope, const void* q_rope, int64_t num_tokens,
@@ -38,9 +42,6 @@ class MlaProjections {
   int heads() const { return heads_; }
 
  private:
-  MlaProjections(Device& device, const ModelDims& model, int heads)
-      : device_(device), model_(model), heads_(heads), storage_(device.storage_dtype()) {}
-
   // One GEMM per head, batched over the heads: C[h] [m, n] = A[h] [m, k] @ W[h], W[h] the
   // head's weight matrix (stored [k, n], or [n, k] and transposed when trans_weights). A[h]
   // starts at a + h * stride_a, C[h] at c + h * stride_c (elements); A and the weights are in
@@ -62,9 +63,9 @@ class MlaProjections {
   ModelDims model_;
   int heads_;
   DType storage_;
-  Buffer w_uk_;  // [Hl, Dn, R] of storage_
-  Buffer w_uv_;  // [Hl, R, Dv] of storage_
-  ScratchBuffer rope_index_;  // i / Hl for i < broadcast_rows_: the k_pe broadcast's gather
+  const void* w_uk_ = nullptr;  // [Hl, Dn, R] of storage_
+  const void* w_uv_ = nullptr;  // [Hl, R, Dv] of storage_
+  ScratchBuffer rope_index_;    // i / Hl for i < broadcast_rows_: the k_pe broadcast's gather
   int64_t broadcast_rows_ = 0;
 };
 

@@ -14,6 +14,16 @@ absl::StatusOr<void*> ScratchBuffer::Reserve(Device& device, size_t bytes) {
   return buffer_.data();
 }
 
+absl::StatusOr<void*> ScratchBuffer::Get(size_t bytes) const {
+  if (buffer_.data() == nullptr || buffer_.bytes() < bytes) {
+    return DCP_ERROR(FailedPrecondition,
+                     "scratch buffer of %d bytes used for %d: the step's plan did not size it "
+                     "(plan the step before running its layers)",
+                     buffer_.bytes(), bytes);
+  }
+  return buffer_.data();
+}
+
 absl::StatusOr<void*> Stage(Device& device, ScratchBuffer& buffer, const TensorView& view,
                             DType dtype) {
   const size_t count = static_cast<size_t>(view.num_elements());

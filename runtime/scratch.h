@@ -13,11 +13,16 @@
 
 namespace dcp {
 
-// One device allocation that is only ever grown (never shrunk) to the largest request.
+// One device allocation that is only ever grown (never shrunk) to the largest request. Sized
+// when a step is planned (Reserve, which may allocate); used while a layer runs (Get, which
+// never allocates: a buffer the plan did not size is an error, not a hidden cudaMalloc).
 class ScratchBuffer {
  public:
   // At least `bytes` bytes on `device` (contents undefined after a grow).
   absl::StatusOr<void*> Reserve(Device& device, size_t bytes);
+  // The buffer, which must hold `bytes` already.
+  absl::StatusOr<void*> Get(size_t bytes) const;
+  size_t capacity() const { return buffer_.bytes(); }
   void* data() const { return buffer_.data(); }
   template <typename T>
   T* as() const { return buffer_.as<T>(); }

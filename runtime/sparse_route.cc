@@ -8,11 +8,14 @@
 
 namespace dcp {
 
-absl::StatusOr<int32_t*> SparseRoute::LocalSlots(const Plan& plan, const SparseRouteInputs& in,
-                                                 int* width) {
-  const int64_t tx = in.num_tokens;
+absl::Status SparseRoute::Prepare(const Plan& plan, const StepTables& tables, int64_t tx,
+                                  int topk_width) {
+  num_tokens_ = tx;
+  causal_ = topk_width == 0;
+  block_size_ = tables.block_size;
+  if (tx == 0) return absl::OkStatus();
+  // Per token: its request (index into the block tables below) and position.
   std::vector<int32_t> token_request(tx), token_position(tx);
-  int max_blocks = 1;
   int num_requests = 0;
   for (const PlannedRequest& req : plan.requests) {
     if (req.token_begin >= tx) break;
@@ -20,68 +23,96 @@ absl::StatusOr<int32_t*> SparseRoute::LocalSlots(const Plan& plan, const SparseR
       token_request[req.token_begin + i] = num_requests;
       token_position[req.token_begin + i] = req.context_len() + i;
     }
-    DCP_ASSIGN_OR_RETURN(auto table, cache_.table(req.request_id));
-    max_blocks = std::max(max_blocks, static_cast<int>(table.size()));
     ++num_requests;
   }
-  std::vector<int32_t> tables(size_t(num_requests) * max_blocks, -1);
+  int max_blocks = 1;
   for (int q = 0; q < num_requests; ++q) {
-    DCP_ASSIGN_OR_RETURN(auto table, cache_.table(plan.requests[q].request_id));
-    std::copy(table.begin(), table.end(), tables.begin() + size_t(q) * max_blocks);
+    const int64_t rows = layout_.local_length(plan.requests[q].seq_len, rank_);
+    max_blocks = std::max<int>(max_blocks, static_cast<int>((rows + block_size_ - 1) / block_size_));
   }
-  const int32_t* topk = in.topk;
-  int topk_width = in.topk_width;
-  if (topk == nullptr) {
+  std::vector<int32_t> exec_tables(size_t(num_requests) * max_blocks, -1);
+  for (int q = 0; q < num_requests; ++q) {
+    const int32_t* row = tables.row(plan.requests[q].batch_index);
+    const int64_t rows = layout_.local_length(plan.requests[q].seq_len, rank_);
+    std::copy(row, row + (rows + block_size_ - 1) / block_size_,
+              exec_tables.begin() + size_t(q) * max_blocks);
+  }
+  if (causal_) {
     // Every causal position: row t is 0..p(t), then -1.
-    topk_width = 0;
     for (int64_t t = 0; t < tx; ++t) topk_width = std::max(topk_width, token_position[t] + 1);
     std::vector<int32_t> causal(size_t(tx) * topk_width, -1);
     for (int64_t t = 0; t < tx; ++t) {
       for (int j = 0; j <= token_position[t]; ++j) causal[t * topk_width + j] = j;
     }
-    DCP_ASSIGN_OR_RETURN(topk, Upload(device_, causal_topk_, causal));
+    DCP_RETURN_IF_ERROR(Upload(device_, causal_topk_, causal).status());
   }
-  DCP_ASSIGN_OR_RETURN(const int32_t* d_request, Upload(device_, token_request_, token_request));
-  DCP_ASSIGN_OR_RETURN(const int32_t* d_position,
-                       Upload(device_, token_position_, token_position));
-  DCP_ASSIGN_OR_RETURN(const int32_t* d_tables, Upload(device_, block_tables_, tables));
-  DCP_ASSIGN_OR_RETURN(void* slots_data, slots_.Reserve(device_, size_t(tx) * topk_width * 4));
-  auto* slots = static_cast<int32_t*>(slots_data);
-  const KvLayout& layout = cache_.layout();
-  DCP_RETURN_IF_ERROR(device_.TopkToSlots({topk, d_request, d_position, d_tables, slots,
-                                           static_cast<int>(tx), topk_width, num_requests,
-                                           max_blocks, layout.world_size, layout.interleave,
-                                           cache_.rank(), cache_.view().block_size}));
-  *width = topk_width;
-  return slots;
+  topk_width_ = topk_width;
+  num_requests_ = num_requests;
+  max_blocks_ = max_blocks;
+  DCP_RETURN_IF_ERROR(Upload(device_, token_request_, token_request).status());
+  DCP_RETURN_IF_ERROR(Upload(device_, token_position_, token_position).status());
+  DCP_RETURN_IF_ERROR(Upload(device_, block_tables_, exec_tables).status());
+
+  // Buffers of Run.
+  const int world = comm_.world_size(), hl = projections_.heads(), r = model_.kv_lora_rank;
+  const size_t element = dtype_size(device_.storage_dtype());
+  const size_t q_latent_count = size_t(tx) * hl * model_.latent_width();
+  const size_t part_count = size_t(tx) * hl * r;
+  DCP_RETURN_IF_ERROR(slots_.Reserve(device_, size_t(tx) * topk_width * 4).status());
+  DCP_RETURN_IF_ERROR(q_latent_.Reserve(device_, q_latent_count * element).status());
+  DCP_RETURN_IF_ERROR(q_all_.Reserve(device_, q_latent_count * world * element).status());
+  DCP_RETURN_IF_ERROR(partial_.Reserve(device_, part_count * world * 4).status());
+  DCP_RETURN_IF_ERROR(lse_partial_.Reserve(device_, size_t(tx) * hl * world * 4).status());
+  if (world > 1) {
+    DCP_RETURN_IF_ERROR(q_heads_.Reserve(device_, q_latent_count * world * element).status());
+    DCP_RETURN_IF_ERROR(out_heads_.Reserve(device_, part_count * world * 4).status());
+    DCP_RETURN_IF_ERROR(lse_heads_.Reserve(device_, size_t(tx) * hl * world * 4).status());
+  }
+  DCP_RETURN_IF_ERROR(combined_.Reserve(device_, part_count * 4).status());
+  if (device_.storage_dtype() != DType::kF32) {
+    DCP_RETURN_IF_ERROR(o_lat_storage_.Reserve(device_, part_count * element).status());
+  }
+  return combine_.Prepare(tx, hl, r);
 }
 
-absl::Status SparseRoute::Run(const Plan& plan, const SparseRouteInputs& in, float* out,
+absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs& in, float* out,
                               float* lse, ForwardStats* stats) {
   const int world = comm_.world_size(), hl = projections_.heads(), r = model_.kv_lora_rank;
   const int dn = model_.qk_nope_head_dim, dv = model_.v_head_dim;
   const int width = model_.latent_width();
-  const KvCacheView cache = cache_.view();
   const DType storage = device_.storage_dtype();  // q', o_lat and the cache rows
   const size_t element = dtype_size(storage);
-  const int64_t tx = in.num_tokens;
+  const int64_t tx = num_tokens_;
+  const int topk_width = topk_width_;
+  if (tx == 0) return absl::OkStatus();
   PhaseTimer timer;
 
-  int topk_width = 0;
-  DCP_ASSIGN_OR_RETURN(int32_t* slots, LocalSlots(plan, in, &topk_width));
+  // Top-k positions -> this rank's slots (-1: another rank's key, or none).
+  DCP_ASSIGN_OR_RETURN(void* slots_data, slots_.Get(size_t(tx) * topk_width * 4));
+  auto* slots = static_cast<int32_t*>(slots_data);
+  const int32_t* topk = causal_ ? causal_topk_.as<int32_t>() : in.topk;
+  DCP_CHECK_ARG(topk != nullptr, "the step was planned with a top-k but the layer has none");
+  DCP_RETURN_IF_ERROR(device_.TopkToSlots({topk, token_request_.as<int32_t>(),
+                                           token_position_.as<int32_t>(),
+                                           block_tables_.as<int32_t>(), slots,
+                                           static_cast<int>(tx), topk_width, num_requests_,
+                                           max_blocks_, layout_.world_size, layout_.interleave,
+                                           rank_, block_size_}));
   // Absorb: q'[t][h], [tx, Hl, R + Dr].
   const size_t q_latent_count = size_t(tx) * hl * width;
-  DCP_ASSIGN_OR_RETURN(void* q_latent, q_latent_.Reserve(device_, q_latent_count * element));
+  DCP_ASSIGN_OR_RETURN(void* q_latent, q_latent_.Get(q_latent_count * element));
   DCP_RETURN_IF_ERROR(projections_.Absorb(in.q_nope, in.q_rope, tx, q_latent));
-  DCP_RETURN_IF_ERROR(timer.Stop(device_, &stats->up_projection_s));
+  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::up_projection_s));
 
   // All-gather q' along heads: [W, tx, Hl, R + Dr], block q holds rank q's heads.
   timer.Restart();
-  DCP_ASSIGN_OR_RETURN(void* q_all, q_all_.Reserve(device_, q_latent_count * world * element));
+  DCP_ASSIGN_OR_RETURN(void* q_all, q_all_.Get(q_latent_count * world * element));
   DCP_RETURN_IF_ERROR(comm_.AllGather(q_latent, q_all, q_latent_count, storage));
-  stats->all_gather_bytes += int64_t(q_latent_count) * element * world;
-  stats->all_gather_comm_s += timer.Elapsed();
-  stats->gather_s += timer.Elapsed();
+  if (stats) {
+    stats->all_gather_bytes += int64_t(q_latent_count) * element * world;
+    stats->all_gather_comm_s += timer.Elapsed();
+    stats->gather_s += timer.Elapsed();
+  }
 
   // Local sparse MQA of every rank's heads over this rank's keys: partial [W, tx, Hl, R],
   // source-rank-major as the combine's collectives want it. The kernel runs once over all H
@@ -90,18 +121,17 @@ absl::Status SparseRoute::Run(const Plan& plan, const SparseRouteInputs& in, flo
   timer.Restart();
   const int all_heads = hl * world;
   const size_t part_count = size_t(tx) * hl * r;
-  DCP_ASSIGN_OR_RETURN(void* partial_data, partial_.Reserve(device_, part_count * world * 4));
-  DCP_ASSIGN_OR_RETURN(void* lse_part_data,
-                       lse_partial_.Reserve(device_, size_t(tx) * hl * world * 4));
+  DCP_ASSIGN_OR_RETURN(void* partial_data, partial_.Get(part_count * world * 4));
+  DCP_ASSIGN_OR_RETURN(void* lse_part_data, lse_partial_.Get(size_t(tx) * hl * world * 4));
   auto* partial = static_cast<float*>(partial_data);
   auto* lse_part = static_cast<float*>(lse_part_data);
   const void* q_heads = q_all;
   float* out_heads = partial;
   float* lse_heads = lse_part;
   if (world > 1) {
-    DCP_ASSIGN_OR_RETURN(void* q_data, q_heads_.Reserve(device_, q_latent_count * world * element));
-    DCP_ASSIGN_OR_RETURN(void* out_data, out_heads_.Reserve(device_, part_count * world * 4));
-    DCP_ASSIGN_OR_RETURN(void* lse_data, lse_heads_.Reserve(device_, size_t(tx) * all_heads * 4));
+    DCP_ASSIGN_OR_RETURN(void* q_data, q_heads_.Get(q_latent_count * world * element));
+    DCP_ASSIGN_OR_RETURN(void* out_data, out_heads_.Get(part_count * world * 4));
+    DCP_ASSIGN_OR_RETURN(void* lse_data, lse_heads_.Get(size_t(tx) * all_heads * 4));
     const size_t block = size_t(hl) * width * element;  // one token's heads of one rank
     for (int q = 0; q < world; ++q) {
       DCP_RETURN_IF_ERROR(device_.Copy2D(static_cast<std::byte*>(q_data) + q * block,
@@ -125,10 +155,10 @@ absl::Status SparseRoute::Run(const Plan& plan, const SparseRouteInputs& in, flo
   p.head_dim = width;
   p.v_dim = r;
   p.topk = topk_width;
-  p.num_slots = cache.num_slots;
+  p.num_slots = cache.num_slots();
   p.q_token_stride = int64_t{all_heads} * width;
   p.q_head_stride = width;
-  p.kv_row_stride = cache.row_width;
+  p.kv_row_stride = cache.row_stride;
   p.indices_token_stride = topk_width;
   p.out_token_stride = int64_t{all_heads} * r;
   p.out_head_stride = r;
@@ -148,27 +178,27 @@ absl::Status SparseRoute::Run(const Plan& plan, const SparseRouteInputs& in, flo
           lse_block, size_t(tx)));
     }
   }
-  DCP_RETURN_IF_ERROR(timer.Stop(device_, &stats->attention_s));
-  stats->flops += 2.0 * double(tx) * hl * world * topk_width / world * (width + r);
+  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::attention_s));
+  if (stats) stats->flops += 2.0 * double(tx) * hl * world * topk_width / world * (width + r);
 
   // Combine the W partials of this rank's heads: combined [tx, Hl, R], lse [tx, Hl].
   timer.Restart();
-  DCP_ASSIGN_OR_RETURN(void* combined_data, combined_.Reserve(device_, part_count * 4));
+  DCP_ASSIGN_OR_RETURN(void* combined_data, combined_.Get(part_count * 4));
   auto* combined = static_cast<float*>(combined_data);
   DCP_RETURN_IF_ERROR(combine_.Run(partial, lse_part, tx, hl, r, combined, lse, stats));
-  DCP_RETURN_IF_ERROR(timer.Stop(device_, &stats->combine_s));
+  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::combine_s));
 
   // out[t][h] = w_uv[h]^T o_lat[t][h], from o_lat in the storage dtype.
   timer.Restart();
   const void* o_lat = combined;
   if (storage != DType::kF32) {
-    DCP_ASSIGN_OR_RETURN(void* converted, o_lat_storage_.Reserve(device_, part_count * element));
+    DCP_ASSIGN_OR_RETURN(void* converted, o_lat_storage_.Get(part_count * element));
     DCP_RETURN_IF_ERROR(device_.Convert(converted, storage, combined, DType::kF32, part_count));
     o_lat = converted;
   }
   DCP_RETURN_IF_ERROR(projections_.ProjectOut(o_lat, tx, out));
-  DCP_RETURN_IF_ERROR(timer.Stop(device_, &stats->up_projection_s));
-  stats->flops += 2.0 * double(tx) * hl * (double(dn) * r + double(r) * dv);
+  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::up_projection_s));
+  if (stats) stats->flops += 2.0 * double(tx) * hl * (double(dn) * r + double(r) * dv);
   return absl::OkStatus();
 }
 

@@ -2,12 +2,16 @@
 // execution order): absorb this rank's heads into q', all-gather q' over heads, map each
 // token's top-k positions to this rank's slots, one sparse MQA launch over all H heads and this
 // rank's keys, the LSE combine back to this rank's heads, and the w_uv projection.
+//
+// Prepare (host, once per step) uploads the slot-mapping metadata and sizes every buffer; Run
+// (per layer) only launches kernels and collectives.
 #pragma once
 
 #include <cstdint>
 
 #include "absl/status/status.h"
 #include "collectives/communicator.h"
+#include "core/kv_layout.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
 #include "runtime/forward_stats.h"
@@ -16,41 +20,46 @@
 #include "runtime/mla_projections.h"
 #include "runtime/plan.h"
 #include "runtime/scratch.h"
+#include "runtime/step.h"
 
 namespace dcp {
 
 struct SparseRouteInputs {
-  const void* q_nope;    // [T, Hl, Dn] storage dtype, execution order
-  const void* q_rope;    // [T, Hl, Dr]
-  const int32_t* topk;   // [T, topk_width] request-local positions, -1 = none; or nullptr
-                         // for every causal key
-  int topk_width = 0;
-  int64_t num_tokens = 0;  // the first num_tokens tokens of the plan (execution order)
+  const void* q_nope;   // [T, Hl, Dn] storage dtype, execution order
+  const void* q_rope;   // [T, Hl, Dr]
+  const int32_t* topk;  // [T, topk_width] request-local positions, -1 = none, execution
+                        // order; nullptr when Prepare was told topk_width 0 (every causal key)
 };
 
 class SparseRoute {
  public:
   SparseRoute(Device& device, Communicator& comm, const ModelDims& model, float scale,
-              CombineBackend combine, const KvCache& cache, MlaProjections& projections)
-      : device_(device), comm_(comm), model_(model), scale_(scale), cache_(cache),
-        projections_(projections), combine_(device, comm, combine) {}
+              CombineBackend combine, KvLayout layout, int rank, MlaProjections& projections)
+      : device_(device), comm_(comm), model_(model), scale_(scale), layout_(layout),
+        rank_(rank), projections_(projections), combine_(device, comm, combine) {}
 
-  // out [T, Hl, Dv] F32, lse [T, Hl] F32.
-  absl::Status Run(const Plan& plan, const SparseRouteInputs& in, float* out, float* lse,
-                   ForwardStats* stats);
+  // The step's first num_tokens tokens (execution order) take this route; topk_width is the
+  // layers' top-k width, 0 for every causal key. `tables` rows follow the caller's order.
+  absl::Status Prepare(const Plan& plan, const StepTables& tables, int64_t num_tokens,
+                       int topk_width);
+  // out [T, Hl, Dv] F32, lse [T, Hl] F32. stats may be null (no timing, no waits).
+  absl::Status Run(const KvCacheView& cache, const SparseRouteInputs& in, float* out,
+                   float* lse, ForwardStats* stats);
 
  private:
-  // The top-k of the tokens as this rank's slots: [T, *width] (-1 = not here / none).
-  absl::StatusOr<int32_t*> LocalSlots(const Plan& plan, const SparseRouteInputs& in, int* width);
-
   Device& device_;
   Communicator& comm_;
   ModelDims model_;
   float scale_;
-  const KvCache& cache_;
+  KvLayout layout_;
+  int rank_;
   MlaProjections& projections_;
   LseCombine combine_;
-  // Slot mapping: per-token request and position, the requests' block tables, causal top-k.
+  // The step: tokens, top-k width (the causal top-k's when none is given), slot-mapping inputs.
+  int64_t num_tokens_ = 0;
+  int topk_width_ = 0;
+  bool causal_ = false;
+  int num_requests_ = 0, max_blocks_ = 0, block_size_ = 0;
   ScratchBuffer token_request_, token_position_, block_tables_, causal_topk_, slots_;
   // q' of this rank's heads, of all heads (rank-major), and rearranged token-major.
   ScratchBuffer q_latent_, q_all_, q_heads_;

@@ -1,32 +1,27 @@
-// The per-rank worker behind DcpContext: puts the parts together and runs each batch.
+// The per-rank worker behind DcpContext: the convenience layer over DcpEngine (runtime/engine.h)
+// for callers that let dcp own the KV cache and the weights and hand over host or device
+// tensors of any float dtype (the launcher, the tests, simple embeddings).
 //
-// Per batch (DESIGN.md sections 4-7):
-//   check the inputs and stage the top-k (validated on the device, each rank a share of its
-//   rows) -> agree -> plan (rank 0, broadcast, checked) -> write the owned new tokens into the
-//   cache (KvCache) -> inputs in execution order (decodes first)
-//   -> SparseRoute for the MQA tokens -> DenseRoute for the prefills (dense route)
-//   -> outputs back in the caller's token order -> agree on the outcome.
-// The parts: KvCache (self-owned paged cache), MlaProjections (weights and their GEMMs),
-// SparseRoute (+ LseCombine), DenseRoute (+ the workspace), input_checks, ForwardStats.
+// Per batch: check the inputs and stage the top-k (validated on the device, each rank a share
+// of its rows) -> agree -> grow the requests' blocks -> DcpEngine::Plan over the self-owned
+// cache's block tables -> stage the inputs in the storage dtype -> DcpEngine::Run -> outputs
+// back to the caller -> agree on the outcome -> commit the cached lengths.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "collectives/communicator.h"
 #include "runtime/dcp.h"
-#include "runtime/dense_route.h"
 #include "runtime/device.h"
+#include "runtime/engine.h"
 #include "runtime/kv_cache.h"
-#include "runtime/mla_projections.h"
-#include "runtime/plan.h"
-#include "runtime/planner.h"
 #include "runtime/scratch.h"
-#include "runtime/sparse_route.h"
 
 namespace dcp {
 
@@ -45,8 +40,8 @@ class Worker {
 
   const ForwardStats& last_stats() const { return stats_; }
   Communicator& comm() { return comm_; }
-  bool dense_mha_available() const { return planner_.dense_mha_available; }
-  void DamageNextPlanForTesting() { damage_next_plan_ = true; }
+  bool dense_mha_available() const { return engine_->dense_mha_available(); }
+  void DamageNextPlanForTesting() { engine_->DamageNextPlanForTesting(); }
 
  private:
   Worker(const DcpOptions& options, Communicator& comm, Device& device)
@@ -60,26 +55,20 @@ class Worker {
   // (every rank holds the same top-k). The caller agrees on the result before anything reads
   // the top-k.
   absl::Status StageTopk(absl::Span<const BatchRequest> batch, const TensorView& topk);
-  // Everything after the plan: cache write, routes, outputs.
-  absl::Status Execute(const Plan& plan, const BatchInputs& inputs, const BatchOutputs& outputs);
+  // The step's block tables from the self-owned cache, rows in batch order.
+  StepTables Tables(absl::Span<const BatchRequest> batch);
+  // Everything after the plan: inputs staged, the layer run, outputs to the caller.
+  absl::Status Execute(const BatchInputs& inputs, const BatchOutputs& outputs);
 
   DcpOptions options_;
   Communicator& comm_;
   Device& device_;
-  int heads_ = 0;  // H/W, this rank's heads
-  PlannerConfig planner_;
+  std::unique_ptr<DcpEngine> engine_;
   std::unique_ptr<KvCache> cache_;
-  std::unique_ptr<MlaProjections> projections_;
-  Buffer workspace_;  // [S + S/W, R + Dr] of the storage dtype: local region, then all-gather
-  std::unique_ptr<SparseRoute> sparse_;
-  std::unique_ptr<DenseRoute> dense_;
-  // Inputs staged in the storage dtype (caller order) and in execution order; the outputs in
-  // execution order and, for host outputs, in caller order before the copy back.
-  ScratchBuffer kv_new_, q_nope_, q_rope_, topk_, topk_positions_, perm_;
-  ScratchBuffer kv_new_exec_, q_nope_exec_, q_rope_exec_, topk_exec_;
-  ScratchBuffer out_exec_, lse_exec_, out_caller_, lse_caller_;
+  Buffer w_uk_, w_uv_;  // this rank's heads' weights in the storage dtype
+  std::vector<int32_t> tables_;  // the step's block tables, [requests, max_blocks]
+  ScratchBuffer kv_new_, q_nope_, q_rope_, topk_, topk_positions_, out_, lse_;
   ForwardStats stats_;
-  bool damage_next_plan_ = false;
 };
 
 }  // namespace dcp

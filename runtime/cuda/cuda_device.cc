@@ -46,10 +46,10 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal) {
 
 CudaDevice::~CudaDevice() {
   cudaSetDevice(ordinal_);
-  cudaStreamSynchronize(stream_);
+  cudaStreamSynchronize(own_stream_);
   if (topk_record_ != nullptr) cudaFree(topk_record_);
   cublasDestroy(cublas_);
-  cudaStreamDestroy(stream_);
+  cudaStreamDestroy(own_stream_);
 }
 
 absl::Status CudaDevice::Activate() const {
@@ -234,6 +234,19 @@ absl::Status CudaDevice::GatherRows(const GatherRowsParams& params) {
 absl::Status CudaDevice::ScatterRows(const ScatterRowsParams& params) {
   DCP_RETURN_IF_ERROR(Activate());
   return cuda::ScatterRows(params, stream_);
+}
+
+absl::Status CudaDevice::SetStream(void* stream) {
+  if (stream == nullptr) {
+    stream_ = own_stream_;
+    return absl::OkStatus();
+  }
+  int stream_device = -1;
+  DCP_CUDA_CHECK(cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &stream_device));
+  DCP_CHECK_ARG(stream_device == ordinal_, "the stream belongs to GPU %d, this rank's device is "
+                "GPU %d", stream_device, ordinal_);
+  stream_ = static_cast<cudaStream_t>(stream);
+  return absl::OkStatus();
 }
 
 absl::Status CudaDevice::Synchronize() {

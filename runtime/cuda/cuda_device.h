@@ -69,15 +69,19 @@ class CudaDevice final : public Device {
   absl::Status ScatterRows(const ScatterRowsParams& params) override;
 
   absl::Status Synchronize() override;
+  // A stream of this GPU (checked), or nullptr for the device's own.
+  absl::Status SetStream(void* stream) override;
+  void* stream_handle() const override { return stream_; }
 
  private:
   CudaDevice(int ordinal, cudaStream_t stream, cublasHandle_t cublas)
-      : ordinal_(ordinal), stream_(stream), cublas_(cublas) {}
+      : ordinal_(ordinal), own_stream_(stream), stream_(stream), cublas_(cublas) {}
   // Makes this device current for the calling thread (cheap when it already is).
   absl::Status Activate() const;
 
   int ordinal_;
-  cudaStream_t stream_;
+  cudaStream_t own_stream_;  // created with the device
+  cudaStream_t stream_;      // where calls enqueue: own_stream_ or the caller's (SetStream)
   cublasHandle_t cublas_;
   void* topk_record_ = nullptr;  // device scratch of ValidateTopk, allocated on first use
 };
