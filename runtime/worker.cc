@@ -392,12 +392,17 @@ absl::Status Worker::RunSparseMqa(const Plan& plan, const BatchInputs& inputs,
   DCP_ASSIGN_OR_RETURN(const int32_t* d_request, upload(kTokenRequest, token_request));
   DCP_ASSIGN_OR_RETURN(const int32_t* d_position, upload(kTokenPosition, token_position));
   DCP_ASSIGN_OR_RETURN(const int32_t* d_tables, upload(kBlockTables, tables));
-  DCP_ASSIGN_OR_RETURN(void* slots_data, scratch(kSlots, size_t(tx) * topk_width * 4));
+  // This rank's valid slots of each token, compacted to the front of its row, and their
+  // counts after the rows: the kernel walks only the keys this rank holds.
+  DCP_ASSIGN_OR_RETURN(void* slots_data,
+                       scratch(kSlots, (size_t(tx) * topk_width + size_t(tx)) * 4));
   auto* slots = static_cast<int32_t*>(slots_data);
-  DCP_RETURN_IF_ERROR(device_.TopkToSlots({topk, d_request, d_position, d_tables, slots,
-                                           static_cast<int>(tx), topk_width, num_requests,
-                                           max_blocks, world, layout_.interleave,
-                                           options_.dcp.rank, tables_->block_size()}));
+  int32_t* valid_counts = slots + size_t(tx) * topk_width;
+  TopkToSlotsParams slot_params{topk, d_request, d_position, d_tables, nullptr,
+                                static_cast<int>(tx), topk_width, num_requests, max_blocks,
+                                world, layout_.interleave, options_.dcp.rank,
+                                tables_->block_size(), slots, valid_counts};
+  DCP_RETURN_IF_ERROR(device_.TopkToSlots(slot_params));
 
   // Absorb: q'[t][h] = [w_uk[h]^T q_nope[t][h] | q_rope[t][h]], [tx, Hl, R + Dr].
   const size_t q_latent_count = size_t(tx) * hl * width_;
@@ -452,6 +457,7 @@ absl::Status Worker::RunSparseMqa(const Plan& plan, const BatchInputs& inputs,
   p.q = q_heads;
   p.kv_cache = cache_.data();
   p.indices = slots;
+  p.valid_counts = valid_counts;
   p.out = out_heads;
   p.lse = lse_heads;
   p.dtype = storage_;

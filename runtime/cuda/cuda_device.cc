@@ -47,6 +47,7 @@ CudaDevice::~CudaDevice() {
   cudaSetDevice(ordinal_);
   cudaStreamSynchronize(stream_);
   if (topk_record_ != nullptr) cudaFree(topk_record_);
+  if (mqa_workspace_ != nullptr) cudaFree(mqa_workspace_);
   cublasDestroy(cublas_);
   cudaStreamDestroy(stream_);
 }
@@ -194,7 +195,28 @@ absl::Status CudaDevice::DenseMha(const DenseMhaParams& params) {
 
 absl::Status CudaDevice::SparseMqa(const SparseMqaParams& params) {
   DCP_RETURN_IF_ERROR(Activate());
-  return cuda::SparseMqa(params, stream_);
+  if (params.workspace != nullptr) return cuda::SparseMqa(params, stream_);
+  // Split-KV partials go to a buffer of the device, grown to what this launch wants.
+  SparseMqaParams p = params;
+  int sms = 0;
+  DCP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal_));
+  const int splits = p.num_splits > 0
+                         ? p.num_splits
+                         : cuda::SparseMqaChooseSplits(p, cuda::SparseMqaResolveKernel(p), sms);
+  const int64_t bytes = cuda::SparseMqaWorkspaceBytes(p, splits);
+  if (bytes > mqa_workspace_bytes_) {
+    if (mqa_workspace_ != nullptr) {
+      DCP_CUDA_CHECK(cudaStreamSynchronize(stream_));  // earlier launches may still use it
+      DCP_CUDA_CHECK(cudaFree(mqa_workspace_));
+      mqa_workspace_ = nullptr;
+      mqa_workspace_bytes_ = 0;
+    }
+    DCP_CUDA_CHECK(cudaMalloc(&mqa_workspace_, bytes));
+    mqa_workspace_bytes_ = bytes;
+  }
+  p.workspace = mqa_workspace_;
+  p.workspace_bytes = mqa_workspace_bytes_;
+  return cuda::SparseMqa(p, stream_);
 }
 
 absl::Status CudaDevice::MergeStates(const MergeStatesParams& params) {

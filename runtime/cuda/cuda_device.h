@@ -80,6 +80,8 @@ class CudaDevice final : public Device {
   cudaStream_t stream_;
   cublasHandle_t cublas_;
   void* topk_record_ = nullptr;  // device scratch of ValidateTopk, allocated on first use
+  void* mqa_workspace_ = nullptr;  // split-KV partials of SparseMqa, grown on demand
+  int64_t mqa_workspace_bytes_ = 0;
 };
 
 // The GPU of this process: local rank (OMPI_COMM_WORLD_LOCAL_RANK, else MPI_LOCALRANKID, else
