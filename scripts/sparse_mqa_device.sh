@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Build, test, sanitize and time the sparse MQA kernels ON the GPU machine, in one short call
+# (docs/sparse_mqa_sm90.md): a smaller sibling of scripts/device_test.sh that builds only
+# attention_cuda_test and dcp_bench.
+#   1. unpacks the carried .debs into a prefix (as device_test.sh), configures for sm_90a and
+#      builds the two targets with ninja;
+#   2. runs the sparse MQA, top-k -> slots and merge tests with DCP_REQUIRE_GPU=1;
+#   3. compute-sanitizer memcheck and racecheck on the small sparse MQA cases;
+#   4. dcp_bench --mode kernels: ceilings, the sparse MQA shapes (both kernels, splits), and the
+#      kernels of one default batch.
+# Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
+# Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
+# "build test sanitize bench"), DCP_TEST_FILTER, DCP_BENCH_ARGS (appended).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+root=$(pwd)
+out="${OUT:-/tmp/dcp-device-out}"
+mkdir -p "$out"
+stages="${DCP_STAGES:-build test sanitize bench}"
+has_stage() { [[ " $stages " == *" $1 "* ]]; }
+debs="${DCP_DEBS:-.debs}"
+build="${DCP_BUILD_DIR:-/tmp/build-sparse-mqa}"
+prefix=/tmp/dcp-prefix
+summary="$out/summary.txt"
+: >"$summary"
+started=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - started ))s"; }
+note() { echo "$*" | tee -a "$summary"; }
+failures=0
+
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$summary"
+
+if [ ! -d "$prefix/usr" ]; then
+  mkdir -p "$prefix"
+  for deb in "$debs"/*.deb; do dpkg -x "$deb" "$prefix"; done
+  if ! find /usr /usr/local -path '*cmake/GTest/GTestConfig.cmake' 2>/dev/null | grep -q .; then
+    for deb in "$debs"/fallback/*.deb; do dpkg -x "$deb" "$prefix"; done
+  fi
+fi
+export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+if has_stage build; then
+  if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
+      -DCMAKE_CXX_FLAGS="-include cstdint" >"$out/build.log" 2>&1; then
+    tail -30 "$out/build.log"
+    note "configure: FAILED"
+    exit 1
+  fi
+  if ! ninja -C "$build" -j "$(nproc)" attention_cuda_test dcp_bench >>"$out/build.log" 2>&1; then
+    grep -E "error|FAILED" "$out/build.log" | head -30 | tee -a "$summary"
+    note "build: FAILED ($(elapsed))"
+    exit 1
+  fi
+  grep -A2 "SparseMqaSm90Kernel" "$out/build.log" | grep -E "spill|Used" | head -2 | tee -a "$summary"
+  note "build: ok ($(elapsed))"
+fi
+test_exe="$build/tests/cuda/attention_cuda_test"
+
+if has_stage test; then
+  DCP_REQUIRE_GPU=1 timeout 150 "$test_exe" --gtest_color=no \
+      --gtest_filter="${DCP_TEST_FILTER:-SparseMqa*:TopkToSlots*:MergeStates*}" \
+      >"$out/test.log" 2>&1
+  code=$?
+  [ "$code" -eq 0 ] || failures=$((failures + 1))
+  note "test: exit $code ($(elapsed)) $(grep -E '^\[  PASSED|^\[  FAILED' "$out/test.log" | tr '\n' ' ')"
+  grep -E "Failure|Expected|Which is|error|FAILED" "$out/test.log" | head -30 | tee -a "$summary"
+fi
+
+if has_stage sanitize; then
+  small='SparseMqaCudaTest.SmallSplits*:SparseMqaCudaTest.OneKey*:SparseMqaCudaTest.NoWorkspace*:TopkToSlotsCudaTest.*'
+  for tool in memcheck racecheck; do
+    DCP_REQUIRE_GPU=1 timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$test_exe" --gtest_filter="$small" >"$out/sanitize_$tool.log" 2>&1
+    code=$?
+    [ "$code" -eq 0 ] || failures=$((failures + 1))
+    note "$tool: exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1)"
+  done
+fi
+
+if has_stage bench; then
+  # shellcheck disable=SC2086
+  timeout 150 mpirun --allow-run-as-root --bind-to none -np 1 "$build/launch/bench/dcp_bench" --mode kernels --device cuda --dims deepseek \
+      --heads 128 --batches q1k -w 3 -n 20 -b 1M -e 1M --csv "$out/kernels.csv" \
+      ${DCP_BENCH_ARGS:-} >"$out/bench.txt" 2>&1
+  note "bench: exit $? ($(elapsed))"
+  grep -E "copy_ceiling|gemm_ceiling|sparse_mqa" "$out/bench.txt" | cut -c1-200 | tee -a "$summary"
+fi
+note "failures: $failures ($(elapsed))"
+exit $(( failures > 0 ? 1 : 0 ))
