@@ -6,7 +6,8 @@
 #      builds the two targets with ninja;
 #   2. runs the sparse MQA, top-k -> slots and merge tests with DCP_REQUIRE_GPU=1;
 #   3. compute-sanitizer memcheck and racecheck on the small sparse MQA cases;
-#   4. dcp_bench --mode kernels: ceilings, the sparse MQA shapes (both kernels, splits), and the
+#   4. the worker's multi-rank suite on CUDA ranks at np 1 and 2;
+#   5. dcp_bench --mode kernels: ceilings, the sparse MQA shapes (both kernels, splits), and the
 #      kernels of one default batch.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
 out="${OUT:-/tmp/dcp-device-out}"
 mkdir -p "$out"
-stages="${DCP_STAGES:-build test sanitize bench}"
+stages="${DCP_STAGES:-build test sanitize worker bench}"
 has_stage() { [[ " $stages " == *" $1 "* ]]; }
 debs="${DCP_DEBS:-.debs}"
 build="${DCP_BUILD_DIR:-/tmp/build-sparse-mqa}"
@@ -49,7 +50,8 @@ if has_stage build; then
     note "configure: FAILED"
     exit 1
   fi
-  if ! ninja -C "$build" -j "$(nproc)" attention_cuda_test dcp_bench >>"$out/build.log" 2>&1; then
+  if ! ninja -C "$build" -j "$(nproc)" attention_cuda_test dcp_bench worker_multirank_test \
+      >>"$out/build.log" 2>&1; then
     grep -E "error|FAILED" "$out/build.log" | head -30 | tee -a "$summary"
     note "build: FAILED ($(elapsed))"
     exit 1
@@ -69,7 +71,9 @@ if has_stage test; then
   note "smoke: exit $code ($(elapsed))"
   grep -E "Failure|Expected|Which is|error|FAILED" "$out/smoke.log" | head -20 | tee -a "$summary"
 fi
-if has_stage test && [ "$hung" -eq 0 ]; then
+if has_stage test; then
+  # After a hang, the mma.sync kernel's tests alone.
+  [ "$hung" -eq 1 ] && export DCP_TEST_MQA_KERNELS=1
   DCP_REQUIRE_GPU=1 timeout 150 "$test_exe" --gtest_color=no \
       --gtest_filter="${DCP_TEST_FILTER:-SparseMqa*:TopkToSlots*:MergeStates*}" \
       >"$out/test.log" 2>&1
@@ -83,10 +87,26 @@ if has_stage sanitize && [ "$hung" -eq 0 ]; then
   small='SparseMqaCudaTest.SmallSplits*:SparseMqaCudaTest.OneKey*:SparseMqaCudaTest.NoWorkspace*:TopkToSlotsCudaTest.*'
   for tool in memcheck racecheck; do
     DCP_REQUIRE_GPU=1 timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        "$test_exe" --gtest_filter="$small" >"$out/sanitize_$tool.log" 2>&1
+        "$test_exe" --gtest_filter="$small" >"$out/one.log" 2>&1
     code=$?
     [ "$code" -eq 0 ] || failures=$((failures + 1))
-    note "$tool: exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize_$tool.log" | tail -1)"
+    note "$tool: exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/one.log" | tail -1)"
+    { echo "=== $tool (exit $code)"; cat "$out/one.log"; } >>"$out/sanitize.log"
+    rm -f "$out/one.log"
+  done
+fi
+
+if has_stage worker && [ "$hung" -eq 0 ]; then
+  # The worker's multi-rank equivalence suite on CUDA ranks (compacted slots, split-KV).
+  for np in 1 2; do
+    DCP_TEST_DEVICE=cuda timeout 90 mpirun --allow-run-as-root --oversubscribe --bind-to none \
+        -np "$np" "$build/tests/multirank/worker_multirank_test" --gtest_color=no \
+        >"$out/one.log" 2>&1
+    code=$?
+    [ "$code" -eq 0 ] || failures=$((failures + 1))
+    note "worker np $np: exit $code ($(elapsed)) $(grep -E '^\[  FAILED' "$out/one.log" | head -3 | tr '\n' ' ')"
+    { echo "=== np $np (exit $code)"; cat "$out/one.log"; } >>"$out/worker.log"
+    rm -f "$out/one.log"
   done
 fi
 

@@ -3,7 +3,7 @@
 //
 // One CTA = one token x 64 query heads x one split of the token's key list (sparse_mqa_work.cuh),
 // walked in pairs of 64-key blocks (b0, b1). 384 threads in three warpgroups:
-//   WG2, the producer (setmaxnreg 64 registers): gathers the 576-wide bf16 rows of both blocks
+//   WG2, the producer (setmaxnreg 56 registers): gathers the 576-wide bf16 rows of both blocks
 //     with 16-byte cp.async (L2 256-byte prefetch, zero fill for skipped rows, no read) into
 //     two K buffers of 9 swizzled 64 x 64 tiles, and the blocks' indices (for the masks), each
 //     buffer in two halves with their own mbarriers: L = tiles 0-3 (value columns 0-255),
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(384, 1)
 
   if (warpgroup == 2) {
     // ---------------------------------------------------------------- producer
-    RegistersDecrease<64>();
+    RegistersDecrease<56>();
     // Thread t copies chunk t % 8 of each 128-byte tile row of rows (t / 8) + 16 r, r < 4:
     // 8 consecutive threads read one contiguous 128 bytes.
     const int group = t / 8, lane8 = t % 8;
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(384, 1)
   }
 
   // ------------------------------------------------------------------ consumers
-  RegistersIncrease<224>();
+  RegistersIncrease<224>();  // 2 x 224 + 56 = 504 = 3 x 168, the launch's
   const int wg = warpgroup;  // 0 or 1: owns block b0 + wg and value columns [256 wg, 256 wg + 256)
   const int warp = t / 32, lane = t % 32;
   const int g = lane / 4, c = lane % 4;
