@@ -5,10 +5,10 @@
 #   1. unpacks the carried .debs into a prefix (as device_test.sh), configures for sm_90a and
 #      builds the two targets with ninja;
 #   2. runs the sparse MQA, top-k -> slots and merge tests with DCP_REQUIRE_GPU=1;
-#   3. compute-sanitizer memcheck and racecheck on the small sparse MQA cases;
+#   3. dcp_bench --mode kernels: ceilings, the sparse MQA shapes (both kernels, splits), and the
+#      kernels of one default batch;
 #   4. the worker's multi-rank suite on CUDA ranks at np 1 and 2;
-#   5. dcp_bench --mode kernels: ceilings, the sparse MQA shapes (both kernels, splits), and the
-#      kernels of one default batch.
+#   5. compute-sanitizer memcheck and racecheck on the small sparse MQA cases.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
 # "build test sanitize bench"), DCP_TEST_FILTER, DCP_BENCH_ARGS (appended).
@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
 out="${OUT:-/tmp/dcp-device-out}"
 mkdir -p "$out"
-stages="${DCP_STAGES:-build test sanitize worker bench}"
+stages="${DCP_STAGES:-build test bench worker sanitize}"
 has_stage() { [[ " $stages " == *" $1 "* ]]; }
 debs="${DCP_DEBS:-.debs}"
 build="${DCP_BUILD_DIR:-/tmp/build-sparse-mqa}"
@@ -74,7 +74,7 @@ fi
 if has_stage test; then
   # After a hang, the mma.sync kernel's tests alone.
   [ "$hung" -eq 1 ] && export DCP_TEST_MQA_KERNELS=1
-  DCP_REQUIRE_GPU=1 timeout 150 "$test_exe" --gtest_color=no \
+  DCP_REQUIRE_GPU=1 timeout 120 "$test_exe" --gtest_color=no \
       --gtest_filter="${DCP_TEST_FILTER:-SparseMqa*:TopkToSlots*:MergeStates*}" \
       >"$out/test.log" 2>&1
   code=$?
@@ -83,23 +83,18 @@ if has_stage test; then
   grep -E "Failure|Expected|Which is|error|FAILED" "$out/test.log" | head -30 | tee -a "$summary"
 fi
 
-if has_stage sanitize && [ "$hung" -eq 0 ]; then
-  small='SparseMqaCudaTest.SmallSplits*:SparseMqaCudaTest.OneKey*:SparseMqaCudaTest.NoWorkspace*:TopkToSlotsCudaTest.*'
-  for tool in memcheck racecheck; do
-    DCP_REQUIRE_GPU=1 timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        "$test_exe" --gtest_filter="$small" >"$out/one.log" 2>&1
-    code=$?
-    [ "$code" -eq 0 ] || failures=$((failures + 1))
-    note "$tool: exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/one.log" | tail -1)"
-    { echo "=== $tool (exit $code)"; cat "$out/one.log"; } >>"$out/sanitize.log"
-    rm -f "$out/one.log"
-  done
+if has_stage bench && [ "$hung" -eq 0 ]; then
+  # shellcheck disable=SC2086
+  timeout 100 mpirun --allow-run-as-root --bind-to none -np 1 "$build/launch/bench/dcp_bench" --mode kernels --device cuda --dims deepseek \
+      --heads 128 --batches q1k -w 3 -n 20 -b 1M -e 1M --csv "$out/kernels.csv" \
+      ${DCP_BENCH_ARGS:-} >"$out/bench.txt" 2>&1
+  note "bench: exit $? ($(elapsed))"
+  grep -E "copy_ceiling|gemm_ceiling|sparse_mqa" "$out/bench.txt" | cut -c1-200 | tee -a "$summary"
 fi
-
 if has_stage worker && [ "$hung" -eq 0 ]; then
   # The worker's multi-rank equivalence suite on CUDA ranks (compacted slots, split-KV).
   for np in 1 2; do
-    DCP_TEST_DEVICE=cuda timeout 90 mpirun --allow-run-as-root --oversubscribe --bind-to none \
+    DCP_TEST_DEVICE=cuda timeout 60 mpirun --allow-run-as-root --oversubscribe --bind-to none \
         -np "$np" "$build/tests/multirank/worker_multirank_test" --gtest_color=no \
         >"$out/one.log" 2>&1
     code=$?
@@ -110,13 +105,18 @@ if has_stage worker && [ "$hung" -eq 0 ]; then
   done
 fi
 
-if has_stage bench && [ "$hung" -eq 0 ]; then
-  # shellcheck disable=SC2086
-  timeout 150 mpirun --allow-run-as-root --bind-to none -np 1 "$build/launch/bench/dcp_bench" --mode kernels --device cuda --dims deepseek \
-      --heads 128 --batches q1k -w 3 -n 20 -b 1M -e 1M --csv "$out/kernels.csv" \
-      ${DCP_BENCH_ARGS:-} >"$out/bench.txt" 2>&1
-  note "bench: exit $? ($(elapsed))"
-  grep -E "copy_ceiling|gemm_ceiling|sparse_mqa" "$out/bench.txt" | cut -c1-200 | tee -a "$summary"
+if has_stage sanitize && [ "$hung" -eq 0 ]; then
+  small='SparseMqaCudaTest.SmallSplits*:SparseMqaCudaTest.OneKey*:SparseMqaCudaTest.NoWorkspace*:TopkToSlotsCudaTest.*'
+  for tool in memcheck racecheck; do
+    DCP_REQUIRE_GPU=1 timeout 70 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$test_exe" --gtest_filter="$small" >"$out/one.log" 2>&1
+    code=$?
+    [ "$code" -eq 0 ] || failures=$((failures + 1))
+    note "$tool: exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/one.log" | tail -1)"
+    { echo "=== $tool (exit $code)"; cat "$out/one.log"; } >>"$out/sanitize.log"
+    rm -f "$out/one.log"
+  done
 fi
+
 note "failures: $failures ($(elapsed))"
 exit $(( failures > 0 ? 1 : 0 ))
