@@ -30,8 +30,9 @@ int SparseMqaResolveKernel(const SparseMqaParams& params);
 
 // The split count the launcher uses when params.num_splits == 0, for `kernel` (1 or 2) on a
 // device with num_sms SMs, before the workspace limit: 1 when tokens x head blocks fill the SMs,
-// else the count that minimises waves x blocks per split (ties: fewer splits), at most 64 and
-// at most one split per 64-key block (per pair for the wgmma kernel).
+// else the count that minimises a time model fitted to H200 measurements (waves x (fixed +
+// blocks per split x block time) + the merge's cost per split; ties: fewer splits), at most 64
+// and at most one split per 64-key block (per pair for the wgmma kernel).
 int SparseMqaChooseSplits(const SparseMqaParams& params, int kernel, int num_sms);
 
 // Bytes of params.workspace that `splits` splits need (0 for one split).

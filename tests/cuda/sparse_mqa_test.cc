@@ -508,25 +508,29 @@ TEST_F(SparseMqaCudaTest, DecodeBatchWithValidCounts) {
   RunAndCheck(c);
 }
 
-TEST_F(SparseMqaCudaTest, SplitHeuristicFillsTheChip) {
+// The split choice is host logic (no GPU needed). At 128 heads and top-k 2048 on 132 SMs it
+// picks the counts measured fastest on the H200 for one decode token (wgmma 8, mma.sync 16;
+// docs/sparse_mqa_sm90.md), splits small batches, and leaves full ones alone.
+TEST(SparseMqaSplitTest, HeuristicPicksTheMeasuredBest) {
   SparseMqaParams p;
   p.num_heads = 128;
   p.head_dim = 576;
   p.v_dim = 512;
   p.topk = 2048;
+  p.num_tokens = 1;
+  EXPECT_EQ(cuda::SparseMqaChooseSplits(p, 2, 132), 8);
+  EXPECT_EQ(cuda::SparseMqaChooseSplits(p, 1, 132), 16);
   for (int kernel : {1, 2}) {
-    for (int tokens : {1, 2, 8, 33, 64}) {
+    for (int tokens : {1, 2, 8, 33}) {
       p.num_tokens = tokens;
       const int splits = cuda::SparseMqaChooseSplits(p, kernel, 132);
-      EXPECT_GE(splits, 1);
+      EXPECT_GT(splits, 1) << "kernel " << kernel << " tokens " << tokens;
       EXPECT_LE(splits, 64);
-      // The launch covers most of the 132 SMs, or each split is down to its minimum.
-      const int64_t ctas = int64_t(tokens) * 2 * splits;
-      EXPECT_TRUE(ctas >= 100 || splits >= 32 / (kernel == 2 ? 2 : 1))
-          << "kernel " << kernel << " tokens " << tokens << " splits " << splits;
     }
-    p.num_tokens = 1024;
-    EXPECT_EQ(cuda::SparseMqaChooseSplits(p, kernel, 132), 1);
+    for (int tokens : {64, 1024}) {  // 128 and 2048 CTAs: no split (measured: 1 is fastest)
+      p.num_tokens = tokens;
+      EXPECT_EQ(cuda::SparseMqaChooseSplits(p, kernel, 132), 1) << tokens << " tokens";
+    }
     p.num_tokens = 1;
     p.topk = 64;  // one block: nothing to split
     EXPECT_EQ(cuda::SparseMqaChooseSplits(p, kernel, 132), 1);
