@@ -20,6 +20,7 @@
 
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -258,8 +259,16 @@ absl::Status LaunchSparseMqa(const SparseMqaParams& p, const SparseMqaSplit& spl
                              cudaStream_t stream) {
   using Config = SparseMqaConfig<kHeadDim, kVDim>;
   auto kernel = SparseMqaKernel<kHeadDim, kVDim>;
-  DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      Config::kSmemBytes));
+  // Once per device: the attribute call costs host time on every decode step otherwise.
+  static std::atomic<uint64_t> configured{0};
+  int device = 0;
+  DCP_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit == 0 || (configured.load() & bit) == 0) {
+    DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        Config::kSmemBytes));
+    configured.fetch_or(bit);
+  }
   const int64_t head_blocks = (p.num_heads + Config::kBlockHeads - 1) / Config::kBlockHeads;
   const int64_t blocks = int64_t(p.num_tokens) * split.num_splits * head_blocks;
   DCP_CHECK_ARG(blocks < (int64_t(1) << 31), "SparseMqa: %d tokens x %d head blocks is too many",
