@@ -1,4 +1,5 @@
-// Checks and dispatch of the sparse MQA launcher; the kernel is in sparse_mqa_kernel.cuh.
+// Checks, kernel choice, split-KV and dispatch of the sparse MQA launcher; the kernels are in
+// sparse_mqa_kernel.cuh (mma.sync) and sparse_mqa_sm90_kernel.cuh (wgmma).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
