@@ -76,6 +76,12 @@ class Device {
   virtual absl::Status Gemm(const GemmParams& params) = 0;
   virtual absl::Status DenseMha(const DenseMhaParams& params) = 0;
   virtual absl::Status SparseMqa(const SparseMqaParams& params) = 0;
+  // Bytes of SparseMqaParams::workspace (split-KV partials) a launch of these sizes uses; 0 when
+  // the device needs none. Without a workspace, SparseMqa provides its own (and may allocate).
+  virtual int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& params) const {
+    (void)params;
+    return 0;
+  }
   virtual absl::Status MergeStates(const MergeStatesParams& params) = 0;
   virtual absl::Status DcpCorrect(const DcpCorrectParams& params) = 0;
   virtual absl::Status DcpCombine(const DcpCombineParams& params) = 0;

@@ -8,6 +8,36 @@
 
 namespace dcp {
 
+SparseMqaParams SparseRoute::KernelParams(const KvCacheView& cache, const void* q,
+                                          const int32_t* slots, const int32_t* valid_counts,
+                                          float* out, float* lse) const {
+  const int all_heads = projections_.heads() * comm_.world_size(), r = model_.kv_lora_rank;
+  const int width = model_.latent_width();
+  SparseMqaParams p;
+  p.q = q;
+  p.kv_cache = cache.data;
+  p.indices = slots;
+  p.valid_counts = valid_counts;
+  p.out = out;
+  p.lse = lse;
+  p.dtype = device_.storage_dtype();
+  p.num_tokens = static_cast<int>(num_tokens_);
+  p.num_heads = all_heads;
+  p.head_dim = width;
+  p.v_dim = r;
+  p.topk = topk_width_;
+  p.num_slots = cache.num_slots();
+  p.q_token_stride = int64_t{all_heads} * width;
+  p.q_head_stride = width;
+  p.kv_row_stride = cache.row_stride;
+  p.indices_token_stride = topk_width_;
+  p.out_token_stride = int64_t{all_heads} * r;
+  p.out_head_stride = r;
+  p.lse_token_stride = all_heads;
+  p.scale = scale_;
+  return p;
+}
+
 absl::Status SparseRoute::Prepare(const Plan& plan, const StepTables& tables, int64_t tx,
                                   int topk_width) {
   num_tokens_ = tx;
@@ -58,7 +88,14 @@ absl::Status SparseRoute::Prepare(const Plan& plan, const StepTables& tables, in
   const size_t element = dtype_size(device_.storage_dtype());
   const size_t q_latent_count = size_t(tx) * hl * model_.latent_width();
   const size_t part_count = size_t(tx) * hl * r;
-  DCP_RETURN_IF_ERROR(slots_.Reserve(device_, size_t(tx) * topk_width * 4).status());
+  // This rank's valid slots of each token, compacted to the front of its row, then the counts.
+  DCP_RETURN_IF_ERROR(slots_.Reserve(device_, (size_t(tx) * topk_width + tx) * 4).status());
+  const int64_t split_bytes =
+      device_.SparseMqaWorkspaceBytes(KernelParams(KvCacheView{}, nullptr, nullptr, nullptr,
+                                                   nullptr, nullptr));
+  if (split_bytes > 0) {
+    DCP_RETURN_IF_ERROR(split_workspace_.Reserve(device_, split_bytes).status());
+  }
   DCP_RETURN_IF_ERROR(q_latent_.Reserve(device_, q_latent_count * element).status());
   DCP_RETURN_IF_ERROR(q_all_.Reserve(device_, q_latent_count * world * element).status());
   DCP_RETURN_IF_ERROR(partial_.Reserve(device_, part_count * world * 4).status());
@@ -87,17 +124,19 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
   if (tx == 0) return absl::OkStatus();
   PhaseTimer timer;
 
-  // Top-k positions -> this rank's slots (-1: another rank's key, or none).
-  DCP_ASSIGN_OR_RETURN(void* slots_data, slots_.Get(size_t(tx) * topk_width * 4));
+  // Top-k positions -> this rank's valid slots, compacted per token, and their counts: the
+  // kernel walks only the keys this rank holds.
+  DCP_ASSIGN_OR_RETURN(void* slots_data, slots_.Get((size_t(tx) * topk_width + tx) * 4));
   auto* slots = static_cast<int32_t*>(slots_data);
+  int32_t* valid_counts = slots + size_t(tx) * topk_width;
   const int32_t* topk = causal_ ? causal_topk_.as<int32_t>() : in.topk;
   DCP_CHECK_ARG(topk != nullptr, "the step was planned with a top-k but the layer has none");
-  DCP_RETURN_IF_ERROR(device_.TopkToSlots({topk, token_request_.as<int32_t>(),
-                                           token_position_.as<int32_t>(),
-                                           block_tables_.as<int32_t>(), slots,
-                                           static_cast<int>(tx), topk_width, num_requests_,
-                                           max_blocks_, layout_.world_size, layout_.interleave,
-                                           rank_, block_size_}));
+  TopkToSlotsParams slot_params{topk, token_request_.as<int32_t>(),
+                                token_position_.as<int32_t>(), block_tables_.as<int32_t>(),
+                                nullptr, static_cast<int>(tx), topk_width, num_requests_,
+                                max_blocks_, layout_.world_size, layout_.interleave, rank_,
+                                block_size_, slots, valid_counts};
+  DCP_RETURN_IF_ERROR(device_.TopkToSlots(slot_params));
   // Absorb: q'[t][h], [tx, Hl, R + Dr].
   const size_t q_latent_count = size_t(tx) * hl * width;
   DCP_ASSIGN_OR_RETURN(void* q_latent, q_latent_.Get(q_latent_count * element));
@@ -143,27 +182,11 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
     out_heads = static_cast<float*>(out_data);
     lse_heads = static_cast<float*>(lse_data);
   }
-  SparseMqaParams p;
-  p.q = q_heads;
-  p.kv_cache = cache.data;
-  p.indices = slots;
-  p.out = out_heads;
-  p.lse = lse_heads;
-  p.dtype = storage;
-  p.num_tokens = static_cast<int>(tx);
-  p.num_heads = all_heads;
-  p.head_dim = width;
-  p.v_dim = r;
-  p.topk = topk_width;
-  p.num_slots = cache.num_slots();
-  p.q_token_stride = int64_t{all_heads} * width;
-  p.q_head_stride = width;
-  p.kv_row_stride = cache.row_stride;
-  p.indices_token_stride = topk_width;
-  p.out_token_stride = int64_t{all_heads} * r;
-  p.out_head_stride = r;
-  p.lse_token_stride = all_heads;
-  p.scale = scale_;
+  SparseMqaParams p = KernelParams(cache, q_heads, slots, valid_counts, out_heads, lse_heads);
+  if (split_workspace_.capacity() > 0) {
+    p.workspace = split_workspace_.data();
+    p.workspace_bytes = static_cast<int64_t>(split_workspace_.capacity());
+  }
   DCP_RETURN_IF_ERROR(device_.SparseMqa(p));
   if (world > 1) {
     const size_t out_block = size_t(hl) * r * 4, lse_block = size_t(hl) * 4;

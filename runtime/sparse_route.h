@@ -47,6 +47,10 @@ class SparseRoute {
                    float* lse, ForwardStats* stats);
 
  private:
+  // The kernel's parameters for the planned step (pointers as given).
+  SparseMqaParams KernelParams(const KvCacheView& cache, const void* q, const int32_t* slots,
+                               const int32_t* valid_counts, float* out, float* lse) const;
+
   Device& device_;
   Communicator& comm_;
   ModelDims model_;
@@ -66,6 +70,7 @@ class SparseRoute {
   // Partials: rank-major [W, T, Hl, R] for the combine, token-major from the kernel.
   ScratchBuffer partial_, lse_partial_, out_heads_, lse_heads_;
   ScratchBuffer combined_, o_lat_storage_;
+  ScratchBuffer split_workspace_;  // split-KV partials of the kernel (Device-sized)
 };
 
 }  // namespace dcp

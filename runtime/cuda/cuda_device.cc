@@ -48,6 +48,7 @@ CudaDevice::~CudaDevice() {
   cudaSetDevice(ordinal_);
   cudaStreamSynchronize(own_stream_);
   if (topk_record_ != nullptr) cudaFree(topk_record_);
+  if (mqa_workspace_ != nullptr) cudaFree(mqa_workspace_);
   cublasDestroy(cublas_);
   cudaStreamDestroy(own_stream_);
 }
@@ -193,9 +194,42 @@ absl::Status CudaDevice::DenseMha(const DenseMhaParams& params) {
   return cuda::DenseMha(p, stream_);
 }
 
+int64_t CudaDevice::SparseMqaWorkspaceBytes(const SparseMqaParams& params) const {
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal_) != cudaSuccess) {
+    return 0;
+  }
+  const int splits = params.num_splits > 0
+                         ? params.num_splits
+                         : cuda::SparseMqaChooseSplits(params,
+                                                       cuda::SparseMqaResolveKernel(params), sms);
+  return cuda::SparseMqaWorkspaceBytes(params, splits);
+}
+
 absl::Status CudaDevice::SparseMqa(const SparseMqaParams& params) {
   DCP_RETURN_IF_ERROR(Activate());
-  return cuda::SparseMqa(params, stream_);
+  if (params.workspace != nullptr) return cuda::SparseMqa(params, stream_);
+  // Split-KV partials go to a buffer of the device, grown to what this launch wants.
+  SparseMqaParams p = params;
+  int sms = 0;
+  DCP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal_));
+  const int splits = p.num_splits > 0
+                         ? p.num_splits
+                         : cuda::SparseMqaChooseSplits(p, cuda::SparseMqaResolveKernel(p), sms);
+  const int64_t bytes = cuda::SparseMqaWorkspaceBytes(p, splits);
+  if (bytes > mqa_workspace_bytes_) {
+    if (mqa_workspace_ != nullptr) {
+      DCP_CUDA_CHECK(cudaStreamSynchronize(stream_));  // earlier launches may still use it
+      DCP_CUDA_CHECK(cudaFree(mqa_workspace_));
+      mqa_workspace_ = nullptr;
+      mqa_workspace_bytes_ = 0;
+    }
+    DCP_CUDA_CHECK(cudaMalloc(&mqa_workspace_, bytes));
+    mqa_workspace_bytes_ = bytes;
+  }
+  p.workspace = mqa_workspace_;
+  p.workspace_bytes = mqa_workspace_bytes_;
+  return cuda::SparseMqa(p, stream_);
 }
 
 absl::Status CudaDevice::MergeStates(const MergeStatesParams& params) {

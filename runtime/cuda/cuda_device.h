@@ -60,6 +60,7 @@ class CudaDevice final : public Device {
   absl::Status Gemm(const GemmParams& params) override;
   absl::Status DenseMha(const DenseMhaParams& params) override;
   absl::Status SparseMqa(const SparseMqaParams& params) override;
+  int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& params) const override;
   absl::Status MergeStates(const MergeStatesParams& params) override;
   absl::Status DcpCorrect(const DcpCorrectParams& params) override;
   absl::Status DcpCombine(const DcpCombineParams& params) override;
@@ -84,6 +85,8 @@ class CudaDevice final : public Device {
   cudaStream_t stream_;      // where calls enqueue: own_stream_ or the caller's (SetStream)
   cublasHandle_t cublas_;
   void* topk_record_ = nullptr;  // device scratch of ValidateTopk, allocated on first use
+  void* mqa_workspace_ = nullptr;  // split-KV partials of SparseMqa, grown on demand
+  int64_t mqa_workspace_bytes_ = 0;
 };
 
 // The GPU of this process: local rank (OMPI_COMM_WORLD_LOCAL_RANK, else MPI_LOCALRANKID, else
