@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/mpi_status.h"
 #include "runtime/status.h"
 
 namespace dcp {

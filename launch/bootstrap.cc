@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include "collectives/mpi_status.h"
 #include "runtime/status.h"
 
 namespace dcp::launch {

@@ -1,7 +1,5 @@
 #include "runtime/status.h"
 
-#include <mpi.h>
-
 #include <atomic>
 
 namespace dcp {
@@ -25,17 +23,6 @@ absl::Status MakeStatus(absl::StatusCode code, std::string_view message, const c
   }
   return absl::Status(code, absl::StrFormat("[rank %d] %s:%d: %s", current_rank(), path, line,
                                             message));
-}
-
-absl::Status MpiCodeToStatus(int code, const char* call, const char* file, int line) {
-  if (code == MPI_SUCCESS) return absl::OkStatus();
-  char text[MPI_MAX_ERROR_STRING] = {0};
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) {
-    absl::SNPrintF(text, sizeof(text), "unknown MPI error");
-  }
-  return MakeStatus(absl::StatusCode::kInternal,
-                    absl::StrFormat("%s failed: %s (code %d)", call, text, code), file, line);
 }
 
 }  // namespace dcp
