@@ -38,6 +38,9 @@ class NcclWatchdogTest : public GpuTest {
     DCP_ASSERT_CUDA(cudaHostAlloc(&flag_, sizeof(int), cudaHostAllocMapped));
     *flag_ = 0;
     DCP_ASSERT_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_flag_), flag_, 0));
+    // Allocated up front: cudaFree waits for the device, which the held stream keeps busy.
+    probe_send_ = DeviceArray<float>(16);
+    probe_recv_ = DeviceArray<float>(16);
   }
   void TearDown() override {
     if (flag_ != nullptr) {
@@ -95,9 +98,9 @@ class NcclWatchdogTest : public GpuTest {
     EXPECT_NE(failure.message().find(what), std::string::npos) << failure;
     EXPECT_NE(failure.message().find("rank 0 of 1"), std::string::npos) << failure;
     EXPECT_NE(failure.message().find("aborted"), std::string::npos) << failure;
-    DeviceArray<float> send(16), recv(16);
-    EXPECT_EQ(comm.AllGather(send.get(), recv.get(), 16, DType::kF32), failure);
-    EXPECT_EQ(comm.ReduceScatterSum(send.get(), recv.get(), 16, DType::kF32), failure);
+    EXPECT_EQ(comm.AllGather(probe_send_.get(), probe_recv_.get(), 16, DType::kF32), failure);
+    EXPECT_EQ(comm.ReduceScatterSum(probe_send_.get(), probe_recv_.get(), 16, DType::kF32),
+              failure);
     EXPECT_EQ(comm.Synchronize(), failure);
     std::vector<int64_t> values(1);
     EXPECT_EQ(comm.HostAllGather(1, absl::MakeSpan(values)), failure);
@@ -109,6 +112,7 @@ class NcclWatchdogTest : public GpuTest {
   cudaStream_t stream_ = nullptr;
   int* flag_ = nullptr;
   int* device_flag_ = nullptr;
+  DeviceArray<float> probe_send_, probe_recv_;
 };
 
 // WatchStream puts the held stream under the deadline; no NCCL work is queued behind it.
