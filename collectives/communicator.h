@@ -95,14 +95,16 @@ class Communicator {
   // What the data plane really does now (kHost unless the backend enqueues and returns).
   virtual Completion completion() const { return Completion::kHost; }
   // Waits on the host until every data-plane call made so far has completed; returns the
-  // first failure (the communicator's, whoever found it). OK at once for host completion.
+  // first failure (the communicator's, whoever found it). Immediate where calls complete on
+  // the host.
   virtual absl::Status Synchronize() { return absl::OkStatus(); }
   // Puts the work enqueued so far on the bound stream under the deadline, named `what`: for
   // work the backend did not enqueue itself, e.g. after cudaGraphLaunch of a graph that holds
-  // collectives (captured calls are not tracked). No-op under host completion.
+  // collectives (captured calls are not tracked). No-op under host completion. `what` is kept
+  // by pointer: pass a string literal.
   virtual absl::Status WatchStream(const char* what);
   // Makes ReduceScatterSum calls of up to `count` elements of `dtype` free of allocation (NCCL
-  // sums BF16 in fp32 scratch). Collective-free, host side; call before stream-ordered use.
+  // sums BF16 in fp32 scratch). Not collective; may wait on the host: call it at plan time.
   virtual absl::Status ReserveReduceScatter(size_t count, DType dtype);
 };
 

@@ -1,8 +1,8 @@
 #include "collectives/cuda/nccl_communicator.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -169,9 +169,8 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Adopt(
   return self;
 }
 
-NcclCommunicator::NcclCommunicator(ncclComm_t comm, Ownership ownership,
-                                   MpiCommunicator* control, int device, int rank,
-                                   int world_size, const NcclOptions& options)
+NcclCommunicator::NcclCommunicator(ncclComm_t comm, Ownership ownership, MpiCommunicator* control,
+                                   int device, int rank, int world_size, const NcclOptions& options)
     : ownership_(ownership),
       control_(control),
       device_(device),
@@ -298,8 +297,8 @@ absl::Status NcclCommunicator::Enqueue(const char* what, EnqueueFn&& enqueue) {
         enqueued = PollInProgress(comm_, Clock::now() + Seconds(timeout_s_),
                                   Describe(what, calls_.load()), timeout_s_);
       } else if (result != ncclSuccess) {
-        enqueued = NcclCodeToStatus(result, Describe(what, calls_.load()).c_str(), __FILE__,
-                                    __LINE__);
+        enqueued =
+            NcclCodeToStatus(result, Describe(what, calls_.load()).c_str(), __FILE__, __LINE__);
       }
     }
   }
@@ -331,8 +330,8 @@ absl::Status NcclCommunicator::Track(const char* what) {
     tracked.call = calls_.load(std::memory_order_relaxed);
   }
   if (recorded != cudaSuccess) {
-    return Fail(CudaCodeToStatus(recorded, Describe(what, calls_.load()).c_str(), __FILE__,
-                                 __LINE__));
+    return Fail(
+        CudaCodeToStatus(recorded, Describe(what, calls_.load()).c_str(), __FILE__, __LINE__));
   }
   return absl::OkStatus();
 }
@@ -344,10 +343,9 @@ absl::Status NcclCommunicator::WaitOnHost(const char* what) {
                      "communicator with Completion::kStream before capturing",
                      what);
   }
-  if (const cudaError_t recorded = cudaEventRecord(host_event_, stream_);
-      recorded != cudaSuccess) {
-    return Fail(CudaCodeToStatus(recorded, Describe(what, calls_.load()).c_str(), __FILE__,
-                                 __LINE__));
+  if (const cudaError_t recorded = cudaEventRecord(host_event_, stream_); recorded != cudaSuccess) {
+    return Fail(
+        CudaCodeToStatus(recorded, Describe(what, calls_.load()).c_str(), __FILE__, __LINE__));
   }
   const auto started = Clock::now();
   const auto deadline = started + Seconds(timeout_s_);
@@ -355,8 +353,8 @@ absl::Status NcclCommunicator::WaitOnHost(const char* what) {
     const cudaError_t done = cudaEventQuery(host_event_);
     if (done == cudaSuccess) return CheckUsable();  // the watchdog may have seen an error
     if (done != cudaErrorNotReady) {
-      return Fail(CudaCodeToStatus(done, Describe(what, calls_.load()).c_str(), __FILE__,
-                                   __LINE__));
+      return Fail(
+          CudaCodeToStatus(done, Describe(what, calls_.load()).c_str(), __FILE__, __LINE__));
     }
     if (broken_.load(std::memory_order_acquire)) return failure();
     if (polls % 32 == 31) {  // the event is cheap to poll; NCCL's async state less so
@@ -409,8 +407,8 @@ void NcclCommunicator::WatchdogLoop() {
       oldest_what = oldest.what;
       oldest_call = oldest.call;
       if (done != cudaErrorNotReady) {
-        found = CudaCodeToStatus(done, Describe(oldest.what, oldest.call).c_str(), __FILE__,
-                                 __LINE__);
+        found =
+            CudaCodeToStatus(done, Describe(oldest.what, oldest.call).c_str(), __FILE__, __LINE__);
       } else if (Clock::now() - oldest.enqueued > timeout) {
         found = DCP_ERROR(DeadlineExceeded,
                           "%s did not complete within %.1f s of being enqueued: a peer rank "
@@ -599,8 +597,7 @@ absl::Status NcclCommunicator::AllToAll(const void* send, void* recv, size_t cou
       for (int r = 0; r < world_size_; ++r) {
         if (r == rank_) continue;
         KeepFirstError(ncclSend(in + r * block, count, NcclType(dtype), r, comm, stream_), &first);
-        KeepFirstError(ncclRecv(out + r * block, count, NcclType(dtype), r, comm, stream_),
-                       &first);
+        KeepFirstError(ncclRecv(out + r * block, count, NcclType(dtype), r, comm, stream_), &first);
       }
       KeepFirstError(ncclGroupEnd(), &first);
       return first;
@@ -639,13 +636,13 @@ absl::Status NcclCommunicator::AllToAllV(const void* send, absl::Span<const size
       for (int r = 0; r < world_size_; ++r) {
         if (r == rank_) continue;
         if (send_counts[r] > 0) {
-          KeepFirstError(ncclSend(in + send_displs[r] * element, send_counts[r], NcclType(dtype),
-                                  r, comm, stream_),
+          KeepFirstError(ncclSend(in + send_displs[r] * element, send_counts[r], NcclType(dtype), r,
+                                  comm, stream_),
                          &first);
         }
         if (recv_counts[r] > 0) {
-          KeepFirstError(ncclRecv(out + recv_displs[r] * element, recv_counts[r],
-                                  NcclType(dtype), r, comm, stream_),
+          KeepFirstError(ncclRecv(out + recv_displs[r] * element, recv_counts[r], NcclType(dtype),
+                                  r, comm, stream_),
                          &first);
         }
       }
@@ -733,8 +730,8 @@ absl::Status NcclCommunicator::HostBroadcast(void* data, size_t bytes, int root)
   DCP_RETURN_IF_ERROR(ControlBytes(bytes));
   if (rank_ == root) {
     std::memcpy(control_host_, data, bytes);
-    DCP_CUDA_CHECK(cudaMemcpyAsync(control_bytes_, control_host_, bytes, cudaMemcpyHostToDevice,
-                                   stream_));
+    DCP_CUDA_CHECK(
+        cudaMemcpyAsync(control_bytes_, control_host_, bytes, cudaMemcpyHostToDevice, stream_));
   }
   DCP_RETURN_IF_ERROR(Enqueue(kWhat, [&](ncclComm_t comm) {
     return ncclBroadcast(control_bytes_, control_bytes_, bytes, ncclUint8, root, comm, stream_);

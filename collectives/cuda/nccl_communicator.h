@@ -22,6 +22,8 @@
 //   Exception: a non-blocking NCCL communicator answers ncclInProgress while it connects peers
 //   on the first use of a pattern; the call then polls until NCCL has enqueued (bounded by the
 //   timeout). Run each collective once eagerly before a capture (engines warm up anyway).
+//   Barrier() is then a stream-ordered all-reduce of one word: it orders device work across
+//   ranks, it does not wait on the host.
 //
 // The watchdog, and what a failure looks like (the contract):
 // - One thread per communicator wakes every `watchdog_interval_s` and (a) polls
@@ -67,8 +69,8 @@
 namespace dcp {
 
 struct NcclOptions {
-  double timeout_s = 60.0;           // init, each collective's deadline, host waits
-  cudaStream_t stream = nullptr;     // the data plane's stream (BindStream changes it)
+  double timeout_s = 60.0;        // init, each collective's deadline, host waits
+  cudaStream_t stream = nullptr;  // the data plane's stream (BindStream changes it)
   Completion completion = Completion::kHost;
   double watchdog_interval_s = 0.002;  // how often the watchdog looks
   // Stream-ordered calls tracked at once; more outstanding calls merge into the newest entry
@@ -189,8 +191,8 @@ class NcclCommunicator final : public Communicator {
   float* barrier_word_ = nullptr;      // device
   void* scratch_ = nullptr;            // device: fp32 staging of bf16 sums
   size_t scratch_bytes_ = 0;
-  void* control_bytes_ = nullptr;      // device: the NCCL control plane (no MPI)
-  void* control_host_ = nullptr;       // pinned, same size
+  void* control_bytes_ = nullptr;  // device: the NCCL control plane (no MPI)
+  void* control_host_ = nullptr;   // pinned, same size
   size_t control_capacity_ = 0;
 };
 

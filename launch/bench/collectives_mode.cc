@@ -20,9 +20,9 @@
 // >= 64 MB). #wrong: elements where ours differs from raw, bit for bit.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <functional>
-#include <cmath>
 #include <limits>
 #include <numeric>
 
@@ -98,21 +98,27 @@ class CollectiveBench {
 absl::Status CollectiveBench::Start() {
   DCP_RETURN_IF_ERROR(AgreeOnStatus(*env_.bootstrap, env_.Stream(&table_, "")));
   if (env_.comm->name() != "nccl") return absl::OkStatus();
-  DCP_RETURN_IF_ERROR(
-      AgreeOnStatus(*env_.bootstrap,
-                    env_.comm->BindStream(DeviceStream(env_), Completion::kStream)));
+  DCP_RETURN_IF_ERROR(AgreeOnStatus(
+      *env_.bootstrap, env_.comm->BindStream(DeviceStream(env_), Completion::kStream)));
   DCP_ASSIGN_OR_RETURN(peer_, MakeRawPeer(env_));
   return AgreeOnStatus(*env_.bootstrap, env_.Stream(&vs_table_, "nccl"));
 }
 
 std::vector<Column> CollectiveBench::VsColumns(const BenchEnv& env) {
   std::vector<Column> columns = env.MetaColumns();
-  const std::vector<Column> main = {
-      {"op", "op"},           {"size_bytes", "size"},         {"count", "count"},
-      {"raw_us", "raw_us"},   {"ours_us", "ours_us"},         {"host_us", "host_us"},
-      {"raw_busbw_gbps", "raw_busbw"}, {"ours_busbw_gbps", "busbw"},
-      {"ratio", "ratio"},     {"host_ratio", "host_ratio"},   {"fill", "fill"},
-      {"wrong", "#wrong"},    {"status", "status"}};
+  const std::vector<Column> main = {{"op", "op"},
+                                    {"size_bytes", "size"},
+                                    {"count", "count"},
+                                    {"raw_us", "raw_us"},
+                                    {"ours_us", "ours_us"},
+                                    {"host_us", "host_us"},
+                                    {"raw_busbw_gbps", "raw_busbw"},
+                                    {"ours_busbw_gbps", "busbw"},
+                                    {"ratio", "ratio"},
+                                    {"host_ratio", "host_ratio"},
+                                    {"fill", "fill"},
+                                    {"wrong", "#wrong"},
+                                    {"status", "status"}};
   columns.insert(columns.end(), main.begin(), main.end());
   return columns;
 }
@@ -120,7 +126,8 @@ std::vector<Column> CollectiveBench::VsColumns(const BenchEnv& env) {
 absl::StatusOr<double> CollectiveBench::TimePerCall(int64_t size,
                                                     const std::function<absl::Status()>& call) {
   // Enough calls per iteration that launch gaps are averaged, few at large sizes.
-  const int reps = static_cast<int>(std::clamp<int64_t>((int64_t{64} << 20) / std::max<int64_t>(size, 1), 1, 20));
+  const int reps = static_cast<int>(
+      std::clamp<int64_t>((int64_t{64} << 20) / std::max<int64_t>(size, 1), 1, 20));
   DCP_ASSIGN_OR_RETURN(StepTimes times,
                        TimeSteps(env_, 1, nullptr, [&](const Mark& mark) -> absl::Status {
                          for (int i = 0; i < reps; ++i) DCP_RETURN_IF_ERROR(call());
@@ -130,8 +137,7 @@ absl::StatusOr<double> CollectiveBench::TimePerCall(int64_t size,
 }
 
 absl::Status CollectiveBench::Versus(const std::string& op, int64_t size, int element_bytes,
-                                     double bus_factor,
-                                     const std::function<absl::Status()>& ours,
+                                     double bus_factor, const std::function<absl::Status()>& ours,
                                      const std::function<absl::Status()>& raw,
                                      const std::function<absl::StatusOr<int64_t>()>& compare) {
   const StreamHandle stream = DeviceStream(env_);
@@ -167,27 +173,36 @@ absl::Status CollectiveBench::Versus(const std::string& op, int64_t size, int el
   const auto busbw = [&](double seconds) { return size / seconds * 1e-9 * bus_factor; };
   if (!status.ok()) {
     ++num_failed_;
-    const std::vector<std::string> main = {op, FormatInt(size), FormatInt(size / element_bytes), "-", "-",
-                                           "-", "-", "-", "-", "-", "-", "-",
+    const std::vector<std::string> main = {op,
+                                           FormatInt(size),
+                                           FormatInt(size / element_bytes),
+                                           "-",
+                                           "-",
+                                           "-",
+                                           "-",
+                                           "-",
+                                           "-",
+                                           "-",
+                                           "-",
+                                           "-",
                                            absl::StrCat("error: ", status.message())};
     cells.insert(cells.end(), main.begin(), main.end());
   } else {
     const auto& t = *measured;
     const bool fill = op == "ws_fill";
-    const std::vector<std::string> main = {
-        op,
-        FormatInt(size),
-        FormatInt(size / element_bytes),
-        FormatSig(t[0] * 1e6),
-        FormatSig(t[1] * 1e6),
-        FormatSig(t[2] * 1e6),
-        FormatFixed(busbw(t[0]), 2),
-        FormatFixed(busbw(t[1]), 2),
-        FormatFixed(t[1] / t[0], 3),
-        FormatFixed(t[2] / t[0], 3),
-        fill ? FormatFixed(t[0] / t[1], 3) : "-",
-        wrong >= 0 ? FormatInt(wrong) : "-",
-        "ok"};
+    const std::vector<std::string> main = {op,
+                                           FormatInt(size),
+                                           FormatInt(size / element_bytes),
+                                           FormatSig(t[0] * 1e6),
+                                           FormatSig(t[1] * 1e6),
+                                           FormatSig(t[2] * 1e6),
+                                           FormatFixed(busbw(t[0]), 2),
+                                           FormatFixed(busbw(t[1]), 2),
+                                           FormatFixed(t[1] / t[0], 3),
+                                           FormatFixed(t[2] / t[0], 3),
+                                           fill ? FormatFixed(t[0] / t[1], 3) : "-",
+                                           wrong >= 0 ? FormatInt(wrong) : "-",
+                                           "ok"};
     cells.insert(cells.end(), main.begin(), main.end());
   }
   vs_table_.AddRow(std::move(cells));
@@ -218,9 +233,7 @@ absl::Status CollectiveBench::VersusRaw(const std::string& op, int64_t size) {
     raw = [&] { return peer_->AllGather(send.data(), raw_out.data(), count, DType::kF32); };
   } else if (op == "reduce_scatter") {
     ours = [&] { return comm.ReduceScatterSum(send.data(), ours_out.data(), count, DType::kF32); };
-    raw = [&] {
-      return peer_->ReduceScatterSum(send.data(), raw_out.data(), count, DType::kF32);
-    };
+    raw = [&] { return peer_->ReduceScatterSum(send.data(), raw_out.data(), count, DType::kF32); };
   } else {
     ours = [&] { return comm.AllToAll(send.data(), ours_out.data(), count, DType::kF32); };
     raw = [&] { return peer_->AllToAll(send.data(), raw_out.data(), count, DType::kF32); };
@@ -355,8 +368,8 @@ absl::Status CollectiveBench::WorkspaceFill(int64_t size) {
                                           {"ws_gather", local * int64_t(row_bytes), dtype, false},
                                           {"all_gather", gathered_bytes, dtype, true},
                                           {"ws_reorganize", gathered_bytes, dtype, false}};
-  const std::vector<std::function<absl::Status()>> steps = {
-      [&] {
+  const std::vector<std::function<absl::Status()>> steps =
+      {[&] {
          return device.GatherRows({d_cache.data(), d_slots.as<int32_t>(), local_region.data(),
                                    dtype, local, local, width, width, width});
        },
@@ -367,9 +380,8 @@ absl::Status CollectiveBench::WorkspaceFill(int64_t size) {
          return device.GatherRows({gathered.data(), d_reorganize.as<int32_t>(), rows.data(), dtype,
                                    total, total, width, width, width});
        }};
-  DCP_RETURN_IF_ERROR(Run(
-      "ws_fill", step_rows, prepared, nullptr, steps,
-      [&]() -> absl::StatusOr<int64_t> {
+  DCP_RETURN_IF_ERROR(
+      Run("ws_fill", step_rows, prepared, nullptr, steps, [&]() -> absl::StatusOr<int64_t> {
         DCP_ASSIGN_OR_RETURN(auto got,
                              DownloadFloats(device, rows.data(), dtype, size_t(total) * width));
         int64_t wrong = 0;
@@ -393,8 +405,7 @@ absl::Status CollectiveBench::WorkspaceFill(int64_t size) {
     return absl::OkStatus();
   };
   const auto raw = [&] {
-    return peer_->AllGather(local_region.data(), raw_gathered.data(), size_t(local) * width,
-                            dtype);
+    return peer_->AllGather(local_region.data(), raw_gathered.data(), size_t(local) * width, dtype);
   };
   const auto compare = [&]() -> absl::StatusOr<int64_t> {
     const size_t n = size_t(total) * width;

@@ -18,9 +18,12 @@ namespace {
 
 ncclDataType_t NcclType(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kI32: return ncclInt32;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kI32:
+      return ncclInt32;
   }
   return ncclFloat32;
 }
@@ -39,10 +42,8 @@ class RawNccl final : public RawPeer {
     DCP_NCCL_CHECK(ncclAllGather(send, recv, count, NcclType(dtype), comm_, stream_));
     return absl::OkStatus();
   }
-  absl::Status ReduceScatterSum(const void* send, void* recv, size_t count,
-                                DType dtype) override {
-    DCP_NCCL_CHECK(
-        ncclReduceScatter(send, recv, count, NcclType(dtype), ncclSum, comm_, stream_));
+  absl::Status ReduceScatterSum(const void* send, void* recv, size_t count, DType dtype) override {
+    DCP_NCCL_CHECK(ncclReduceScatter(send, recv, count, NcclType(dtype), ncclSum, comm_, stream_));
     return absl::OkStatus();
   }
   // As nccl-tests' alltoall: one group of W sends and W receives (the own block included).

@@ -80,11 +80,11 @@ TEST_F(CudaCommunicatorTest, NcclOrAClearErrorOnSharedGpus) {
 
 // NCCL needs one GPU per rank: these run at np = the number of GPUs (np 1 everywhere; np 2+ on a
 // machine with that many GPUs) and skip, saying why, where ranks share a GPU.
-#define DCP_SKIP_IF_SHARED_GPU()                                                           \
-  do {                                                                                     \
-    if (share_gpu_) {                                                                      \
+#define DCP_SKIP_IF_SHARED_GPU()                                                              \
+  do {                                                                                        \
+    if (share_gpu_) {                                                                         \
       GTEST_SKIP() << "ranks share a GPU and NCCL refuses that: run at np <= number of GPUs"; \
-    }                                                                                      \
+    }                                                                                         \
   } while (0)
 
 TEST_F(CudaCommunicatorTest, NcclStreamOrderedGivesTheSameValues) {
@@ -149,8 +149,7 @@ TEST_F(CudaCommunicatorTest, NcclWatchdogFailsEveryRankWhenAPeerIsMissing) {
               next.code() == absl::StatusCode::kInternal)
       << next;
   EXPECT_NE(next.message().find("ncclAllGather"), std::string::npos) << next;
-  EXPECT_NE(next.message().find(absl::StrFormat("rank %d of", rank())), std::string::npos)
-      << next;
+  EXPECT_NE(next.message().find(absl::StrFormat("rank %d of", rank())), std::string::npos) << next;
   EXPECT_EQ(nccl.Synchronize(), next);  // the same error from every later call
   EXPECT_EQ(nccl.HostAllGather(1, absl::MakeSpan(sync)), next);
 }

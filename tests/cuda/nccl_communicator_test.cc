@@ -3,13 +3,14 @@
 // collectives replays with equal results, Adopt leaves a borrowed communicator usable, and
 // the control plane runs over NCCL when there is no MPI communicator. Multi-rank NCCL is
 // checked by cuda_communicator_multirank_test at np = number of GPUs.
+#include "collectives/cuda/nccl_communicator.h"
+
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <memory>
 #include <vector>
 
-#include "collectives/cuda/nccl_communicator.h"
 #include "gtest/gtest.h"
 #include "tests/cuda/communicator_exercise.h"
 #include "tests/cuda/gpu_test_util.h"
@@ -213,12 +214,11 @@ TEST_F(NcclCommunicatorTest, AdoptLeavesABorrowedCommunicatorToItsOwner) {
   for (float v : got) ASSERT_EQ(v, 3.0f);
 
   NcclOptions options;
-  auto null_comm = NcclCommunicator::Adopt(nullptr, options,
-                                           NcclCommunicator::Ownership::kBorrowed);
+  auto null_comm =
+      NcclCommunicator::Adopt(nullptr, options, NcclCommunicator::Ownership::kBorrowed);
   EXPECT_EQ(null_comm.status().code(), absl::StatusCode::kInvalidArgument);
   options.timeout_s = 0;
-  auto no_timeout =
-      NcclCommunicator::Adopt(comm_, options, NcclCommunicator::Ownership::kBorrowed);
+  auto no_timeout = NcclCommunicator::Adopt(comm_, options, NcclCommunicator::Ownership::kBorrowed);
   EXPECT_EQ(no_timeout.status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -67,9 +67,7 @@ class NcclWatchdogTest : public GpuTest {
     return *comm_wrapper_;
   }
   void Block() { ASSERT_EQ(LaunchSpinUntilSet(device_flag_, 30.0, stream_), cudaSuccess); }
-  void Release() {
-    __atomic_store_n(flag_, 1, __ATOMIC_SEQ_CST);
-  }
+  void Release() { __atomic_store_n(flag_, 1, __ATOMIC_SEQ_CST); }
   bool StreamDrains(double limit_s) {
     const auto start = Clock::now();
     while (SecondsSince(start) < limit_s) {
