@@ -1,7 +1,9 @@
 // MPI return codes -> Status at the call site, with the call's text, the rank and file:line
 // (the shape of every error of this module, core/status.h):
 //
-//   DCP_MPI_CHECK(MPI_Bcast(data, count, MPI_BYTE, 0, comm));
+//   DCP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+//
+// MPI lives in collectives/ (and the launcher above it): the base headers know no MPI.
 #pragma once
 
 #include "absl/status/status.h"
@@ -9,7 +11,8 @@
 
 namespace dcp {
 
-// OK for MPI_SUCCESS; else Internal "<call> failed: <MPI's text> (code c)".
+// OK for MPI_SUCCESS; else Internal "<call> failed: <MPI's error string> (code N)". `call` is
+// the source text of the call.
 absl::Status MpiCodeToStatus(int code, const char* call, const char* file, int line);
 
 }  // namespace dcp

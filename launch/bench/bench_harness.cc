@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "collectives/mpi_status.h"
 #include "launch/bench/step_clock.h"
 #include "collectives/mpi_status.h"
 #include "core/status.h"

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "collectives/mpi_communicator.h"
+#include "collectives/mpi_status.h"
 #include "launch/bench/bench_harness.h"
 #include "launch/bench/bench_options.h"
 #include "launch/bench/bench_setup.h"

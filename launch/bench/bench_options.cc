@@ -335,7 +335,9 @@ std::string BenchUsage(const char* program) {
       "  kernels      each Device kernel alone: median time, TFLOP/s or GB/s, fraction of the\n"
       "               copy and GEMM ceilings measured in the same run\n"
       "  collectives  workspace fill and both sparse-MQA combines over a size sweep: time,\n"
-      "               algbw, busbw (nccl-tests factors) and #wrong from a built-in check\n"
+      "               algbw, busbw (nccl-tests factors) and #wrong from a built-in check;\n"
+      "               over NCCL also all_gather, reduce_scatter, all_to_all and ws_fill against\n"
+      "               raw NCCL calls on the same bytes (table _nccl: ratio, fill)\n"
       "Exit status: 0 ok, 1 a run failed or #wrong > 0, 2 bad command line.\n\nflags:\n",
       program);
   for (const Flag& flag : Flags()) {
