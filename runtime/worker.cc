@@ -70,8 +70,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const DcpOptions& options
   // Prefill backend and workspace.
   DCP_ASSIGN_OR_RETURN(w.planner_.dense_mha_available,
                        ResolvePrefillBackend(options.attention,
-                                             device.DenseMhaSupport(m.qk_head_dim(),
-                                                                    m.v_head_dim)));
+                                             device.SelectPrefillBackend(
+                                                 options.attention.prefill_backend, w.heads_,
+                                                 m.qk_head_dim(), m.v_head_dim)));
   w.planner_.scheduler = options.scheduler;
   w.planner_.attention = options.attention;
   w.planner_.layout = w.layout_;
@@ -606,6 +607,7 @@ absl::Status Worker::RunDenseMha(const Plan& plan, const void* q_nope, const voi
   base.lse_token_stride = hl;
   base.scale = scale_;
   base.cu_seqlens_q = d_cu_q;
+  base.host_cu_seqlens_q = cu_q.data();
 
   const bool has_context = !plan.chunks.empty();
   const size_t out_count = size_t(tp) * hl * dv, lse_count = size_t(tp) * hl;
@@ -625,6 +627,7 @@ absl::Status Worker::RunDenseMha(const Plan& plan, const void* q_nope, const voi
   causal.out = out_new;
   causal.lse = lse_new;
   causal.cu_seqlens_k = d_cu_q;  // new tokens: as many keys as queries
+  causal.host_cu_seqlens_k = cu_q.data();
   causal.max_seqlen_k = max_query_len;
   causal.causal = true;
   DCP_RETURN_IF_ERROR(device_.DenseMha(causal));
@@ -717,6 +720,7 @@ absl::Status Worker::RunDenseMha(const Plan& plan, const void* q_nope, const voi
     context.out = out_chunk;
     context.lse = lse_chunk;
     context.cu_seqlens_k = d_cu_k;
+    context.host_cu_seqlens_k = cu_k.data();
     context.max_seqlen_k = max_keys;
     context.causal = false;
     DCP_RETURN_IF_ERROR(device_.DenseMha(context));
