@@ -264,6 +264,7 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
       p.q = q.data(), p.k = k.data(), p.v = v.data();
       p.out = out.as<float>(), p.lse = lse.as<float>();
       p.cu_seqlens_q = d_cu_q.as<int32_t>(), p.cu_seqlens_k = d_cu_k.as<int32_t>();
+      p.host_cu_seqlens_q = cu_q.data(), p.host_cu_seqlens_k = cu_k.data();  // as the worker
       p.dtype = dtype;
       p.num_seqs = static_cast<int>(shape.requests.size());
       p.num_heads = heads, p.qk_dim = qk, p.v_dim = dv;

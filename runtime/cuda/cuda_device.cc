@@ -262,7 +262,14 @@ absl::Status CudaDevice::DenseMha(const DenseMhaParams& params) {
                                      longest_q, longest_k, p.causal});
     }
     if (use_cudnn && cudnn_ != nullptr && p.dtype == DType::kBF16) {
-      return cudnn_->Run({p, p.host_cu_seqlens_q, p.host_cu_seqlens_k});
+      absl::Status ran = cudnn_->Run({p, p.host_cu_seqlens_q, p.host_cu_seqlens_k});
+      // auto: a shape cuDNN has no graph for (Unimplemented, nothing enqueued) runs natively.
+      if (ran.ok() || dense_backend_ != DenseBackend::kAuto ||
+          ran.code() != absl::StatusCode::kUnimplemented) {
+        return ran;
+      }
+      DCP_LOG(WARNING) << "cuDNN SDPA declined a shape, running the native kernel: "
+                       << ran.message();
     }
   }
   p.host_cu_seqlens_q = p.host_cu_seqlens_k = nullptr;  // copies may die with this frame

@@ -316,12 +316,14 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
   const int64_t total_q = cu_q[p.num_seqs] - cu_q[0], total_k = cu_k[p.num_seqs] - cu_k[0];
   if (total_q == 0) return absl::OkStatus();
   const int64_t h = p.num_heads, dv = p.v_dim;
-  // Ragged offsets are int32 element counts.
+  // Ragged offsets are int32 element counts (Unimplemented: auto runs such a shape natively).
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  DCP_CHECK_ARG(total_q * std::max<int64_t>({p.q_token_stride, h * dv}) < kMax &&
-                    total_k * std::max(p.k_token_stride, p.v_token_stride) < kMax,
-                "DenseMha (cuDNN): %d queries / %d keys exceed cuDNN's int32 ragged offsets",
-                total_q, total_k);
+  if (total_q * std::max<int64_t>({p.q_token_stride, h * dv}) >= kMax ||
+      total_k * std::max(p.k_token_stride, p.v_token_stride) >= kMax) {
+    return DCP_ERROR(Unimplemented,
+                     "DenseMha (cuDNN): %d queries / %d keys exceed cuDNN's int32 ragged offsets",
+                     total_q, total_k);
+  }
 
   const int batch = Bucket(p.num_seqs, kMinBatchBucket);
   const int bucket_q = Bucket(max_q, kMinLengthBucket);

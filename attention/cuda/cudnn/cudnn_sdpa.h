@@ -48,7 +48,8 @@ class CudnnSdpa {
   // and a non-causal graph. The error carries cuDNN's reason.
   absl::Status Supports(int num_heads, int qk_dim, int v_dim);
 
-  // Enqueues the attention on the stream; no host synchronisation.
+  // Enqueues the attention on the stream; no host synchronisation. Unimplemented (nothing
+  // enqueued) when cuDNN has no graph for the shape or its int32 offsets overflow.
   absl::Status Run(const CudnnSdpaParams& params);
 
   // "cuDNN 9.19.0 (frontend 1.32.0)".
