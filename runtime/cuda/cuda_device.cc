@@ -47,6 +47,7 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal) {
 CudaDevice::~CudaDevice() {
   cudaSetDevice(ordinal_);
   cudaStreamSynchronize(stream_);
+  cudnn_.reset();  // its handle is bound to stream_: release it first
   if (topk_record_ != nullptr) cudaFree(topk_record_);
   cublasDestroy(cublas_);
   cudaStreamDestroy(stream_);
