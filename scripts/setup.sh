@@ -14,7 +14,7 @@ cudnn_frontend_dir=.deps/cudnn_frontend
 if [ "$(cat "$cudnn_frontend_dir/VERSION" 2>/dev/null)" != "$cudnn_frontend_version" ]; then
   if command -v python3 >/dev/null && python3 -m pip --version >/dev/null 2>&1; then
     wheel_dir=$(mktemp -d)
-    if python3 -m pip download --quiet --no-deps --only-binary=:all: \
+    if python3 -m pip download --quiet --timeout 20 --retries 1 --no-deps --only-binary=:all: \
         "nvidia-cudnn-frontend==$cudnn_frontend_version" -d "$wheel_dir"; then
       rm -rf "$cudnn_frontend_dir"
       mkdir -p "$cudnn_frontend_dir"
