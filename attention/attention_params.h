@@ -42,6 +42,10 @@ struct DenseMhaParams {
   float* lse = nullptr;     // [Tq, H] natural log, stride lse_token_stride; may be null
   const int32_t* cu_seqlens_q = nullptr;  // [num_seqs + 1], host for CPU, device for CUDA
   const int32_t* cu_seqlens_k = nullptr;  // [num_seqs + 1]
+  // Optional host copies of cu_seqlens_q / cu_seqlens_k (CUDA ranks: checks, launch sizing and
+  // the cuDNN graph choice without a copy back); must equal the device arrays when set.
+  const int32_t* host_cu_seqlens_q = nullptr;  // [num_seqs + 1] host
+  const int32_t* host_cu_seqlens_k = nullptr;  // [num_seqs + 1] host
   DType dtype = DType::kF32;              // of q, k, v
   int num_seqs = 0, num_heads = 0, qk_dim = 0, v_dim = 0;
   int max_seqlen_q = 0, max_seqlen_k = 0;  // upper bounds (launch sizing on CUDA)

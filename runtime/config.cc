@@ -16,6 +16,16 @@ ModelDims ModelDims::DeepSeekV32() {
   return dims;
 }
 
+ModelDims ModelDims::Glm5() {
+  ModelDims dims;
+  dims.num_heads = 64;
+  dims.kv_lora_rank = 512;
+  dims.qk_nope_head_dim = 192;
+  dims.qk_rope_head_dim = 64;
+  dims.v_head_dim = 256;
+  return dims;
+}
+
 float ModelDims::scale() const {
   if (softmax_scale != 0.0f) return softmax_scale;
   return 1.0f / std::sqrt(static_cast<float>(qk_head_dim()));

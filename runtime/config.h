@@ -20,6 +20,8 @@ struct ModelDims {
   float softmax_scale = 0.0f;  // 0 = 1/sqrt(Dn + Dr)
 
   static ModelDims DeepSeekV32();
+  // GLM-5: 64 heads, R 512, Dn 192, Dr 64, Dv 256 (qk 256 / v 256 per head).
+  static ModelDims Glm5();
   int latent_width() const { return kv_lora_rank + qk_rope_head_dim; }  // R + Dr (576)
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }  // Dn + Dr (192)
   float scale() const;
@@ -59,7 +61,7 @@ struct AttentionConfig {
   // memory through a bad index anyway (TopkToSlots drops positions past the token's own or
   // outside the block table), but a bad row then silently attends over fewer keys.
   bool validate_topk = true;
-  std::string prefill_backend = "auto";  // auto | none | <name>
+  std::string prefill_backend = "auto";  // auto | none | native | cudnn
 
   absl::Status Validate() const;
 };

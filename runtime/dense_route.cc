@@ -20,7 +20,8 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
   chunks_.clear();
   const int64_t tp = num_tokens_;
 
-  std::vector<int32_t> cu_q(num_prefills_ + 1, 0);
+  std::vector<int32_t>& cu_q = cu_q_host_;
+  cu_q.assign(num_prefills_ + 1, 0);
   max_query_len_ = 0;
   causal_flops_ = 0;
   for (int p = 0; p < num_prefills_; ++p) {
@@ -33,7 +34,9 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
 
   // Per chunk: this rank's rows of every segment (padding: -1, a zero row), the reorganize map
   // into global order, and the keys of each prefill.
-  std::vector<int32_t> local_slots, reorganize, cu_k;
+  std::vector<int32_t> local_slots, reorganize;
+  std::vector<int32_t>& cu_k = cu_k_host_;
+  cu_k.clear();
   max_chunk_keys_ = 0;
   for (const ContextChunk& chunk : plan.chunks) {
     ChunkSteps steps;
@@ -183,6 +186,7 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
   base.lse_token_stride = hl;
   base.scale = scale_;
   base.cu_seqlens_q = cu_seqlens_q_.as<int32_t>();
+  base.host_cu_seqlens_q = cu_q_host_.data();
 
   const bool has_context = !chunks_.empty();
   const size_t out_count = size_t(tp) * hl * dv, lse_count = size_t(tp) * hl;
@@ -202,6 +206,7 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
   causal.out = out_new;
   causal.lse = lse_new;
   causal.cu_seqlens_k = base.cu_seqlens_q;  // new tokens: as many keys as queries
+  causal.host_cu_seqlens_k = cu_q_host_.data();
   causal.max_seqlen_k = max_query_len_;
   causal.causal = true;
   DCP_RETURN_IF_ERROR(device_.DenseMha(causal));
@@ -233,6 +238,7 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
     context.out = out_chunk;
     context.lse = lse_chunk;
     context.cu_seqlens_k = cu_seqlens_k_.as<int32_t>() + chunk.cu_k_offset;
+    context.host_cu_seqlens_k = cu_k_host_.data() + chunk.cu_k_offset;
     context.max_seqlen_k = chunk.max_keys;
     context.causal = false;
     DCP_RETURN_IF_ERROR(device_.DenseMha(context));

@@ -71,6 +71,8 @@ class DenseRoute {
   int64_t local_rows_ = 0, max_chunk_keys_ = 0;
   double causal_flops_ = 0;
   std::vector<ChunkSteps> chunks_;
+  // Host copies of the cu_seqlens arrays (the kernels check them without a copy back).
+  std::vector<int32_t> cu_q_host_, cu_k_host_;
   ScratchBuffer cu_seqlens_q_, local_slots_, reorganize_index_, cu_seqlens_k_, empty_lse_;
   ScratchBuffer q_, k_new_, v_new_;
   ScratchBuffer out_new_, lse_new_, out_context_, lse_context_, out_chunk_, lse_chunk_;

@@ -4,6 +4,20 @@
 
 namespace dcp {
 
+absl::Status Device::SelectPrefillBackend(const std::string& backend, int num_heads, int qk_dim,
+                                          int v_dim) {
+  (void)num_heads;
+  if (backend == "none") return absl::OkStatus();
+  if (backend == "auto" || backend == "native") return DenseMhaSupport(qk_dim, v_dim);
+  if (backend == "cudnn") {
+    return DCP_ERROR(FailedPrecondition,
+                     "prefill backend 'cudnn' needs a CUDA rank with cuDNN; this rank's device "
+                     "is %s",
+                     this->name());
+  }
+  return DCP_ERROR(InvalidArgument, "unknown prefill backend '%s'", backend);
+}
+
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
     reset();

@@ -59,6 +59,13 @@ class Device {
     return absl::OkStatus();
   }
 
+  // Makes attention.prefill_backend `name` this device's DenseMha implementation for these
+  // head sizes (num_heads: per rank): OK when it runs here, else the reason. "none" is OK and
+  // changes nothing; "auto" and "native" mean DenseMhaSupport here; other names are known only
+  // to devices that implement them (CUDA: "cudnn", and "auto" prefers it per shape).
+  virtual absl::Status SelectPrefillBackend(const std::string& name, int num_heads, int qk_dim,
+                                            int v_dim);
+
   virtual absl::StatusOr<Buffer> Allocate(size_t bytes) = 0;
   virtual void Free(void* data) = 0;
 

@@ -34,8 +34,9 @@ absl::StatusOr<std::unique_ptr<DcpEngine>> DcpEngine::Create(const DcpOptions& o
   // Prefill backend and workspace.
   DCP_ASSIGN_OR_RETURN(e.planner_.dense_mha_available,
                        ResolvePrefillBackend(options.attention,
-                                             device.DenseMhaSupport(m.qk_head_dim(),
-                                                                    m.v_head_dim)));
+                                             device.SelectPrefillBackend(
+                                                 options.attention.prefill_backend, e.heads_,
+                                                 m.qk_head_dim(), m.v_head_dim)));
   e.planner_.scheduler = options.scheduler;
   e.planner_.attention = options.attention;
   e.planner_.layout = layout;

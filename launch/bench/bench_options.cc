@@ -113,10 +113,17 @@ const std::vector<Flag>& Flags() {
       {nullptr, "comm", "auto|mpi|nccl",
        "data-plane communicator (default auto: NCCL on CUDA ranks with a GPU each, else MPI)",
        ChoiceFlag("comm", &BenchOptions::comm, {"auto", "mpi", "nccl"})},
-      {nullptr, "dims", "deepseek|small",
-       "model dimensions: DeepSeek-V3.2 (R 512, Dn 128, Dr 64, Dv 128) or the small test dims "
-       "(R 64, Dn 32, Dr 16, Dv 32) (default deepseek)",
-       ChoiceFlag("dims", &BenchOptions::dims, {"deepseek", "small"})},
+      {nullptr, "dims", "deepseek|glm5|small",
+       "model dimensions: DeepSeek-V3.2 (R 512, Dn 128, Dr 64, Dv 128), GLM-5 (R 512, Dn 192, "
+       "Dr 64, Dv 256) or the small test dims (R 64, Dn 32, Dr 16, Dv 32) (default deepseek)",
+       ChoiceFlag("dims", &BenchOptions::dims, {"deepseek", "glm5", "small"})},
+      {nullptr, "prefill_backend", "LIST",
+       "dense MHA prefill backends: auto, native, cudnn (kernels mode: a dense_mha row each; "
+       "routes mode: the first) (default auto)",
+       StringListFlag(&BenchOptions::prefill_backends)},
+      {nullptr, "only", "LIST",
+       "kernels mode: time only kernels whose name starts with one of these (e.g. dense_mha)",
+       StringListFlag(&BenchOptions::only)},
       {"-w", "warmup_iters", "N", "warm-up iterations, not timed (default 2)",
        IntFlag("warmup_iters", &BenchOptions::warmup_iters, 0)},
       {"-n", "iters", "N", "timed iterations; the median is reported (default 10)",

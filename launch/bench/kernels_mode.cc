@@ -121,6 +121,12 @@ void KernelBench::AddRow(const KernelRow& row, const StepTimes* times, int64_t w
 absl::Status KernelBench::Measure(const KernelRow& row, const absl::Status& prepared,
                                   const Step& setup, const Step& run, const Check& check) {
   last_times_.reset();
+  // --only: other kernels are skipped (the ceilings always run: the percentages need them).
+  if (!env_.options.only.empty() && row.kernel.find("_ceiling") == std::string::npos &&
+      std::none_of(env_.options.only.begin(), env_.options.only.end(),
+                   [&](const std::string& prefix) { return row.kernel.rfind(prefix, 0) == 0; })) {
+    return absl::OkStatus();
+  }
   const absl::Status agreed = AgreeOnStatus(*env_.bootstrap, prepared);
   if (!agreed.ok()) {
     ++num_failed_;
@@ -225,15 +231,18 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
     cu_k.push_back(cu_k.back() + req.seq_len);
   }
 
-  // Dense MHA, bottom-right causal: the query tokens of each request over all its keys.
-  {
-    KernelRow row{"dense_mha",
+  // Dense MHA, bottom-right causal: the query tokens of each request over all its keys; one
+  // row per --prefill_backend entry (the device's implementation chosen for it).
+  for (const std::string& backend : o.prefill_backends) {
+    if (backend == "none") continue;
+    std::string row_name = backend == "auto" ? "dense_mha" : "dense_mha_" + backend;
+    KernelRow row{row_name.c_str(),
                   &shape,
                   heads,
                   0,
                   2.0 * heads * (qk + dv) * shape.SelectedKeys(std::numeric_limits<int>::max()),
                   0};
-    const absl::Status support = device.DenseMhaSupport(qk, dv);
+    const absl::Status support = device.SelectPrefillBackend(backend, heads, qk, dv);
     if (!support.ok()) {
       AddRow(row, nullptr, -1, absl::StrCat("unsupported: ", support.message()));
     } else {
@@ -256,6 +265,7 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
       p.q = q.data(), p.k = k.data(), p.v = v.data();
       p.out = out.as<float>(), p.lse = lse.as<float>();
       p.cu_seqlens_q = d_cu_q.as<int32_t>(), p.cu_seqlens_k = d_cu_k.as<int32_t>();
+      p.host_cu_seqlens_q = cu_q.data(), p.host_cu_seqlens_k = cu_k.data();  // as the worker
       p.dtype = dtype;
       p.num_seqs = static_cast<int>(shape.requests.size());
       p.num_heads = heads, p.qk_dim = qk, p.v_dim = dv;
