@@ -169,8 +169,8 @@ absl::Status DcpEngine::Run(const LayerWeightsView& weights, const KvCacheView& 
   stats_.num_tokens = plan_.num_tokens;
   const int64_t t = plan_.num_tokens;
   if (t == 0) return absl::OkStatus();
-  DCP_RETURN_IF_ERROR(device_.SetStream(stream));
-  absl::Status status = [&]() -> absl::Status {
+  if (!stream_bound_ || stream != bound_stream_) DCP_RETURN_IF_ERROR(BindStream(stream));
+  return [&]() -> absl::Status {
     const ModelDims& m = options_.model;
     const int hl = heads_, dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim;
     const int dv = m.v_head_dim, width = m.latent_width();
@@ -228,8 +228,17 @@ absl::Status DcpEngine::Run(const LayerWeightsView& weights, const KvCacheView& 
     }
     return absl::OkStatus();
   }();
-  const absl::Status restored = device_.SetStream(nullptr);
-  return status.ok() ? restored : status;
+}
+
+absl::Status DcpEngine::BindStream(void* stream) {
+  // The device enqueues on the stream; the collectives too, completing in stream order when a
+  // stream is given (the device's own stream keeps today's host completion).
+  DCP_RETURN_IF_ERROR(device_.SetStream(stream));
+  DCP_RETURN_IF_ERROR(
+      comm_.BindStream(stream, stream != nullptr ? Completion::kStream : Completion::kHost));
+  bound_stream_ = stream;
+  stream_bound_ = true;
+  return absl::OkStatus();
 }
 
 }  // namespace dcp
