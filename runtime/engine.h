@@ -109,6 +109,7 @@ class DcpEngine {
   dcp::Plan plan_;
   bool planned_ = false;
   int topk_width_ = 0;
+  bool identity_order_ = false;  // the caller's token order is the execution order
   int64_t min_cache_blocks_ = 0;  // the tables' block count: a layer's cache holds at least
   ScratchBuffer write_slots_, perm_;
   ScratchBuffer q_nope_exec_, q_rope_exec_, kv_new_exec_, topk_exec_, out_exec_, lse_exec_;

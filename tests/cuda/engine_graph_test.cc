@@ -23,7 +23,7 @@ class EngineGraphTest : public GpuTest {};
 
 TEST_F(EngineGraphTest, CapturedDecodeStepReplaysEqualToEager) {
   constexpr int kHeads = 16, kR = 512, kDn = 128, kDr = 64, kDv = 128, kWidth = kR + kDr;
-  constexpr int kBlock = 64, kBlocks = 64, kTopk = 256;
+  constexpr int kBlock = 64, kBlocks = 8 * 20, kTopk = 256;
   auto made_device = CudaDevice::Create(0);
   ASSERT_TRUE(made_device.ok()) << made_device.status();
   CudaDevice& device = **made_device;
@@ -50,13 +50,11 @@ TEST_F(EngineGraphTest, CapturedDecodeStepReplaysEqualToEager) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   std::vector<BatchRequest> batch;
-  std::vector<int32_t> tables(8 * 16);
+  std::vector<int32_t> tables(8 * 20);
   for (int i = 0; i < 8; ++i) {
-    batch.push_back({i, 900 + 37 * i, 1});
-    for (int k = 0; k < 16; ++k) tables[i * 16 + k] = (i * 7 + k * 8) % kBlocks;
+    batch.push_back({i, 900 + 37 * i, 1});  // <= 1159 tokens: at most 19 blocks of 64
+    for (int k = 0; k < 20; ++k) tables[i * 20 + k] = (k * 8 + i * 3) % kBlocks;  // distinct
   }
-  // Distinct blocks per request's needed range: 8 requests x <= 16 blocks over 64 blocks with
-  // stride 8 and offset 7i: rows of one request never reuse a block.
   const int64_t t = 8;
   auto random = [&](size_t n) {
     std::vector<float> v(n);
@@ -89,13 +87,15 @@ TEST_F(EngineGraphTest, CapturedDecodeStepReplaysEqualToEager) {
   auto lse_d = lse_b.Reserve(device, size_t(t) * kHeads * 4);
   ASSERT_TRUE(out_d.ok() && lse_d.ok());
 
-  ASSERT_TRUE((*engine)->Plan(batch, {tables.data(), 16, kBlocks, kBlock}, kTopk).ok());
+  const absl::Status planned = (*engine)->Plan(batch, {tables.data(), 20, kBlocks, kBlock}, kTopk);
+  ASSERT_TRUE(planned.ok()) << planned;
   const LayerWeightsView weights{w_uk, w_uv};
   const KvCacheView cache_view{cache, DType::kBF16, kBlocks, kBlock, kWidth};
   const LayerTensors tensors{q_nope, q_rope, kv_new, static_cast<const int32_t*>(*topk_d),
                              static_cast<float*>(*out_d), static_cast<float*>(*lse_d)};
   // Eager on the stream (binds it: before any capture), then the same layer captured.
-  ASSERT_TRUE((*engine)->Run(weights, cache_view, tensors, stream).ok());
+  const absl::Status eager = (*engine)->Run(weights, cache_view, tensors, stream);
+  ASSERT_TRUE(eager.ok()) << eager;
   DCP_ASSERT_CUDA(cudaStreamSynchronize(stream));
   std::vector<float> eager_out(t * kHeads * kDv), eager_lse(t * kHeads);
   DCP_ASSERT_CUDA(cudaMemcpy(eager_out.data(), *out_d, eager_out.size() * 4, cudaMemcpyDefault));
