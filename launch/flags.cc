@@ -12,17 +12,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "launch/batch_spec.h"
 #include "runtime/status.h"
 
 ABSL_FLAG(std::string, config, "", "YAML config (sections model, scheduler, dcp, attention, run)");
 ABSL_FLAG(std::string, batch, "",
-          "batch spec(s), e.g. q2k, 8q1s1k, 16q64s128; several batches separated by ';'");
+          "batch spec(s), vLLM's grammar: '_' joins the terms of one batch, ',' separates "
+          "batches, e.g. q2k,8q1kv1k,2q2k_32q1kv1k");
 ABSL_FLAG(std::string, problem, "", "problem file (safetensors, FORMATS.md) to run instead");
 ABSL_FLAG(std::string, output, "", "result file (safetensors): out, lse and the route");
 ABSL_FLAG(std::string, model, "small", "model preset: small (CPU-sized) or deepseek_v32");
 ABSL_FLAG(int, num_heads, 16, "query heads H of the whole group (divisible by the ranks)");
 ABSL_FLAG(std::string, device, "cpu", "rank device: cpu or cuda");
-ABSL_FLAG(std::string, comm, "mpi",
+ABSL_FLAG(std::string, comm, "auto",
           "collectives: mpi, nccl (needs --device cuda) or auto (nccl when every rank has its "
           "own GPU)");
 ABSL_FLAG(std::string, combine, "ag_rs", "sparse MQA combine: ag_rs or a2a");
@@ -145,14 +147,12 @@ absl::Status ApplyFlags(const CommandLine& command_line, RunConfig* config) {
 
   // --batch and --problem replace each other's value from the file.
   if (given("batch")) {
-    config->run.batches.clear();
-    for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_batch), ';')) {
-      spec = absl::StripAsciiWhitespace(spec);
-      if (!spec.empty()) config->run.batches.emplace_back(spec);
+    const std::string list = absl::GetFlag(FLAGS_batch);
+    if (absl::StripAsciiWhitespace(list).empty()) {
+      return DCP_ERROR(InvalidArgument,
+                       "--batch is empty (expected e.g. q2k, 8q1kv1k, q2k,2q2k_32q1kv1k)");
     }
-    if (config->run.batches.empty()) {
-      return DCP_ERROR(InvalidArgument, "--batch is empty (expected e.g. q2k, 8q1s1k, 16q64s128)");
-    }
+    DCP_ASSIGN_OR_RETURN(config->run.batches, SplitBatchList(list));
     if (!given("problem")) config->run.problem.clear();
     config->explicit_keys.insert("run.batches");
   }

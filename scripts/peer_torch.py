@@ -210,8 +210,8 @@ def main():
     parser.add_argument("--routes", help="dcp_bench --mode routes CSV")
     parser.add_argument("--kernels", help="dcp_bench --mode kernels CSV")
     parser.add_argument("--out", help="output CSV (default: peers.csv next to the first input)")
-    parser.add_argument("--dims", default="deepseek",
-                        help="only rows of these dims (default deepseek: the kernels the peers "
+    parser.add_argument("--dims", default="deepseek_v32",
+                        help="only rows of these dims (default deepseek_v32: the kernels the peers "
                              "model have qk 192 / v 128 / latent 576)")
     parser.add_argument("-w", "--warmup", type=int, default=2, help="warm-up runs (default 2)")
     parser.add_argument("-n", "--iters", type=int, default=10, help="timed runs (default 10)")

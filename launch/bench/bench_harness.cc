@@ -34,9 +34,9 @@ std::string CsvPath(const std::string& csv, const std::string& suffix) {
 }
 
 absl::StatusOr<ModelDims> DimsByName(const std::string& name) {
-  if (name == "deepseek") return ModelDims::DeepSeekV32();
+  if (name == "deepseek_v32") return ModelDims::DeepSeekV32();
   if (name == "small") return ModelDims{};
-  return DCP_ERROR(InvalidArgument, "--dims must be deepseek or small, got '%s'", name);
+  return DCP_ERROR(InvalidArgument, "--model must be deepseek_v32 or small, got '%s'", name);
 }
 
 absl::StatusOr<StepTimes> TimeSteps(BenchEnv& env, int num_steps,

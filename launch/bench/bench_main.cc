@@ -1,5 +1,5 @@
 // dcp_bench: benchmarks of the DCP attention layer, run under mpirun like dcp_run.
-//   mpirun -np 2 dcp_bench --mode routes --dims small --heads 4 --batches q64,4q64 -n 5
+//   mpirun -np 2 dcp_bench --mode routes --model small --heads 4 --batches q64,4q64 -n 5
 // Rank 0 prints the tables (and writes --csv); every rank exits with the same status:
 // 0 ok, 1 a measurement failed or #wrong > 0, 2 a bad command line.
 #include <mpi.h>
@@ -50,7 +50,7 @@ void PrintHeader(const BenchEnv& env) {
               std::string(dtype_name(env.device->storage_dtype())).c_str(),
               env.comm->name().c_str());
   std::printf(
-      "# dims %s: R %d, Dn %d, Dr %d, Dv %d; K %d, block %d, interleave %d; "
+      "# model %s: R %d, Dn %d, Dr %d, Dv %d; K %d, block %d, interleave %d; "
       "warm-up %d, iters %d, check %d\n",
       o.dims.c_str(), d.kv_lora_rank, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim,
       o.index_topk, o.block_size, o.interleave, o.warmup_iters, o.iters, o.check ? 1 : 0);

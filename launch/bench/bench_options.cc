@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "launch/batch_spec.h"
 #include "runtime/status.h"
 
 namespace dcp::bench {
@@ -87,9 +88,16 @@ Setter IntListFlag(const char* name, std::vector<int> BenchOptions::*field) {
   };
 }
 
-Setter StringListFlag(std::vector<std::string> BenchOptions::*field) {
+// A batch list in dcp_run's grammar (launch/batch_spec.h); '' is the empty list.
+Setter StringListFlag(const char* name, std::vector<std::string> BenchOptions::*field) {
   return [=](BenchOptions& o, const std::string& v) -> absl::Status {
-    o.*field = absl::StrSplit(v, ',', absl::SkipEmpty());
+    if (absl::StripAsciiWhitespace(v).empty()) {
+      (o.*field).clear();
+      return absl::OkStatus();
+    }
+    absl::StatusOr<std::vector<std::string>> specs = launch::SplitBatchList(v);
+    if (!specs.ok()) return BadValue(name, v, std::string(specs.status().message()));
+    o.*field = *std::move(specs);
     return absl::OkStatus();
   };
 }
@@ -113,10 +121,10 @@ const std::vector<Flag>& Flags() {
       {nullptr, "comm", "auto|mpi|nccl",
        "data-plane communicator (default auto: NCCL on CUDA ranks with a GPU each, else MPI)",
        ChoiceFlag("comm", &BenchOptions::comm, {"auto", "mpi", "nccl"})},
-      {nullptr, "dims", "deepseek|small",
-       "model dimensions: DeepSeek-V3.2 (R 512, Dn 128, Dr 64, Dv 128) or the small test dims "
-       "(R 64, Dn 32, Dr 16, Dv 32) (default deepseek)",
-       ChoiceFlag("dims", &BenchOptions::dims, {"deepseek", "small"})},
+      {nullptr, "model", "deepseek_v32|small",
+       "model dimensions, as dcp_run --model: DeepSeek-V3.2 (R 512, Dn 128, Dr 64, Dv 128) or "
+       "the small test dims (R 64, Dn 32, Dr 16, Dv 32) (default deepseek_v32)",
+       ChoiceFlag("model", &BenchOptions::dims, {"deepseek_v32", "small"})},
       {"-w", "warmup_iters", "N", "warm-up iterations, not timed (default 2)",
        IntFlag("warmup_iters", &BenchOptions::warmup_iters, 0)},
       {"-n", "iters", "N", "timed iterations; the median is reported (default 10)",
@@ -143,16 +151,16 @@ const std::vector<Flag>& Flags() {
       {nullptr, "heads", "LIST", "per-rank query heads H/W to sweep (default 16,32,64,128)",
        IntListFlag("heads", &BenchOptions::heads)},
       {nullptr, "batches", "SPECS",
-       "comma-separated batch specs replacing the default sweep; `_` joins the terms of one "
-       "batch (e.g. q1k,16q64s128,2q8_4q64s128)",
-       StringListFlag(&BenchOptions::batches)},
+       "batch specs replacing the default sweep, as dcp_run --batch: ',' separates batches, "
+       "'_' joins the terms of one (e.g. q1k,16q64kv128,2q8_4q64kv128)",
+       StringListFlag("batches", &BenchOptions::batches)},
       {nullptr, "batch_sizes", "LIST", "requests per pure-prefill batch (default 1,2,...,64)",
        IntListFlag("batch_sizes", &BenchOptions::batch_sizes)},
       {nullptr, "seq_lens", "LIST", "pure-prefill lengths (default 1,2,4,...,8k)",
        IntListFlag("seq_lens", &BenchOptions::seq_lens)},
       {nullptr, "extends", "SPECS",
-       "extend batches after the grid (default 16q64s128,32q64s128,64q64s128; '' for none)",
-       StringListFlag(&BenchOptions::extends)},
+       "extend batches after the grid (default 16q64kv128,32q64kv128,64q64kv128; '' for none)",
+       StringListFlag("extends", &BenchOptions::extends)},
       {nullptr, "max_tokens", "N", "skip batches of more query tokens (default 32768)",
        BytesFlag("max_tokens", &BenchOptions::max_tokens, 1)},
       {nullptr, "index_topk", "K", "top-k width K (default 2048)",

@@ -20,7 +20,7 @@ struct BenchOptions {
   Mode mode = Mode::kRoutes;
   std::string device = "cpu";     // cpu | cuda
   std::string comm = "auto";      // auto | mpi | nccl (nccl: CUDA ranks only)
-  std::string dims = "deepseek";  // deepseek (DeepSeek-V3.2) | small (ModelDims defaults)
+  std::string dims = "deepseek_v32";  // --model: deepseek_v32 (DeepSeek-V3.2) | small
 
   int warmup_iters = 2;                   // -w
   int iters = 10;                         // -n
@@ -36,7 +36,7 @@ struct BenchOptions {
   std::vector<std::string> batches;
   std::vector<int> batch_sizes = {1, 2, 4, 8, 16, 32, 64};
   std::vector<int> seq_lens = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
-  std::vector<std::string> extends = {"16q64s128", "32q64s128", "64q64s128"};
+  std::vector<std::string> extends = {"16q64kv128", "32q64kv128", "64q64kv128"};
   int64_t max_tokens = 32768;  // batches with more query tokens are skipped (listed)
 
   int index_topk = 2048;          // K
