@@ -85,6 +85,10 @@ absl::StatusOr<CommandLine> ParseCommandLine(int argc, const char* const* argv) 
       result.help = true;
       continue;
     }
+    if (arg == "--version") {
+      result.version = true;
+      continue;
+    }
     if (arg.size() < 2 || arg[0] != '-' || arg == "--") {
       return DCP_ERROR(InvalidArgument,
                        "unexpected argument '%s' (dcp_run takes only flags; "
@@ -207,7 +211,7 @@ std::string UsageText(const char* program) {
       "usage: mpirun -np W ", program,
       " [--config FILE] [--batch SPEC | --problem FILE] "
       "[flags]\n\nRuns one DCP attention layer over the MPI world; flags override the config "
-      "file.\n\nflags:\n");
+      "file.\n\nflags:\n  --version  print the version and the git commit of the build\n");
   for (const char* name : kFlagNames) {
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     std::string shown = absl::StrReplaceAll(name, {{"_", "-"}});

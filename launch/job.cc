@@ -26,6 +26,7 @@
 #include "launch/result_file.h"
 #include "launch/run_config.h"
 #include "launch/summary.h"
+#include "launch/version.h"
 #include "launch/synthetic.h"
 #include "runtime/dcp.h"
 #include "runtime/kv_layout.h"
@@ -190,6 +191,10 @@ absl::Status Job::Run(int argc, char** argv) {
     if (is_root()) std::fputs(UsageText("dcp_run").c_str(), stdout);
     return absl::OkStatus();
   }
+  if (command_line_.version) {
+    if (is_root()) std::printf("%s\n", VersionLine("dcp_run").c_str());
+    return absl::OkStatus();
+  }
   DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return LoadWorkload(); })));
   DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return FitConfig(); })));
   // Bootstrap is over: from here a peer that does not arrive within comm_timeout_s ends the job.
@@ -230,7 +235,7 @@ void Job::Release() {
 
 absl::Status Job::Configure(int argc, char** argv) {
   DCP_ASSIGN_OR_RETURN(command_line_, ParseCommandLine(argc, argv));
-  if (command_line_.help) return absl::OkStatus();
+  if (command_line_.help || command_line_.version) return absl::OkStatus();
   const std::string path = command_line_.config_path();
   if (!path.empty()) {
     std::string text;

@@ -7,16 +7,24 @@
 #include <limits>
 
 #include "launch/bench/step_clock.h"
+#include "launch/version.h"
 #include "runtime/status.h"
 
 namespace dcp::bench {
 
 std::vector<Column> BenchEnv::MetaColumns() const {
-  return {{"mode", ""}, {"device", ""}, {"comm", ""}, {"world", ""}, {"dims", ""}};
+  return {{"format_version", ""}, {"commit", ""}, {"timestamp", ""}, {"mode", ""},
+          {"device", ""},         {"comm", ""},   {"world", ""},     {"dims", ""}};
 }
 
 std::vector<std::string> BenchEnv::MetaCells() const {
-  return {mode_name(options.mode), device->name(), comm->name(), FormatInt(world_size),
+  return {FormatInt(launch::kOutputFormatVersion),
+          launch::GitCommit(),
+          started_at,
+          mode_name(options.mode),
+          device->name(),
+          comm->name(),
+          FormatInt(world_size),
           options.dims};
 }
 

@@ -17,6 +17,7 @@
 #include "launch/bench/bench_setup.h"
 #include "launch/bench/modes.h"
 #include "launch/bootstrap.h"
+#include "launch/version.h"
 #include "runtime/status.h"
 
 namespace dcp::bench {
@@ -45,6 +46,8 @@ absl::Status PrintRanks(const BenchEnv& env) {
 void PrintHeader(const BenchEnv& env) {
   const BenchOptions& o = env.options;
   const ModelDims& d = env.dims;
+  std::printf("# %s, started %s\n", launch::VersionLine("dcp_bench").c_str(),
+              env.started_at.c_str());
   std::printf("# dcp_bench --mode %s: %d ranks, device %s (%s storage), comm %s\n",
               mode_name(o.mode), env.world_size, o.device.c_str(),
               std::string(dtype_name(env.device->storage_dtype())).c_str(),
@@ -84,6 +87,10 @@ int Run(int argc, char** argv, const launch::ProcessInfo& process) {
     if (root) std::printf("%s", BenchUsage(argv[0]).c_str());
     return kExitOk;
   }
+  if (options->version) {
+    if (root) std::printf("%s\n", launch::VersionLine("dcp_bench").c_str());
+    return kExitOk;
+  }
   absl::StatusOr<ModelDims> dims = DimsByName(options->dims);
   if (!dims.ok()) return report(dims.status(), kExitUsage);
 
@@ -104,12 +111,22 @@ int Run(int argc, char** argv, const launch::ProcessInfo& process) {
   env.device = device->get();
   env.comm = comm->get();
   env.dims = *dims;
+  {  // rank 0's clock, so that every row of every rank's view carries one timestamp
+    std::string stamp = launch::TimestampUtc();
+    stamp.resize(32, '\0');
+    if (MPI_Bcast(stamp.data(), 32, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS) return kExitFailed;
+    env.started_at = stamp.c_str();
+  }
   if (root) PrintHeader(env);
   status = PrintRanks(env);
   if (!status.ok()) return report(status, kExitFailed);
 
   absl::StatusOr<ModeResult> result = RunMode(env);
-  if (!result.ok()) return report(result.status(), kExitFailed);
+  if (!result.ok()) {
+    // A request the mode refuses before measuring (a sweep over an hour) is a usage error.
+    const bool usage = result.status().code() == absl::StatusCode::kInvalidArgument;
+    return report(result.status(), usage ? kExitUsage : kExitFailed);
+  }
   if (root) {
     for (const NamedTable& named : result->tables) {
       std::printf("#\n");

@@ -200,6 +200,17 @@ const std::vector<Flag>& Flags() {
          o.csv = v;
          return absl::OkStatus();
        }},
+      {nullptr, "force", nullptr,
+       "run a sweep estimated to take over an hour on CPU ranks (refused without it)",
+       [](BenchOptions& o, const std::string&) -> absl::Status {
+         o.force = true;
+         return absl::OkStatus();
+       }},
+      {nullptr, "version", nullptr, "print the version and the git commit of the build",
+       [](BenchOptions& o, const std::string&) -> absl::Status {
+         o.version = true;
+         return absl::OkStatus();
+       }},
       {"-h", "help", nullptr, "print this help",
        [](BenchOptions& o, const std::string&) -> absl::Status {
          o.help = true;
@@ -320,7 +331,7 @@ absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, const char* const* argv
     }
     DCP_RETURN_IF_ERROR(flag->set(options, value));
   }
-  if (options.help) return options;
+  if (options.help || options.version) return options;
   DCP_CHECK_ARG(options.min_bytes <= options.max_bytes,
                 "-b/--minbytes (%d) must not exceed -e/--maxbytes (%d)", options.min_bytes,
                 options.max_bytes);

@@ -50,6 +50,8 @@ struct BenchOptions {
   uint64_t seed = 1;
   std::string csv;  // write the results here too (rank 0)
   bool help = false;
+  bool version = false;  // --version
+  bool force = false;    // --force: run a sweep estimated over an hour on CPU ranks
 
   // The batch specs this run sweeps, in order (batches, or the grid then extends).
   std::vector<std::string> BatchList() const;
