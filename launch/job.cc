@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "launch/batch_calls.h"
 #include "launch/batch_spec.h"
 #include "launch/bootstrap.h"
@@ -21,6 +23,7 @@
 #include "launch/distribute.h"
 #include "launch/flags.h"
 #include "launch/limits.h"
+#include "launch/liveness.h"
 #include "launch/problem.h"
 #include "launch/rank_batch.h"
 #include "launch/result_file.h"
@@ -41,6 +44,8 @@ namespace {
 // rank 0 does alone (the --check reference, writing --output), which keeps this bound on the
 // waiting ranks (rank 0 itself waits comm_timeout_s).
 constexpr double kBootstrapTimeoutS = 3600.0;
+// How long a rank that ends the job waits for its peers to answer the liveness probe.
+constexpr double kLivenessWaitS = 1.0;
 
 // Errors that mean the group itself failed (a peer stopped, died or never joined): no
 // agreement can follow, so the rank that sees one ends the job at once.
@@ -127,6 +132,7 @@ class Job {
 
   ProcessInfo process_;
   std::unique_ptr<MpiCommunicator> bootstrap_;
+  std::unique_ptr<LivenessProbe> liveness_;  // names the rank that stalled the job
   RunConfig config_;
   CommandLine command_line_;
   std::optional<Problem> problem_;  // rank 0, problem mode
@@ -146,11 +152,21 @@ class Job {
 };
 
 void Job::Fatal(const absl::Status& status) {
+  std::string culprits;
+  if (liveness_ != nullptr) {
+    const std::vector<int> silent = liveness_->Silent(kLivenessWaitS);
+    if (!silent.empty()) {
+      culprits = absl::StrFormat("; rank%s %s did not answer a liveness probe within %g s "
+                                 "(stopped, hung or dead)",
+                                 silent.size() > 1 ? "s" : "", absl::StrJoin(silent, ", "),
+                                 kLivenessWaitS);
+    }
+  }
   std::fprintf(stderr,
-               "dcp_run: rank %d: fatal: %s (collective timeout %.3g s); ending the job on every "
-               "rank with exit %d\n",
+               "dcp_run: rank %d: fatal: %s (collective timeout %.3g s)%s; ending the job on "
+               "every rank with exit %d\n",
                process_.rank, std::string(status.message()).c_str(), bootstrap_->timeout_s(),
-               kExitRuntimeError);
+               culprits.c_str(), kExitRuntimeError);
   std::fflush(stderr);
   bootstrap_->Abort(kExitRuntimeError);
 }
@@ -185,6 +201,10 @@ absl::Status Job::Run(int argc, char** argv) {
       MPI_Abort(MPI_COMM_WORLD, kExitRuntimeError);
     }
     bootstrap_ = std::move(bootstrap).value();
+  }
+  {
+    absl::StatusOr<std::unique_ptr<LivenessProbe>> probe = LivenessProbe::Create(MPI_COMM_WORLD);
+    if (probe.ok()) liveness_ = std::move(probe).value();  // without it: no rank named
   }
   DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return Configure(argc, argv); })));
   if (command_line_.help) {
@@ -230,6 +250,7 @@ void Job::Release() {
   context_.reset();
   comm_.reset();
   device_.reset();
+  liveness_.reset();
   bootstrap_.reset();
 }
 

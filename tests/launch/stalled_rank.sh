@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A rank that stops (SIGSTOP: alive, holding its connections, never answering) must not stall
 # the job: every other rank exits within the collective timeout plus 10 s, mpirun exits 3 and
-# a message names the timeout.
+# a message names the timeout and the stopped rank.
 #   stalled_rank.sh <timeout_s> <np> <rank to stop> <mpirun and its flags...> -- <dcp_run> [args]
 # The job runs many iterations of a small batch with --comm-timeout <timeout_s>; the ranks
 # report their pids (DCP_RUN_REPORT_PID) once the group runs, and the test stops one by pid.
@@ -84,5 +84,7 @@ rc=$?
 [ "$rc" -eq 3 ] || fail "mpirun exited $rc, expected 3"
 grep -q "fatal: .*did not complete within ${timeout_s}" "$log/err" ||
   fail "no message naming the ${timeout_s} s timeout"
+grep -q "fatal: .*rank ${stop_rank} did not answer a liveness probe" "$log/err" ||
+  fail "the message does not name rank ${stop_rank}"
 grep -m1 "fatal:" "$log/err"
 echo "PASS: stalled rank $stop_rank brought down in ${elapsed} s, exit $rc"
