@@ -139,7 +139,7 @@ if has_stage bench; then
 fi
 
 # 6. dcp_run --device cuda --check at the DeepSeek-V3.2 dims (H 128, R 512, Dn 128, Dr 64,
-# Dv 128, K 2048): '4q1kv4k,q512' takes both routes in one batch (the 512-token prefill is
+# Dv 128, K 2048): '4q1kv4k_q512' takes both routes in one batch (the 512-token prefill is
 # within K: dense MHA; the decodes over 4096 tokens: sparse MQA with top-2048). The check's
 # reference runs on rank 0's CPU, so the batch stays small. np 1 uses NCCL (a world of one);
 # np > 1 shares the one GPU: --comm nccl must fail clearly, --comm mpi (host staging) must run.
