@@ -29,8 +29,8 @@
 #include "launch/result_file.h"
 #include "launch/run_config.h"
 #include "launch/summary.h"
-#include "launch/version.h"
 #include "launch/synthetic.h"
+#include "launch/version.h"
 #include "runtime/dcp.h"
 #include "runtime/kv_layout.h"
 #include "runtime/status.h"
@@ -221,7 +221,9 @@ absl::Status Job::Run(int argc, char** argv) {
   bootstrap_->set_timeout_s(config_.dcp.comm_timeout_s);
   DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return StartGroup(); })));
   if (config_.run.print_plan) return Agree(PrintPlan());
-  if (config_.run.check) DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return StartReference(); })));
+  if (config_.run.check) {
+    DCP_RETURN_IF_ERROR(AgreeAfterRootWork(Guarded([&] { return StartReference(); })));
+  }
   if (is_root() && !config_.run.json) std::fputs(FormatHeader(Describe()).c_str(), stdout);
   // Test hook: each rank states its pid once the group runs (the stalled-rank test stops one).
   if (std::getenv("DCP_RUN_REPORT_PID") != nullptr) {
@@ -375,15 +377,11 @@ absl::Status Job::FitConfig() {
   DCP_RETURN_IF_ERROR(
       ValidateConfigs(config_.model, config_.dcp, config_.scheduler, config_.attention));
   {
+    // A problem file is already in rank 0's memory (LoadProblem checked that it fits).
     RunConfig root_view = config_, other_view = config_;
     root_view.dcp.rank = 0;
     other_view.dcp.rank = world > 1 ? 1 : 0;
-    const int64_t problem_bytes = problem_ ? int64_t(problem_->kv.size() + problem_->q_nope.size() +
-                                                     problem_->q_rope.size() +
-                                                     problem_->w_uk.size() + problem_->w_uv.size()) *
-                                                 4
-                                           : 0;
-    DCP_RETURN_IF_ERROR(CheckMemory(EstimateRankMemory(root_view, batches_, problem_bytes),
+    DCP_RETURN_IF_ERROR(CheckMemory(EstimateRankMemory(root_view, batches_, 0),
                                     EstimateRankMemory(other_view, batches_, 0),
                                     process_.local_size, AvailableHostMemory()));
   }
