@@ -7,7 +7,7 @@
 #      includes the multi-rank GPU tests at np 1, 2 and 4 on the one GPU;
 #   4. runs compute-sanitizer memcheck on the GPU kernel test binaries (and racecheck on the
 #      shared-memory attention kernels, small cases);
-#   5. times the kernels against the card's copy and GEMM ceilings (cuda_kernel_bench);
+#   5. times the kernels against the card's copy and GEMM ceilings (dcp_bench --mode kernels);
 #   6. runs dcp_run --device cuda --check at the DeepSeek-V3.2 dims for both routes;
 #   7. prints a short summary last.
 # Logs go to $OUT (the device tool's output folder) or /tmp/dcp-device-out, at most 7 files
@@ -130,11 +130,13 @@ fi
 # 5. Kernel timings.
 if has_stage bench; then
   echo "== kernel bench ($(elapsed))"
-  if [ -x "$build/tests/cuda/cuda_kernel_bench" ]; then
-    timeout 240 "$build/tests/cuda/cuda_kernel_bench" >"$out/bench.txt" 2>&1
+  if [ -x "$build/launch/bench/dcp_bench" ]; then
+    timeout 240 mpirun -np 1 "$build/launch/bench/dcp_bench" --mode kernels --device cuda \
+        --model deepseek_v32 --heads 16,128 -w 3 -n 10 --batches "${DCP_KERNEL_BATCHES:-q1kv4k,64q1kv4k,q1k,q4k}" \
+        --csv "$out/kernels.csv" >"$out/bench.txt" 2>&1
     note "bench: exit $?"
   else
-    note "bench: cuda_kernel_bench not built"
+    note "bench: dcp_bench not built"
   fi
 fi
 
