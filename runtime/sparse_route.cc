@@ -164,9 +164,12 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
   DCP_ASSIGN_OR_RETURN(void* lse_part_data, lse_partial_.Get(size_t(tx) * hl * world * 4));
   auto* partial = static_cast<float*>(partial_data);
   auto* lse_part = static_cast<float*>(lse_part_data);
+  DCP_ASSIGN_OR_RETURN(void* combined_data, combined_.Get(part_count * 4));
+  auto* combined = static_cast<float*>(combined_data);
+  // One rank: the kernel's output is the combined result already.
   const void* q_heads = q_all;
-  float* out_heads = partial;
-  float* lse_heads = lse_part;
+  float* out_heads = world == 1 ? combined : partial;
+  float* lse_heads = world == 1 ? lse : lse_part;
   if (world > 1) {
     DCP_ASSIGN_OR_RETURN(void* q_data, q_heads_.Get(q_latent_count * world * element));
     DCP_ASSIGN_OR_RETURN(void* out_data, out_heads_.Get(part_count * world * 4));
@@ -206,9 +209,9 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
 
   // Combine the W partials of this rank's heads: combined [tx, Hl, R], lse [tx, Hl].
   timer.Restart();
-  DCP_ASSIGN_OR_RETURN(void* combined_data, combined_.Get(part_count * 4));
-  auto* combined = static_cast<float*>(combined_data);
-  DCP_RETURN_IF_ERROR(combine_.Run(partial, lse_part, tx, hl, r, combined, lse, stats));
+  if (world > 1) {
+    DCP_RETURN_IF_ERROR(combine_.Run(partial, lse_part, tx, hl, r, combined, lse, stats));
+  }
   DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::combine_s));
 
   // out[t][h] = w_uv[h]^T o_lat[t][h], from o_lat in the storage dtype.
