@@ -97,7 +97,7 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
 }
 
 absl::Status DenseRoute::ChunkKeys(const KvCacheView& cache, const ChunkSteps& chunk, void* k,
-                                   void* v, ForwardStats* stats) {
+                                   void* v, StepStats* stats) {
   const int world = comm_.world_size(), hl = projections_.heads();
   const int width = model_.latent_width();
   const DType storage = device_.storage_dtype();
@@ -108,20 +108,17 @@ absl::Status DenseRoute::ChunkKeys(const KvCacheView& cache, const ChunkSteps& c
       world > 1 ? local_region + size_t(local_rows) * width * element : local_region;
 
   // Gather this rank's rows of every segment into the local region (padding: zero rows).
-  PhaseTimer timer;
+  PhaseTimer timer(stats);
   DCP_RETURN_IF_ERROR(device_.GatherRows({cache.data,
                                           local_slots_.as<int32_t>() + chunk.slots_offset,
                                           local_region, storage, local_rows, cache.num_slots(),
                                           width, cache.row_stride, width}));
   if (world > 1) {
-    if (stats) DCP_RETURN_IF_ERROR(device_.Synchronize());  // the all-gather's own time, below
-    PhaseTimer comm_timer;
+    PhaseTimer comm_timer(stats);  // the all-gather's own time
     DCP_RETURN_IF_ERROR(comm_.AllGather(local_region, gathered_region,
                                         size_t(local_rows) * width, storage));
-    if (stats) {
-      stats->all_gather_comm_s += comm_timer.Elapsed();
-      stats->all_gather_bytes += local_rows * width * int64_t(element) * world;
-    }
+    comm_timer.End(&ForwardStats::all_gather_comm_s);
+    if (stats) stats->all_gather_bytes += local_rows * width * int64_t(element) * world;
   }
   // Reorganize into per-request rows in global order.
   DCP_ASSIGN_OR_RETURN(void* rows, chunk_rows_.Get(size_t(chunk.num_keys) * width * element));
@@ -129,11 +126,11 @@ absl::Status DenseRoute::ChunkKeys(const KvCacheView& cache, const ChunkSteps& c
                                           reorganize_index_.as<int32_t>() + chunk.index_offset,
                                           rows, storage, chunk.num_keys, local_rows * world,
                                           width, width, width}));
-  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::gather_s));
+  timer.End(&ForwardStats::gather_s);
 
   timer.Restart();
   DCP_RETURN_IF_ERROR(projections_.UpProject(rows, chunk.num_keys, k, v));
-  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::up_projection_s));
+  timer.End(&ForwardStats::up_projection_s);
   if (stats) {
     stats->num_context_rows += chunk.num_keys;
     stats->flops += 2.0 * double(chunk.num_keys) * hl * model_.kv_lora_rank *
@@ -143,7 +140,7 @@ absl::Status DenseRoute::ChunkKeys(const KvCacheView& cache, const ChunkSteps& c
 }
 
 absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& in, float* out,
-                             float* lse, ForwardStats* stats) {
+                             float* lse, StepStats* stats) {
   const ModelDims& m = model_;
   const int hl = projections_.heads(), dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim;
   const int dv = m.v_head_dim, qk = dn + dr;
@@ -151,7 +148,7 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
   const size_t element = dtype_size(storage);
   const int64_t tp = num_tokens_;
   if (tp == 0) return absl::OkStatus();
-  PhaseTimer timer;
+  PhaseTimer timer(stats);
 
   // Queries [tp, Hl, Dn + Dr] = [q_nope | q_rope] of the prefill tokens.
   DCP_ASSIGN_OR_RETURN(void* q, q_.Get(size_t(tp) * hl * qk * element));
@@ -164,7 +161,7 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
   DCP_ASSIGN_OR_RETURN(void* k_new, k_new_.Get(size_t(tp) * hl * qk * element));
   DCP_ASSIGN_OR_RETURN(void* v_new, v_new_.Get(size_t(tp) * hl * dv * element));
   DCP_RETURN_IF_ERROR(projections_.UpProject(in.kv_new, tp, k_new, v_new));
-  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::up_projection_s));
+  timer.End(&ForwardStats::up_projection_s);
   if (stats) stats->flops += 2.0 * double(tp) * hl * m.kv_lora_rank * (dn + dv);
 
   DenseMhaParams base;
@@ -210,7 +207,7 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
   causal.max_seqlen_k = max_query_len_;
   causal.causal = true;
   DCP_RETURN_IF_ERROR(device_.DenseMha(causal));
-  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::attention_s));
+  timer.End(&ForwardStats::attention_s);
   if (stats) stats->flops += causal_flops_;
   if (!has_context) return absl::OkStatus();
 
@@ -244,13 +241,14 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
     DCP_RETURN_IF_ERROR(device_.DenseMha(context));
     DCP_RETURN_IF_ERROR(device_.MergeStates({out_ctx, lse_ctx, out_chunk, lse_chunk, out_ctx,
                                              lse_ctx, static_cast<int>(tp), hl, dv}));
-    DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::attention_s));
+    timer.End(&ForwardStats::attention_s);
     if (stats) stats->flops += chunk.flops;
   }
   timer.Restart();
   DCP_RETURN_IF_ERROR(device_.MergeStates(
       {out_ctx, lse_ctx, out_new, lse_new, out, lse, static_cast<int>(tp), hl, dv}));
-  return EndPhase(device_, stats, timer, &ForwardStats::attention_s);
+  timer.End(&ForwardStats::attention_s);
+  return absl::OkStatus();
 }
 
 }  // namespace dcp

@@ -42,7 +42,7 @@ class DenseRoute {
   absl::Status Prepare(const Plan& plan, const StepTables& tables);
   // out [Tp, Hl, Dv] F32, lse [Tp, Hl] F32 of the plan's prefill tokens. stats may be null.
   absl::Status Run(const KvCacheView& cache, const DenseRouteInputs& in, float* out, float* lse,
-                   ForwardStats* stats);
+                   StepStats* stats);
 
  private:
   // One context chunk as Prepare leaves it: where its index arrays start in the uploaded
@@ -55,7 +55,7 @@ class DenseRoute {
   };
   // Keys of one context chunk, up-projected: k [num_keys, Hl, Dn + Dr], v [num_keys, Hl, Dv].
   absl::Status ChunkKeys(const KvCacheView& cache, const ChunkSteps& chunk, void* k, void* v,
-                         ForwardStats* stats);
+                         StepStats* stats);
 
   Device& device_;
   Communicator& comm_;

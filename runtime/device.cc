@@ -1,5 +1,8 @@
 #include "runtime/device.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include "core/status.h"
 
 namespace dcp {
@@ -41,6 +44,20 @@ void Buffer::reset() {
 absl::Status Device::SetStream(void* stream) {
   DCP_CHECK_ARG(stream == nullptr, "device %s runs in order and takes no stream", name());
   return absl::OkStatus();
+}
+
+absl::Status Device::RecordMark(int slot) {
+  DCP_CHECK_ARG(slot >= 0, "mark slot %d", slot);
+  if (static_cast<size_t>(slot) >= host_marks_.size()) host_marks_.resize(slot + 1, 0.0);
+  host_marks_[slot] = std::chrono::duration<double>(
+                          std::chrono::steady_clock::now().time_since_epoch()).count();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Device::MarkSeconds(int from, int to) {
+  DCP_CHECK_ARG(from >= 0 && to >= 0 && static_cast<size_t>(std::max(from, to)) < host_marks_.size(),
+                "marks %d and %d were not recorded", from, to);
+  return host_marks_[to] - host_marks_[from];
 }
 
 }  // namespace dcp

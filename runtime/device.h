@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -46,6 +47,9 @@ class Buffer {
 class Device {
  public:
   virtual ~Device() = default;
+  Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
   virtual MemorySpace memory_space() const = 0;
   virtual std::string name() const = 0;  // "cpu", "cuda:0"
   // The storage dtype of cache, workspace and projected K/V/queries on this device.
@@ -102,10 +106,20 @@ class Device {
 
   virtual absl::Status Synchronize() = 0;
 
+  // Stream-ordered timestamps for stats that wait for nothing: RecordMark(slot) marks the point
+  // after the work enqueued so far; MarkSeconds(from, to) waits for mark `to` and returns the
+  // seconds between the two. Slots are small integers reused from one layer to the next. The
+  // default (CPU ranks, whose calls complete in order on the host) reads the host clock.
+  virtual absl::Status RecordMark(int slot);
+  virtual absl::StatusOr<double> MarkSeconds(int from, int to);
+
   // The stream later calls enqueue on (a cudaStream_t on CUDA ranks; nullptr = the device's
   // own). Streams of another GPU are refused. CPU ranks run in order and take only nullptr.
   virtual absl::Status SetStream(void* stream);
   virtual void* stream_handle() const { return nullptr; }
+
+ private:
+  std::vector<double> host_marks_;  // seconds since an arbitrary origin, by slot
 };
 
 // Host memory, kernels of attention/cpu and workspace/cpu. Storage dtype F32 or BF16.

@@ -162,13 +162,14 @@ absl::Status DcpEngine::CheckRunArguments(const LayerWeightsView& weights,
 absl::Status DcpEngine::Run(const LayerWeightsView& weights, const KvCacheView& cache,
                             const LayerTensors& tensors, void* stream) {
   DCP_RETURN_IF_ERROR(CheckRunArguments(weights, cache, tensors));
-  ForwardStats* stats = collect_stats_ ? &stats_ : nullptr;
-  stats_ = ForwardStats{};
-  stats_.route = plan_.route;
-  stats_.num_decodes = plan_.num_decodes;
-  stats_.num_prefills = plan_.num_prefills;
-  stats_.num_chunks = static_cast<int>(plan_.chunks.size());
-  stats_.num_tokens = plan_.num_tokens;
+  StepStats step(device_);
+  step.route = plan_.route;
+  step.num_decodes = plan_.num_decodes;
+  step.num_prefills = plan_.num_prefills;
+  step.num_chunks = static_cast<int>(plan_.chunks.size());
+  step.num_tokens = plan_.num_tokens;
+  stats_ = step;
+  StepStats* stats = collect_stats_ ? &step : nullptr;
   const int64_t t = plan_.num_tokens;
   if (t == 0) return absl::OkStatus();
   if (!stream_bound_ || stream != bound_stream_) DCP_RETURN_IF_ERROR(BindStream(stream));
@@ -178,8 +179,8 @@ absl::Status DcpEngine::Run(const LayerWeightsView& weights, const KvCacheView& 
     const int dv = m.v_head_dim, width = m.latent_width();
     const DType storage = device_.storage_dtype();
     const size_t element = dtype_size(storage);
-    const PhaseTimer total;
-    PhaseTimer timer;
+    const PhaseTimer total(stats);
+    PhaseTimer timer(stats);
     projections_.Bind(weights.w_uk, weights.w_uv);
 
     // The new tokens' rows into the cache (those this rank owns), then every input in
@@ -209,7 +210,7 @@ absl::Status DcpEngine::Run(const LayerWeightsView& weights, const KvCacheView& 
                            reorder(tensors.topk, topk_exec_, DType::kI32, topk_width_));
       topk = static_cast<const int32_t*>(exec);
     }
-    DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::cache_write_s));
+    timer.End(&ForwardStats::cache_write_s);
 
     float* out_exec = tensors.out;
     float* lse_exec = tensors.lse;
@@ -237,8 +238,10 @@ absl::Status DcpEngine::Run(const LayerWeightsView& weights, const KvCacheView& 
           device_.ScatterRows({lse_exec, perm, tensors.lse, DType::kF32, t, t, hl, hl, hl}));
     }
     if (stats) {
-      DCP_RETURN_IF_ERROR(device_.Synchronize());
-      stats_.total_s = total.Elapsed();
+      // The marks are read once, at the end of the layer: the only wait of a stats run.
+      total.End(&ForwardStats::total_s);
+      DCP_RETURN_IF_ERROR(step.Finish());
+      stats_ = step;
     }
     return absl::OkStatus();
   }();

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "runtime/batch.h"
@@ -25,31 +26,55 @@ struct ForwardStats {
   double flops = 0;  // attention + projection FLOPs of this rank
 };
 
-// Times one phase on the host: Stop() waits for the device's queued work, so the time includes
-// the phase's kernels (the cost of a device synchronisation per phase boundary). Stats are
-// opt-in: with `stats` null, EndPhase neither waits nor records.
-class PhaseTimer {
+// The host's own clock, for work that happens on the host (planning, a whole Forward).
+class HostTimer {
  public:
   using Clock = std::chrono::steady_clock;
-  PhaseTimer() : start_(Clock::now()) {}
+  HostTimer() : start_(Clock::now()) {}
   void Restart() { start_ = Clock::now(); }
   double Elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
-  // Synchronizes `device` and adds the elapsed seconds to *total.
-  absl::Status Stop(Device& device, double* total) const {
-    absl::Status status = device.Synchronize();
-    *total += Elapsed();
-    return status;
-  }
 
  private:
   Clock::time_point start_;
 };
 
-// Ends a phase begun at `timer`: with stats on, waits for the device and adds the phase's
-// seconds to stats->*phase; with stats null, does nothing.
-inline absl::Status EndPhase(Device& device, ForwardStats* stats, const PhaseTimer& timer,
-                             double ForwardStats::*phase) {
-  return stats == nullptr ? absl::OkStatus() : timer.Stop(device, &(stats->*phase));
-}
+// The stats of one layer being collected: the counters, and each phase as a pair of
+// stream-ordered marks on the device (Device::RecordMark), read once when the layer is done
+// (Finish). No phase boundary waits for the device.
+class StepStats : public ForwardStats {
+ public:
+  explicit StepStats(Device& device) : device_(device) {}
+  // Records a mark after the work enqueued so far; its slot (-1 after an error).
+  int Mark();
+  // The phase from mark `begin` to a new mark adds to *phase when Finish reads the marks.
+  void EndPhase(int begin, double ForwardStats::*phase);
+  // Waits for the last mark, adds every phase's seconds; the first error of any mark.
+  absl::Status Finish();
+
+ private:
+  struct Phase {
+    int begin, end;
+    double ForwardStats::*field;
+  };
+  Device& device_;
+  int next_ = 0;
+  std::vector<Phase> phases_;
+  absl::Status status_;
+};
+
+// One phase of a layer: begins at construction (or Restart), ends at End. Does nothing when
+// stats are off (null).
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(StepStats* stats) : stats_(stats) { Restart(); }
+  void Restart() { begin_ = stats_ != nullptr ? stats_->Mark() : -1; }
+  void End(double ForwardStats::*phase) const {
+    if (stats_ != nullptr) stats_->EndPhase(begin_, phase);
+  }
+
+ private:
+  StepStats* stats_;
+  int begin_ = -1;
+};
 
 }  // namespace dcp

@@ -18,7 +18,7 @@ absl::Status LseCombine::Prepare(int64_t tx, int hl, int dim) {
 }
 
 absl::Status LseCombine::Run(float* partial, const float* lse_partial, int64_t tx, int hl,
-                             int dim, float* combined, float* lse, ForwardStats* stats) {
+                             int dim, float* combined, float* lse, StepStats* stats) {
   const int world = comm_.world_size();
   const size_t part_count = size_t(tx) * hl * dim, lse_count = size_t(tx) * hl;
   if (world == 1) {
@@ -28,9 +28,9 @@ absl::Status LseCombine::Run(float* partial, const float* lse_partial, int64_t t
   if (backend_ == CombineBackend::kAllGatherReduceScatter) {
     DCP_ASSIGN_OR_RETURN(void* lse_all, lse_all_.Get(lse_count * world * world * 4));
     DCP_ASSIGN_OR_RETURN(void* lse_total, lse_total_.Get(lse_count * world * 4));
-    PhaseTimer comm_timer;
+    PhaseTimer comm_timer(stats);
     DCP_RETURN_IF_ERROR(comm_.AllGather(lse_partial, lse_all, lse_count * world, DType::kF32));
-    if (stats) stats->combine_comm_s += comm_timer.Elapsed();
+    comm_timer.End(&ForwardStats::combine_comm_s);
     // The [W, T, Hl] grid is T' = W*T tokens for the correction.
     DcpCorrectParams correct;
     correct.out = partial;
@@ -44,7 +44,7 @@ absl::Status LseCombine::Run(float* partial, const float* lse_partial, int64_t t
     DCP_RETURN_IF_ERROR(device_.DcpCorrect(correct));
     comm_timer.Restart();
     DCP_RETURN_IF_ERROR(comm_.ReduceScatterSum(partial, combined, part_count, DType::kF32));
-    if (stats) stats->combine_comm_s += comm_timer.Elapsed();
+    comm_timer.End(&ForwardStats::combine_comm_s);
     DCP_RETURN_IF_ERROR(device_.Copy(
         lse, static_cast<float*>(lse_total) + size_t(comm_.rank()) * lse_count, lse_count * 4));
     if (stats) {
@@ -55,10 +55,10 @@ absl::Status LseCombine::Run(float* partial, const float* lse_partial, int64_t t
   }
   DCP_ASSIGN_OR_RETURN(void* received, received_.Get(part_count * world * 4));
   DCP_ASSIGN_OR_RETURN(void* lse_received, lse_received_.Get(lse_count * world * 4));
-  PhaseTimer comm_timer;
+  PhaseTimer comm_timer(stats);
   DCP_RETURN_IF_ERROR(comm_.AllToAll(partial, received, part_count, DType::kF32));
   DCP_RETURN_IF_ERROR(comm_.AllToAll(lse_partial, lse_received, lse_count, DType::kF32));
-  if (stats) stats->combine_comm_s += comm_timer.Elapsed();
+  comm_timer.End(&ForwardStats::combine_comm_s);
   DcpCombineParams combine;
   combine.outs = static_cast<const float*>(received);
   combine.lses = static_cast<const float*>(lse_received);

@@ -27,7 +27,7 @@ class LseCombine {
   // rank's keys) -> combined [T, Hl, R], lse [T, Hl] of this rank's heads. `partial` is
   // overwritten (ag_rs scales it in place). Adds its times and bytes to *stats (may be null).
   absl::Status Run(float* partial, const float* lse_partial, int64_t num_tokens, int heads,
-                   int dim, float* combined, float* lse, ForwardStats* stats);
+                   int dim, float* combined, float* lse, StepStats* stats);
 
  private:
   Device& device_;

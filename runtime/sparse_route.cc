@@ -113,7 +113,7 @@ absl::Status SparseRoute::Prepare(const Plan& plan, const StepTables& tables, in
 }
 
 absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs& in, float* out,
-                              float* lse, ForwardStats* stats) {
+                              float* lse, StepStats* stats) {
   const int world = comm_.world_size(), hl = projections_.heads(), r = model_.kv_lora_rank;
   const int dn = model_.qk_nope_head_dim, dv = model_.v_head_dim;
   const int width = model_.latent_width();
@@ -122,7 +122,7 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
   const int64_t tx = num_tokens_;
   const int topk_width = topk_width_;
   if (tx == 0) return absl::OkStatus();
-  PhaseTimer timer;
+  PhaseTimer timer(stats);
 
   // Top-k positions -> this rank's valid slots, compacted per token, and their counts: the
   // kernel walks only the keys this rank holds.
@@ -141,17 +141,15 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
   const size_t q_latent_count = size_t(tx) * hl * width;
   DCP_ASSIGN_OR_RETURN(void* q_latent, q_latent_.Get(q_latent_count * element));
   DCP_RETURN_IF_ERROR(projections_.Absorb(in.q_nope, in.q_rope, tx, q_latent));
-  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::up_projection_s));
+  timer.End(&ForwardStats::up_projection_s);
 
   // All-gather q' along heads: [W, tx, Hl, R + Dr], block q holds rank q's heads.
   timer.Restart();
   DCP_ASSIGN_OR_RETURN(void* q_all, q_all_.Get(q_latent_count * world * element));
   DCP_RETURN_IF_ERROR(comm_.AllGather(q_latent, q_all, q_latent_count, storage));
-  if (stats) {
-    stats->all_gather_bytes += int64_t(q_latent_count) * element * world;
-    stats->all_gather_comm_s += timer.Elapsed();
-    stats->gather_s += timer.Elapsed();
-  }
+  timer.End(&ForwardStats::all_gather_comm_s);
+  timer.End(&ForwardStats::gather_s);
+  if (stats) stats->all_gather_bytes += int64_t(q_latent_count) * element * world;
 
   // Local sparse MQA of every rank's heads over this rank's keys: partial [W, tx, Hl, R],
   // source-rank-major as the combine's collectives want it. The kernel runs once over all H
@@ -204,7 +202,7 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
           lse_block, size_t(tx)));
     }
   }
-  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::attention_s));
+  timer.End(&ForwardStats::attention_s);
   if (stats) stats->flops += 2.0 * double(tx) * hl * world * topk_width / world * (width + r);
 
   // Combine the W partials of this rank's heads: combined [tx, Hl, R], lse [tx, Hl].
@@ -212,7 +210,7 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
   if (world > 1) {
     DCP_RETURN_IF_ERROR(combine_.Run(partial, lse_part, tx, hl, r, combined, lse, stats));
   }
-  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::combine_s));
+  timer.End(&ForwardStats::combine_s);
 
   // out[t][h] = w_uv[h]^T o_lat[t][h], from o_lat in the storage dtype.
   timer.Restart();
@@ -223,7 +221,7 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
     o_lat = converted;
   }
   DCP_RETURN_IF_ERROR(projections_.ProjectOut(o_lat, tx, out));
-  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::up_projection_s));
+  timer.End(&ForwardStats::up_projection_s);
   if (stats) stats->flops += 2.0 * double(tx) * hl * (double(dn) * r + double(r) * dv);
   return absl::OkStatus();
 }

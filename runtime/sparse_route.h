@@ -44,7 +44,7 @@ class SparseRoute {
                        int topk_width);
   // out [T, Hl, Dv] F32, lse [T, Hl] F32. stats may be null (no timing, no waits).
   absl::Status Run(const KvCacheView& cache, const SparseRouteInputs& in, float* out,
-                   float* lse, ForwardStats* stats);
+                   float* lse, StepStats* stats);
 
  private:
   // The kernel's parameters for the planned step (pointers as given).

@@ -144,7 +144,7 @@ StepTables Worker::Tables(absl::Span<const BatchRequest> batch) {
 
 absl::Status Worker::Forward(absl::Span<const BatchRequest> batch, const BatchInputs& inputs,
                              const BatchOutputs& outputs) {
-  const PhaseTimer forward_timer;
+  const HostTimer forward_timer;
   stats_ = ForwardStats{};
   // The top-k is staged and checked before anything runs (every rank its share of the rows),
   // and agreed with the rest: no kernel consumes an unchecked top-k.
@@ -155,7 +155,7 @@ absl::Status Worker::Forward(absl::Span<const BatchRequest> batch, const BatchIn
   // is the same everywhere; still agreed.
   DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, cache_->Grow(batch)));
 
-  PhaseTimer timer;
+  HostTimer timer;
   const int topk_width = inputs.topk.shape.empty() ? 0 : static_cast<int>(inputs.topk.shape[1]);
   DCP_RETURN_IF_ERROR(engine_->Plan(batch, Tables(batch), topk_width));
   const double plan_s = timer.Elapsed();

@@ -49,6 +49,7 @@ CudaDevice::~CudaDevice() {
   cudaSetDevice(ordinal_);
   cudaStreamSynchronize(own_stream_);
   cudnn_.reset();  // its handle is bound to a stream of this device: release it first
+  for (cudaEvent_t mark : marks_) cudaEventDestroy(mark);
   if (topk_record_ != nullptr) cudaFree(topk_record_);
   if (mqa_workspace_ != nullptr) cudaFree(mqa_workspace_);
   cublasDestroy(cublas_);
@@ -367,6 +368,28 @@ absl::Status CudaDevice::SetStream(void* stream) {
                 "GPU %d", stream_device, ordinal_);
   stream_ = static_cast<cudaStream_t>(stream);
   return absl::OkStatus();
+}
+
+absl::Status CudaDevice::RecordMark(int slot) {
+  DCP_CHECK_ARG(slot >= 0, "mark slot %d", slot);
+  DCP_RETURN_IF_ERROR(Activate());
+  while (marks_.size() <= static_cast<size_t>(slot)) {
+    cudaEvent_t event = nullptr;
+    DCP_CUDA_CHECK(cudaEventCreate(&event));
+    marks_.push_back(event);
+  }
+  DCP_CUDA_CHECK(cudaEventRecord(marks_[slot], stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> CudaDevice::MarkSeconds(int from, int to) {
+  DCP_CHECK_ARG(from >= 0 && to >= 0 && static_cast<size_t>(std::max(from, to)) < marks_.size(),
+                "marks %d and %d were not recorded", from, to);
+  DCP_RETURN_IF_ERROR(Activate());
+  DCP_CUDA_CHECK(cudaEventSynchronize(marks_[to]));
+  float ms = 0;
+  DCP_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_[from], marks_[to]));
+  return ms * 1e-3;
 }
 
 absl::Status CudaDevice::Synchronize() {

@@ -24,6 +24,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "attention/cuda/cudnn/cudnn_sdpa.h"
 
@@ -83,6 +84,9 @@ class CudaDevice final : public Device {
   absl::Status Synchronize() override;
   // A stream of this GPU (checked), or nullptr for the device's own.
   absl::Status SetStream(void* stream) override;
+  // CUDA events on the current stream (created on first use of a slot).
+  absl::Status RecordMark(int slot) override;
+  absl::StatusOr<double> MarkSeconds(int from, int to) override;
   void* stream_handle() const override { return stream_; }
 
  private:
@@ -93,6 +97,7 @@ class CudaDevice final : public Device {
 
   int ordinal_;
   cudaStream_t own_stream_;  // created with the device
+  std::vector<cudaEvent_t> marks_;  // RecordMark's events, by slot
   cudaStream_t stream_;      // where calls enqueue: own_stream_ or the caller's (SetStream)
   cublasHandle_t cublas_;
   void* topk_record_ = nullptr;  // device scratch of ValidateTopk, allocated on first use
