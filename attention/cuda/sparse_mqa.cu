@@ -15,6 +15,7 @@ absl::Status Check(const SparseMqaParams& p) {
                 p.num_heads, p.topk, p.num_slots);
   DCP_CHECK_ARG(p.dtype == DType::kBF16, "SparseMqa (CUDA): dtype must be BF16, got %s",
                 dtype_name(p.dtype));
+  DCP_RETURN_IF_ERROR(CheckKvCacheDTypeSupported(p.kv_format, "SparseMqa (CUDA)"));
   DCP_CHECK_ARG(p.head_dim == 576 && p.v_dim == 512,
                 "SparseMqa (CUDA): head_dim %d / v_dim %d not compiled; only 576 / 512", p.head_dim,
                 p.v_dim);
@@ -35,11 +36,18 @@ absl::Status Check(const SparseMqaParams& p) {
                 p.q_token_stride, p.q_head_stride);
   DCP_CHECK_ARG(p.q_head_stride >= p.head_dim || p.num_heads == 1,
                 "SparseMqa: q_head_stride %d < head_dim %d", p.q_head_stride, p.head_dim);
-  DCP_CHECK_ARG(Aligned16(p.kv_cache) && p.kv_row_stride % 8 == 0 &&
-                    (p.kv_row_stride >= p.head_dim || p.num_slots <= 1),
-                "SparseMqa (CUDA): kv_cache must be 16-byte aligned, row stride %d a multiple of 8 "
-                "and >= head_dim",
-                p.kv_row_stride);
+  if (p.kv_format == KvCacheDType::kFp8DsMla) {
+    DCP_CHECK_ARG(p.kv_row_stride == fp8_ds_mla::kRowBytes,
+                  "SparseMqa (CUDA): fp8_ds_mla rows are %d bytes, got a kv_row_stride of %d bytes",
+                  fp8_ds_mla::kRowBytes, p.kv_row_stride);
+    DCP_CHECK_ARG(Aligned16(p.kv_cache), "SparseMqa (CUDA): kv_cache must be 16-byte aligned");
+  } else {
+    DCP_CHECK_ARG(Aligned16(p.kv_cache) && p.kv_row_stride % 8 == 0 &&
+                      (p.kv_row_stride >= p.head_dim || p.num_slots <= 1),
+                  "SparseMqa (CUDA): kv_cache must be 16-byte aligned, row stride %d a multiple of "
+                  "8 and >= head_dim",
+                  p.kv_row_stride);
+  }
   DCP_CHECK_ARG(p.out_head_stride >= p.v_dim || p.num_heads == 1,
                 "SparseMqa: out_head_stride %d < v_dim %d", p.out_head_stride, p.v_dim);
   DCP_CHECK_ARG(p.lse_token_stride >= p.num_heads || p.num_tokens == 1,
@@ -53,6 +61,9 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   DCP_RETURN_IF_ERROR(Check(params));
   if (params.num_tokens == 0 || params.num_heads == 0) return absl::OkStatus();
   if (params.head_dim == 576 && params.v_dim == 512) {
+    if (params.kv_format == KvCacheDType::kFp8DsMla) {
+      return LaunchSparseMqa<576, 512, KvCacheDType::kFp8DsMla>(params, stream);
+    }
     return LaunchSparseMqa<576, 512>(params, stream);
   }
   return DCP_ERROR(InvalidArgument, "SparseMqa (CUDA): no kernel for head_dim %d / v_dim %d",

@@ -3,6 +3,8 @@
 // [kv_c | k_pe] rows); other sizes, other dtypes and strides that are not multiples of 8
 // elements (16 bytes) are InvalidArgument. Any num_heads >= 1 (up to 128 in practice: the grid
 // has ceil(H / 64) blocks per token), any topk >= 0. Indices outside [0, num_slots) are skipped.
+// kv_format kFp8DsMla reads 656-byte fp8_ds_mla rows directly (kv_row_stride 656 bytes, 16-byte
+// aligned cache), dequantizing them on the way into shared memory; q stays bf16.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,9 +16,9 @@ namespace dcp::cuda {
 
 absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream);
 
-// The kernel for one compiled (head_dim, v_dim); params already checked. Defined in
-// sparse_mqa_kernel.cuh, instantiated in instantiations/.
-template <int kHeadDim, int kVDim>
+// The kernel for one compiled (head_dim, v_dim, cache row format); params already checked.
+// Defined in sparse_mqa_kernel.cuh, instantiated in instantiations/.
+template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16>
 absl::Status LaunchSparseMqa(const SparseMqaParams& params, cudaStream_t stream);
 
 }  // namespace dcp::cuda

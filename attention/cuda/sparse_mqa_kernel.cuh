@@ -14,6 +14,10 @@
 // are XOR-swizzled by 16-byte chunk so ldmatrix reads are conflict free.
 // Invalid keys (index -1, out of range, or past topk) are gathered as zero rows (no memory
 // read) and masked to -inf; a row with no valid key ends with l = 0: out 0, lse -inf.
+// kFormat kFp8DsMla (656-byte rows, runtime/kv_cache_format.h): the raw rows of block b+1 are
+// gathered by cp.async into a staging tile [64][656] while block b is computed, then
+// dequantized (e4m3 * tile scale in fp32, rounded to bf16; k_pe copied) into the one bf16 K/V
+// tile the MMAs read: Q + K/V + staging + P = 194 KiB. Everything after the tile is unchanged.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,11 +29,13 @@
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/sparse_mqa.h"
 #include "runtime/cuda/cuda_status.h"
+#include "runtime/cuda/fp8_e4m3.cuh"
 
 namespace dcp::cuda {
 
-template <int kHeadDim, int kVDim>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16>
 struct SparseMqaConfig {
+  static constexpr bool kFp8 = kFormat == KvCacheDType::kFp8DsMla;
   static constexpr int kBlockHeads = 64;
   static constexpr int kBlockKeys = 64;
   static constexpr int kThreads = 256;
@@ -39,14 +45,19 @@ struct SparseMqaConfig {
   static constexpr int kTileBytes = kBlockKeys * kHeadDim * 2;
   static constexpr int kQBytes = kBlockHeads * kHeadDim * 2;
   static constexpr int kPBytes = kBlockHeads * kBlockKeys * 2;
-  static constexpr int kSmemBytes = kQBytes + 2 * kTileBytes + kPBytes + 2 * 2 * kBlockHeads * 4;
+  static constexpr int kKvBuffers = kFp8 ? 1 : 2;  // bf16 tiles: double buffer, or staging
+  static constexpr int kStageBytes = kFp8 ? kBlockKeys * fp8_ds_mla::kRowBytes : 0;
+  static constexpr int kSmemBytes =
+      kQBytes + kKvBuffers * kTileBytes + kStageBytes + kPBytes + 2 * 2 * kBlockHeads * 4;
   static_assert(kHeadDim % 16 == 0 && kVDim % 32 == 0 && kVDim <= kHeadDim);
   static_assert(kKeysPerWarp == 32 && kBlockHeads == 64, "the warp mapping above");
+  static_assert(!kFp8 || (kHeadDim == fp8_ds_mla::kRowWidth && kVDim == fp8_ds_mla::kLatentDim));
 };
 
-template <int kHeadDim, int kVDim>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat>
 __global__ void __launch_bounds__(256, 1) SparseMqaKernel(const SparseMqaParams p) {
-  using Config = SparseMqaConfig<kHeadDim, kVDim>;
+  using Config = SparseMqaConfig<kHeadDim, kVDim, kFormat>;
+  constexpr bool kFp8 = Config::kFp8;
   constexpr int kChunks = Config::kChunks;
   constexpr int kBlockKeys = Config::kBlockKeys;
   constexpr float kNegInf = -INFINITY;
@@ -54,7 +65,8 @@ __global__ void __launch_bounds__(256, 1) SparseMqaKernel(const SparseMqaParams 
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* s_q = smem;
   uint8_t* s_kv = smem + Config::kQBytes;
-  uint8_t* s_p = s_kv + 2 * Config::kTileBytes;
+  uint8_t* s_stage = s_kv + Config::kKvBuffers * Config::kTileBytes;  // fp8 rows only
+  uint8_t* s_p = s_stage + Config::kStageBytes;
   float* s_max = reinterpret_cast<float*>(s_p + Config::kPBytes);  // [2][64]
   float* s_sum = s_max + 2 * Config::kBlockHeads;                  // [2][64]
 
@@ -102,9 +114,51 @@ __global__ void __launch_bounds__(256, 1) SparseMqaKernel(const SparseMqaParams 
     }
   };
 
+  // fp8: raw rows of block `block` into the staging tile, and staging -> bf16 K/V tile.
+  const auto* kv_bytes = static_cast<const uint8_t*>(p.kv_cache);
+  auto load_raw_block = [&](int block) {
+    constexpr int kRawChunks = fp8_ds_mla::kRowBytes / 16;  // 41
+    const uint32_t base = SmemAddress(s_stage);
+    for (int i = tid; i < kBlockKeys * kRawChunks; i += Config::kThreads) {
+      const int row = i / kRawChunks, chunk = i % kRawChunks;
+      const int64_t slot = slot_of(block * kBlockKeys + row);
+      const uint8_t* src = slot >= 0 ? kv_bytes + slot * fp8_ds_mla::kRowBytes + chunk * 16
+                                     : kv_bytes;
+      CpAsync16(base + row * fp8_ds_mla::kRowBytes + chunk * 16, src, slot >= 0);
+    }
+  };
+  auto dequantize_block = [&]() {
+    constexpr int kLatentChunks = fp8_ds_mla::kLatentDim / 8;  // 8 values per 16-byte chunk
+    for (int i = tid; i < kBlockKeys * kChunks; i += Config::kThreads) {
+      const int row = i / kChunks, chunk = i % kChunks;
+      const uint8_t* raw = s_stage + row * fp8_ds_mla::kRowBytes;
+      uint4 value;
+      if (chunk < kLatentChunks) {
+        const float scale = reinterpret_cast<const float*>(
+            raw + fp8_ds_mla::kScaleOffset)[chunk / (fp8_ds_mla::kTileSize / 8)];
+        value = DequantizeFp8x8ToBf16(reinterpret_cast<const uint2*>(raw)[chunk], scale);
+      } else {
+        const auto* rope = reinterpret_cast<const uint4*>(raw + fp8_ds_mla::kRopeOffset);
+        value = rope[chunk - kLatentChunks];
+      }
+      *reinterpret_cast<uint4*>(s_kv + SwizzledChunk<kChunks>(row, chunk)) = value;
+    }
+  };
+
   const int num_blocks = (topk + kBlockKeys - 1) / kBlockKeys;
-  if (num_blocks > 0) load_block(0, 0);
-  CpAsyncCommit();
+  if constexpr (kFp8) {
+    if (num_blocks > 0) load_raw_block(0);
+    CpAsyncCommit();  // Q and the raw block 0
+    CpAsyncWait<0>();
+    __syncthreads();
+    if (num_blocks > 0) dequantize_block();
+    __syncthreads();  // the tile is ready and the staging free
+    if (num_blocks > 1) load_raw_block(1);
+    CpAsyncCommit();
+  } else {
+    if (num_blocks > 0) load_block(0, 0);
+    CpAsyncCommit();
+  }
 
   constexpr int kValueTiles = Config::kValuesPerWarp / 8;  // 32 n-tiles of 8 columns
   float o[kValueTiles][4];
@@ -118,11 +172,13 @@ __global__ void __launch_bounds__(256, 1) SparseMqaKernel(const SparseMqaParams 
   const uint32_t p_base = SmemAddress(s_p);
 
   for (int block = 0; block < num_blocks; ++block) {
-    const int buffer = block & 1;
-    if (block + 1 < num_blocks) load_block(block + 1, buffer ^ 1);
-    CpAsyncCommit();
-    CpAsyncWait<1>();
-    __syncthreads();
+    const int buffer = kFp8 ? 0 : block & 1;
+    if constexpr (!kFp8) {
+      if (block + 1 < num_blocks) load_block(block + 1, buffer ^ 1);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+      __syncthreads();
+    }
     const uint32_t kv_base = SmemAddress(s_kv + buffer * Config::kTileBytes);
 
     // S = Q K^T: 16 rows x 32 keys, k over the 576 columns.
@@ -215,6 +271,16 @@ __global__ void __launch_bounds__(256, 1) SparseMqaKernel(const SparseMqaParams 
       }
     }
     __syncthreads();  // the next iteration overwrites this K/V buffer, P and the maxima
+    if constexpr (kFp8) {
+      if (block + 1 < num_blocks) {
+        CpAsyncWait<0>();
+        __syncthreads();  // every thread's raw chunks of block + 1 have landed
+        dequantize_block();
+        __syncthreads();  // the tile is ready and the staging free
+        if (block + 2 < num_blocks) load_raw_block(block + 2);
+        CpAsyncCommit();
+      }
+    }
   }
   CpAsyncWait<0>();
 
@@ -246,10 +312,10 @@ __global__ void __launch_bounds__(256, 1) SparseMqaKernel(const SparseMqaParams 
   }
 }
 
-template <int kHeadDim, int kVDim>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat>
 absl::Status LaunchSparseMqa(const SparseMqaParams& p, cudaStream_t stream) {
-  using Config = SparseMqaConfig<kHeadDim, kVDim>;
-  auto kernel = SparseMqaKernel<kHeadDim, kVDim>;
+  using Config = SparseMqaConfig<kHeadDim, kVDim, kFormat>;
+  auto kernel = SparseMqaKernel<kHeadDim, kVDim, kFormat>;
   DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       Config::kSmemBytes));
   const int64_t head_blocks = (p.num_heads + Config::kBlockHeads - 1) / Config::kBlockHeads;
