@@ -54,6 +54,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const DcpOptions& options
                                                        const LayerWeights& weights) {
   DCP_RETURN_IF_ERROR(ValidateConfigs(options.model, options.dcp, options.scheduler,
                                       options.attention));
+  DCP_CHECK_ARG(options.attention.kv_cache_dtype == KvCacheDType::kBF16,
+                "attention.kv_cache_dtype %s: the FP8 cache kernels exist (cache write, gather, "
+                "sparse MQA) but the worker does not use them yet; run with bf16",
+                kv_cache_dtype_name(options.attention.kv_cache_dtype));
   DCP_CHECK_ARG(options.dcp.world_size == comm.world_size() && options.dcp.rank == comm.rank(),
                 "dcp.world_size/rank (%d, %d) disagree with the communicator (%d, %d)",
                 options.dcp.world_size, options.dcp.rank, comm.world_size(), comm.rank());
