@@ -1,9 +1,9 @@
 // The CUDA sparse MQA kernel reading fp8_ds_mla rows directly (kv_format kFp8DsMla) against the
 // float64 reference computed on the DEQUANTIZED cache (rows quantized and dequantized by the
 // independent host model of tests/reference). The kernel rounds dequantized values to bf16 for
-// the tensor cores, so the tolerance is the bf16 kernel's. A second, tighter check: the bf16
-// kernel run on the bf16-rounded dequantized rows must give the same result, since both feed
-// the same tile to the same MMAs. Ragged top-k with holes and out-of-range entries, partial
+// the tensor cores, so outputs are held to the bf16 kernel's tolerance and LSEs to 1e-2 (see
+// below). A second, tighter check: the bf16 kernel run on the bf16-rounded dequantized rows
+// must give the same result bit for bit, since both feed the same tile to the same MMAs. Ragged top-k with holes and out-of-range entries, partial
 // head blocks, 1-3+ key blocks, empty selections, one key, exact huge logits, bad input.
 #include <algorithm>
 #include <cmath>
@@ -168,7 +168,12 @@ class SparseMqaFp8CudaTest : public GpuTest {
         }
         for (double& v : ref) v /= sum;
         const double ref_lse = m + std::log(sum);
-        EXPECT_NEAR(row_lse, ref_lse, 2e-3 * std::max(1.0, std::abs(ref_lse)))
+        // The kernel rounds each dequantized value to bf16 (relative 2^-9) before the MMAs, so a
+        // logit is off by scale * sum_i q_i dk_i: standard deviation ~ scale * |q| |k| 2^-9 /
+        // sqrt(3) ~ 2e-3 here (seen on the H200: 6.0e-3 and 2.2e-3 at a single key, where no
+        // softmax averages it). 1e-2 is 5 sigma; the exact equality with the bf16 kernel
+        // above is the tight check of the dequantization itself.
+        EXPECT_NEAR(row_lse, ref_lse, 1e-2 * std::max(1.0, std::abs(ref_lse)))
             << "token " << t << " head " << h;
         const Comparison cmp = Compare(row, ref.data(), kR);
         EXPECT_LT(cmp.relative_error, 2e-2) << "token " << t << " head " << h;
