@@ -3,8 +3,9 @@
 // independent host model of tests/reference). The kernel rounds dequantized values to bf16 for
 // the tensor cores, so outputs are held to the bf16 kernel's tolerance and LSEs to 1e-2 (see
 // below). A second, tighter check: the bf16 kernel run on the bf16-rounded dequantized rows
-// must give the same result bit for bit, since both feed the same tile to the same MMAs. Ragged top-k with holes and out-of-range entries, partial
-// head blocks, 1-3+ key blocks, empty selections, one key, exact huge logits, bad input.
+// must give the same result bit for bit, since both feed the same tile to the same MMAs.
+// Ragged top-k with holes and out-of-range entries, partial head blocks, 1-3+ key blocks,
+// empty selections, one key, exact huge logits, bad input.
 #include <algorithm>
 #include <cmath>
 #include <limits>
