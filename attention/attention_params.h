@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "runtime/dtype.h"
-#include "runtime/kv_cache_format.h"
+#include "core/dtype.h"
+#include "core/kv_cache_format.h"
 
 namespace dcp {
 
@@ -43,6 +43,10 @@ struct DenseMhaParams {
   float* lse = nullptr;     // [Tq, H] natural log, stride lse_token_stride; may be null
   const int32_t* cu_seqlens_q = nullptr;  // [num_seqs + 1], host for CPU, device for CUDA
   const int32_t* cu_seqlens_k = nullptr;  // [num_seqs + 1]
+  // Optional host copies of cu_seqlens_q / cu_seqlens_k (CUDA ranks: checks, launch sizing and
+  // the cuDNN graph choice without a copy back); must equal the device arrays when set.
+  const int32_t* host_cu_seqlens_q = nullptr;  // [num_seqs + 1] host
+  const int32_t* host_cu_seqlens_k = nullptr;  // [num_seqs + 1] host
   DType dtype = DType::kF32;              // of q, k, v
   int num_seqs = 0, num_heads = 0, qk_dim = 0, v_dim = 0;
   int max_seqlen_q = 0, max_seqlen_k = 0;  // upper bounds (launch sizing on CUDA)
@@ -78,6 +82,21 @@ struct SparseMqaParams {
   int64_t out_token_stride = 0, out_head_stride = 0;
   int64_t lse_token_stride = 0;
   float scale = 1.0f;
+  // Optional [T]: token t's keys are indices[t][0, valid_counts[t]) (clamped to [0, topk]), the
+  // rows compacted by TopkToSlots (valid_slots); later columns are not read. Entries inside the
+  // count are still skipped when outside [0, num_slots). Null: every one of the topk columns.
+  const int32_t* valid_counts = nullptr;
+  // CUDA only (the CPU functions ignore these). Splits of each token's key list over CTAs,
+  // merged by LSE afterwards: 0 = chosen from the SM count and the sizes
+  // (cuda::SparseMqaChooseSplits), >= 1 forced (clamped to what the kernel can use).
+  int num_splits = 0;
+  // CUDA only. Device scratch for the split partials: cuda::SparseMqaWorkspaceBytes(params,
+  // splits) bytes. Null or too small: the split count is lowered until it fits (1 needs none).
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
+  // CUDA only. 0: the best kernel of the device (sm_90: warp-specialised wgmma); 1: the
+  // mma.sync kernel (sm_80+); 2: the wgmma kernel (Unimplemented where not compiled / not sm_90).
+  int kernel = 0;
 };
 
 // merge_attn_states of two partials over disjoint key sets, per (token, head):
@@ -124,10 +143,16 @@ struct TopkToSlotsParams {
   const int32_t* token_position = nullptr;
   // [num_requests, max_blocks] physical block ids; a negative id (unallocated) gives -1
   const int32_t* block_tables = nullptr;
-  int32_t* slots = nullptr;                 // [T, topk_width] out: slot or -1
+  // [T, topk_width] out: slot or -1. May be null when valid_slots is given.
+  int32_t* slots = nullptr;
   // topk_width: columns of topk/slots (the pointer above already owns the name `topk`).
   int num_tokens = 0, topk_width = 0, num_requests = 0, max_blocks = 0;
   int world_size = 1, interleave = 1, rank = 0, block_size = 1;
+  // Optional outputs, both or neither: per token the valid entries of its slots row (slot >= 0)
+  // in top-k order, compacted to the front of the row and padded with -1 ([T, topk_width]),
+  // and how many there are ([T]). SparseMqaParams::valid_counts then walks only those keys.
+  int32_t* valid_slots = nullptr;
+  int32_t* valid_counts = nullptr;
 };
 
 // The checked entry for top-k positions (DESIGN.md section 3): every index of token t is -1 or

@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp {
 

@@ -1,22 +1,22 @@
-# `cmake --install` puts the public headers under include/dcp/ (runtime/, collectives/,
-# attention/, workspace/, kept as folders so that `#include "runtime/dcp.h"` works), libdcp.a
-# under lib/, and a CMake package (dcpConfig.cmake, its version file, exported targets) under
+# `cmake --install` puts the public headers under include/dcp/ (core/, collectives/,
+# attention/, workspace/, runtime/, kept as folders so that `#include "runtime/dcp.h"` works), one
+# static library per layer under lib/ (libdcp_core.a ... libdcp_runtime.a), and a CMake package (dcpConfig.cmake, its version file, exported targets) under
 # lib/cmake/dcp, so that an engine writes
 #   find_package(dcp REQUIRED)
-#   target_link_libraries(engine PRIVATE dcp::dcp)
+#   target_link_libraries(engine PRIVATE dcp::dcp)     # every layer; or dcp::core etc.
 # dcp_run and the example configs go to bin/ and share/dcp/configs (launch/CMakeLists.txt).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(DCP_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/dcp")
 
-foreach(_dcp_folder runtime collectives attention workspace)
+foreach(_dcp_folder core collectives attention workspace runtime)
   install(DIRECTORY "${PROJECT_SOURCE_DIR}/${_dcp_folder}/"
           DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/dcp/${_dcp_folder}"
           FILES_MATCHING PATTERN "*.h")
 endforeach()
 
-set(_dcp_export_targets dcp)
+set(_dcp_export_targets dcp dcp_core dcp_collectives dcp_attention dcp_workspace dcp_runtime)
 if(DCP_CUDA_ENABLED)
   # dcp links dcp::nccl, an INTERFACE target that only carries NCCL's build-tree paths; give
   # it the same (absolute, system) paths for the installed package and export it as dcp::nccl.
@@ -38,7 +38,8 @@ install(EXPORT dcpTargets
 set(DCP_CONFIG_CUDA "${DCP_CUDA_ENABLED}")
 file(WRITE "${PROJECT_BINARY_DIR}/dcpConfig.cmake.in" [=[
 # Package configuration of dcp @PROJECT_VERSION@ (decode-context-parallel attention layer).
-# Provides dcp::dcp, a static library; built with CUDA ranks: @DCP_CONFIG_CUDA@.
+# Provides dcp::dcp (every layer) and the layers dcp::core, dcp::collectives, dcp::attention,
+# dcp::workspace, dcp::runtime (static libraries); built with CUDA ranks: @DCP_CONFIG_CUDA@.
 @PACKAGE_INIT@
 
 include(CMakeFindDependencyMacro)

@@ -16,7 +16,7 @@ set(DCP_MPI_UCX_MCA --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices an
 
 function(dcp_add_unit_test name)
   add_executable(${name} ${ARGN})
-  target_link_libraries(${name} PRIVATE dcp GTest::gtest GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE dcp_test_support GTest::gtest GTest::gtest_main)
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300 LABELS unit)
 endfunction()
 

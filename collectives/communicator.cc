@@ -3,9 +3,21 @@
 #include <string>
 #include <vector>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp {
+
+absl::Status Communicator::BindStream(StreamHandle stream, Completion completion) {
+  DCP_CHECK_ARG(completion == Completion::kHost || completion == Completion::kStream,
+                "%s: unknown completion mode %d", name(), static_cast<int>(completion));
+  DCP_CHECK_ARG(stream == nullptr,
+                "%s: communicator on host memory cannot run on a CUDA stream (pass null)", name());
+  return absl::OkStatus();
+}
+
+absl::Status Communicator::WatchStream(const char*) { return absl::OkStatus(); }
+
+absl::Status Communicator::ReserveReduceScatter(size_t, DType) { return absl::OkStatus(); }
 
 absl::Status AgreeOnStatus(Communicator& comm, const absl::Status& local) {
   const int world = comm.world_size();

@@ -6,14 +6,28 @@
 //  - data plane (AllGather ... Broadcast): buffers live in memory_space(); element counts are
 //    per rank; every rank passes the same counts and dtype unless the call says otherwise.
 //  - control plane (Host*): small host-memory exchanges (plans, error agreement), always on
-//    host buffers whatever the data plane.
-// Every call returns a Status. A call that fails, or does not complete within the configured
-// timeout, returns an error (DeadlineExceeded for a timeout) and marks the communicator broken:
-// later calls fail at once. The caller then returns the error; a launcher calls Abort() so no
-// rank hangs in a collective its peers will never join. A timed-out operation cannot be
-// cancelled: if the late peers do arrive, it still completes into its buffers, at the latest
-// while the communicator is destroyed, so those buffers must outlive the communicator (or the
-// process must abort). Collectives know nothing of attention.
+//    host buffers whatever the data plane, and always complete on the host when they return.
+//
+// Completion of the data plane (BindStream):
+//  - Completion::kHost (the default, and the only mode of the host-memory backends): a call
+//    returns once its result is in the receive buffer.
+//  - Completion::kStream (NCCL): a call enqueues its work on the bound CUDA stream and returns;
+//    the result is ready for work enqueued after it on that stream. No host wait, no device
+//    allocation (after ReserveReduceScatter), no host-side polling: the calls can be captured
+//    into a CUDA graph. Synchronize() waits on the host for everything enqueued so far.
+//    completion() says what a backend really does: host-staged MPI asked for kStream keeps
+//    kHost (it must wait to stage), which is also correct in stream order, only slower.
+//
+// Failures: every call returns a Status. A call that fails, or does not complete within the
+// configured timeout, returns an error (DeadlineExceeded for a timeout) and marks the
+// communicator broken: later calls fail at once. Under kStream the failure of enqueued work is
+// found by the backend's watchdog (NCCL: a thread per communicator polls its asynchronous error
+// and a deadline per enqueued collective) and returned by the next call, or by Synchronize().
+// The caller then returns the error; a launcher calls Abort() so no rank hangs in a collective
+// its peers will never join. A timed-out MPI operation cannot be cancelled: if the late peers
+// do arrive, it still completes into its buffers, at the latest while the communicator is
+// destroyed, so those buffers must outlive the communicator (or the process must abort).
+// Collectives know nothing of attention.
 #pragma once
 
 #include <cstddef>
@@ -22,11 +36,17 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "runtime/dtype.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
 
 namespace dcp {
 
-enum class MemorySpace { kHost, kDevice };
+// When a data-plane call's result is ready (see the top of this file).
+enum class Completion { kHost, kStream };
+
+// A CUDA stream (cudaStream_t) passed through this CUDA-free header; null: the legacy default
+// stream (device backends) or "no stream" (host backends).
+using StreamHandle = void*;
 
 class Communicator {
  public:
@@ -64,6 +84,27 @@ class Communicator {
 
   // Ends every process of the group (used after an error that peers may not have seen).
   [[noreturn]] virtual void Abort(int exit_code) = 0;
+
+  // ---- Stream order (defaults: the host-completing backends) ----
+  // Runs later data-plane calls on `stream` with `completion` asked for. Backends on host
+  // memory accept only a null stream and complete on the host in either mode. A device
+  // backend checks that the stream belongs to its GPU (InvalidArgument otherwise) and orders
+  // the new stream after work still queued on the old one. Not during a graph capture.
+  virtual absl::Status BindStream(StreamHandle stream, Completion completion);
+  // What the data plane really does now (kHost unless the backend enqueues and returns).
+  virtual Completion completion() const { return Completion::kHost; }
+  // Waits on the host until every data-plane call made so far has completed; returns the
+  // first failure (the communicator's, whoever found it). Immediate where calls complete on
+  // the host.
+  virtual absl::Status Synchronize() { return absl::OkStatus(); }
+  // Puts the work enqueued so far on the bound stream under the deadline, named `what`: for
+  // work the backend did not enqueue itself, e.g. after cudaGraphLaunch of a graph that holds
+  // collectives (captured calls are not tracked). No-op under host completion. `what` is kept
+  // by pointer: pass a string literal.
+  virtual absl::Status WatchStream(const char* what);
+  // Makes ReduceScatterSum calls of up to `count` elements of `dtype` free of allocation (NCCL
+  // sums BF16 in fp32 scratch). Not collective; may wait on the host: call it at plan time.
+  virtual absl::Status ReserveReduceScatter(size_t count, DType dtype);
 };
 
 // One outcome for the whole group: OK when every rank's `local` is OK, else the error of the

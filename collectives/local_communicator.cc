@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp {
 namespace {

@@ -8,7 +8,8 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/status.h"
+#include "collectives/mpi_status.h"
+#include "core/status.h"
 
 namespace dcp {
 namespace {

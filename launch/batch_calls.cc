@@ -1,6 +1,6 @@
 #include "launch/batch_calls.h"
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::launch {
 

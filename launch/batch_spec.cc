@@ -6,7 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::launch {
 namespace {

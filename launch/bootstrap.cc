@@ -2,7 +2,8 @@
 
 #include <mpi.h>
 
-#include "runtime/status.h"
+#include "collectives/mpi_status.h"
+#include "core/status.h"
 
 namespace dcp::launch {
 

@@ -4,7 +4,7 @@
 #include "collectives/cuda/cuda_communicator_factory.h"
 #include "launch/bootstrap.h"
 #include "runtime/cuda/cuda_device.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::launch {
 

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "launch/batch_calls.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::launch {
 

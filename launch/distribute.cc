@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "nlohmann/json.hpp"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::launch {
 namespace {

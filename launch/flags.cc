@@ -12,14 +12,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 ABSL_FLAG(std::string, config, "", "YAML config (sections model, scheduler, dcp, attention, run)");
 ABSL_FLAG(std::string, batch, "",
           "batch spec(s), e.g. q2k, 8q1s1k, 16q64s128; several batches separated by ';'");
 ABSL_FLAG(std::string, problem, "", "problem file (safetensors, FORMATS.md) to run instead");
 ABSL_FLAG(std::string, output, "", "result file (safetensors): out, lse and the route");
-ABSL_FLAG(std::string, model, "small", "model preset: small (CPU-sized) or deepseek_v32");
+ABSL_FLAG(std::string, model, "small", "model preset: small (CPU-sized), deepseek_v32 or glm5");
 ABSL_FLAG(int, num_heads, 16, "query heads H of the whole group (divisible by the ranks)");
 ABSL_FLAG(std::string, device, "cpu", "rank device: cpu or cuda");
 ABSL_FLAG(std::string, comm, "mpi",

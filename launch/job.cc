@@ -25,7 +25,7 @@
 #include "launch/summary.h"
 #include "launch/synthetic.h"
 #include "runtime/dcp.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::launch {
 namespace {

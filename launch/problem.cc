@@ -5,7 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::launch {
 namespace {

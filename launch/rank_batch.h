@@ -10,7 +10,7 @@
 #include "launch/batch_spec.h"
 #include "runtime/config.h"
 #include "runtime/dcp.h"
-#include "runtime/kv_layout.h"
+#include "core/kv_layout.h"
 
 namespace dcp::launch {
 

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "launch/safetensors.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::launch {
 

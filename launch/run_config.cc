@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "runtime/status.h"
+#include "core/status.h"
 #include "yaml-cpp/yaml.h"
 
 namespace dcp::launch {
@@ -145,8 +145,11 @@ absl::Status ApplyModelPreset(std::string_view name, RunConfig* config) {
     config->model = ModelDims{};
   } else if (name == "deepseek_v32" || name == "deepseek-v3.2") {
     config->model = ModelDims::DeepSeekV32();
+  } else if (name == "glm5" || name == "glm-5") {
+    config->model = ModelDims::Glm5();
   } else {
-    return DCP_ERROR(InvalidArgument, "unknown model preset '%s' (small or deepseek_v32)", name);
+    return DCP_ERROR(InvalidArgument, "unknown model preset '%s' (small, deepseek_v32 or glm5)",
+                     name);
   }
   config->model_preset = std::string(name);
   return absl::OkStatus();

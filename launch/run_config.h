@@ -33,7 +33,7 @@ struct RunSection {
 };
 
 struct RunConfig {
-  std::string model_preset = "small";  // small | deepseek_v32 (then explicit dims override)
+  std::string model_preset = "small";  // small | deepseek_v32 | glm5 (explicit dims override)
   ModelDims model;
   DcpConfig dcp;
   SchedulerConfig scheduler;
@@ -51,7 +51,7 @@ struct RunConfig {
 };
 
 // Applies a model preset by name: "small" (the scaled-down CPU dims, ModelDims{}) or
-// "deepseek_v32" (DeepSeek-V3.2). Dims set explicitly later override it.
+// "deepseek_v32" (DeepSeek-V3.2) or "glm5" (GLM-5). Dims set explicitly later override it.
 absl::Status ApplyModelPreset(std::string_view name, RunConfig* config);
 
 // Applies YAML text (`source` names it in messages) on top of *config.

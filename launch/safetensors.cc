@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::launch {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::launch {
 namespace {

@@ -1,6 +1,6 @@
 #include "runtime/block_tables.h"
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp {
 

@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "runtime/kv_layout.h"
+#include "core/kv_layout.h"
 
 namespace dcp {
 

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp {
 
@@ -13,6 +13,16 @@ ModelDims ModelDims::DeepSeekV32() {
   dims.qk_nope_head_dim = 128;
   dims.qk_rope_head_dim = 64;
   dims.v_head_dim = 128;
+  return dims;
+}
+
+ModelDims ModelDims::Glm5() {
+  ModelDims dims;
+  dims.num_heads = 64;
+  dims.kv_lora_rank = 512;
+  dims.qk_nope_head_dim = 192;
+  dims.qk_rope_head_dim = 64;
+  dims.v_head_dim = 256;
   return dims;
 }
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "runtime/kv_cache_format.h"
+#include "core/kv_cache_format.h"
 
 namespace dcp {
 
@@ -21,6 +21,8 @@ struct ModelDims {
   float softmax_scale = 0.0f;  // 0 = 1/sqrt(Dn + Dr)
 
   static ModelDims DeepSeekV32();
+  // GLM-5: 64 heads, R 512, Dn 192, Dr 64, Dv 256 (qk 256 / v 256 per head).
+  static ModelDims Glm5();
   int latent_width() const { return kv_lora_rank + qk_rope_head_dim; }  // R + Dr (576)
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }  // Dn + Dr (192)
   float scale() const;
@@ -60,7 +62,7 @@ struct AttentionConfig {
   // memory through a bad index anyway (TopkToSlots drops positions past the token's own or
   // outside the block table), but a bad row then silently attends over fewer keys.
   bool validate_topk = true;
-  std::string prefill_backend = "auto";  // auto | none | <name>
+  std::string prefill_backend = "auto";  // auto | none | native | cudnn
   // Row format of the KV cache (FORMATS.md): bf16 rows of the storage dtype, or vLLM's 656-byte
   // fp8_ds_mla rows (R = 512, Dr = 64 only, checked by ValidateConfigs).
   KvCacheDType kv_cache_dtype = KvCacheDType::kBF16;
@@ -71,5 +73,16 @@ struct AttentionConfig {
 // Every cross-struct rule: H % W, I divides B, ... Call before building anything.
 absl::Status ValidateConfigs(const ModelDims& model, const DcpConfig& dcp,
                              const SchedulerConfig& scheduler, const AttentionConfig& attention);
+
+// Everything a DcpContext or DcpEngine is created from.
+struct DcpOptions {
+  ModelDims model;
+  DcpConfig dcp;  // world_size and rank must match the communicator's
+  SchedulerConfig scheduler;
+  AttentionConfig attention;
+  // Rows S of the chunked-prefill workspace; 0 = the seed's formula (DESIGN.md section 6).
+  // Rounded up to lcm(B, W*I). For tests that force several chunks, and for tuning.
+  int64_t workspace_rows_override = 0;
+};
 
 }  // namespace dcp

@@ -6,7 +6,7 @@
 #include "attention/cpu/attention_cpu.h"
 #include "attention/topk_validation.h"
 #include "runtime/device.h"
-#include "runtime/status.h"
+#include "core/status.h"
 #include "workspace/cpu/rows_cpu.h"
 
 namespace dcp {

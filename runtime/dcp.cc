@@ -3,17 +3,6 @@
 #include "runtime/worker.h"
 
 namespace dcp {
-namespace {
-int64_t Product(const std::vector<int64_t>& shape) {
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  return count;
-}
-}  // namespace
-
-int64_t TensorView::num_elements() const { return Product(shape); }
-int64_t MutableTensorView::num_elements() const { return Product(shape); }
-
 DcpContext::DcpContext(std::unique_ptr<Worker> worker) : worker_(std::move(worker)) {}
 DcpContext::~DcpContext() = default;
 

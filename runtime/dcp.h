@@ -23,75 +23,14 @@
 #include "runtime/batch.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
-#include "runtime/dtype.h"
+#include "runtime/forward_stats.h"
+#include "runtime/layer_io.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
 
 namespace dcp {
 
-// A caller-owned tensor: pointer, dtype, shape (row-major, contiguous) and where it lives.
-struct TensorView {
-  const void* data = nullptr;
-  DType dtype = DType::kF32;
-  std::vector<int64_t> shape;
-  MemorySpace memory = MemorySpace::kHost;
-  int64_t num_elements() const;
-};
-
-struct MutableTensorView {
-  void* data = nullptr;
-  DType dtype = DType::kF32;
-  std::vector<int64_t> shape;
-  MemorySpace memory = MemorySpace::kHost;
-  int64_t num_elements() const;
-};
-
 class Worker;
-
-struct DcpOptions {
-  ModelDims model;
-  DcpConfig dcp;  // world_size and rank must match the communicator's
-  SchedulerConfig scheduler;
-  AttentionConfig attention;
-  // Rows S of the chunked-prefill workspace; 0 = the seed's formula (DESIGN.md section 6).
-  // Rounded up to lcm(B, W*I). For tests that force several chunks, and for tuning.
-  int64_t workspace_rows_override = 0;
-};
-
-// The layer's up-projection weights for this rank's heads [rank*H/W, (rank+1)*H/W).
-struct LayerWeights {
-  TensorView w_uk;  // [H/W, Dn, R]: k_nope[h][j] = w_uk[h] @ kv_c[j]
-  TensorView w_uv;  // [H/W, R, Dv]: v[h][j] = w_uv[h]^T @ kv_c[j]
-};
-
-// Inputs of one layer for a batch; T = sum of query_lens, tokens in the batch's request order.
-struct BatchInputs {
-  TensorView q_nope;  // [T, H/W, Dn] this rank's heads
-  TensorView q_rope;  // [T, H/W, Dr] RoPE applied
-  TensorView kv_new;  // [T, R + Dr] the new tokens' [kv_c | k_pe], identical on every rank
-  // [T, K] I32 request-local positions, -1 = none; empty = every causal key. Identical on every
-  // rank (the indexer runs replicated): each rank checks only its share of the rows
-  // (AttentionConfig::validate_topk) and the ranks agree on the verdict.
-  TensorView topk;
-};
-
-struct BatchOutputs {
-  MutableTensorView out;  // [T, H/W, Dv] F32
-  MutableTensorView lse;  // [T, H/W] F32, natural log; -inf where a token selected no key
-};
-
-// Wall time of each phase of the last Forward, seconds, and the bytes each collective moved.
-struct ForwardStats {
-  Route route = Route::kSparseMqa;
-  int num_decodes = 0, num_prefills = 0, num_chunks = 0;
-  int64_t num_tokens = 0, num_context_rows = 0;
-  double plan_s = 0, cache_write_s = 0, gather_s = 0, up_projection_s = 0, attention_s = 0,
-         combine_s = 0, total_s = 0;
-  // Time inside the collectives alone (within gather_s / combine_s), and the bytes they moved
-  // through this rank (sent + received): the all-gathers of q' and of the workspace, and the
-  // combine's all-gather/reduce-scatter or all-to-alls.
-  double all_gather_comm_s = 0, combine_comm_s = 0;
-  int64_t all_gather_bytes = 0, combine_bytes = 0;
-  double flops = 0;  // attention + projection FLOPs of this rank
-};
 
 class DcpContext {
  public:

@@ -1,6 +1,22 @@
 #include "runtime/device.h"
 
+#include "core/status.h"
+
 namespace dcp {
+
+absl::Status Device::SelectPrefillBackend(const std::string& backend, int num_heads, int qk_dim,
+                                          int v_dim) {
+  (void)num_heads;
+  if (backend == "none") return absl::OkStatus();
+  if (backend == "auto" || backend == "native") return DenseMhaSupport(qk_dim, v_dim);
+  if (backend == "cudnn") {
+    return DCP_ERROR(FailedPrecondition,
+                     "prefill backend 'cudnn' needs a CUDA rank with cuDNN; this rank's device "
+                     "is %s",
+                     this->name());
+  }
+  return DCP_ERROR(InvalidArgument, "unknown prefill backend '%s'", backend);
+}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
@@ -20,6 +36,11 @@ void Buffer::reset() {
   device_ = nullptr;
   data_ = nullptr;
   bytes_ = 0;
+}
+
+absl::Status Device::SetStream(void* stream) {
+  DCP_CHECK_ARG(stream == nullptr, "device %s runs in order and takes no stream", name());
+  return absl::OkStatus();
 }
 
 }  // namespace dcp

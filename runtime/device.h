@@ -12,8 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "attention/attention_params.h"
-#include "collectives/communicator.h"
-#include "runtime/dtype.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
 #include "workspace/workspace_params.h"
 
 namespace dcp {
@@ -59,6 +59,13 @@ class Device {
     return absl::OkStatus();
   }
 
+  // Makes attention.prefill_backend `name` this device's DenseMha implementation for these
+  // head sizes (num_heads: per rank): OK when it runs here, else the reason. "none" is OK and
+  // changes nothing; "auto" and "native" mean DenseMhaSupport here; other names are known only
+  // to devices that implement them (CUDA: "cudnn", and "auto" prefers it per shape).
+  virtual absl::Status SelectPrefillBackend(const std::string& name, int num_heads, int qk_dim,
+                                            int v_dim);
+
   virtual absl::StatusOr<Buffer> Allocate(size_t bytes) = 0;
   virtual void Free(void* data) = 0;
 
@@ -76,6 +83,12 @@ class Device {
   virtual absl::Status Gemm(const GemmParams& params) = 0;
   virtual absl::Status DenseMha(const DenseMhaParams& params) = 0;
   virtual absl::Status SparseMqa(const SparseMqaParams& params) = 0;
+  // Bytes of SparseMqaParams::workspace (split-KV partials) a launch of these sizes uses; 0 when
+  // the device needs none. Without a workspace, SparseMqa provides its own (and may allocate).
+  virtual int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& params) const {
+    (void)params;
+    return 0;
+  }
   virtual absl::Status MergeStates(const MergeStatesParams& params) = 0;
   virtual absl::Status DcpCorrect(const DcpCorrectParams& params) = 0;
   virtual absl::Status DcpCombine(const DcpCombineParams& params) = 0;
@@ -88,6 +101,11 @@ class Device {
   virtual absl::Status ScatterRows(const ScatterRowsParams& params) = 0;
 
   virtual absl::Status Synchronize() = 0;
+
+  // The stream later calls enqueue on (a cudaStream_t on CUDA ranks; nullptr = the device's
+  // own). Streams of another GPU are refused. CPU ranks run in order and take only nullptr.
+  virtual absl::Status SetStream(void* stream);
+  virtual void* stream_handle() const { return nullptr; }
 };
 
 // Host memory, kernels of attention/cpu and workspace/cpu. Storage dtype F32 or BF16.

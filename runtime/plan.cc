@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp {
 namespace {

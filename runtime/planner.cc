@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
-#include "runtime/logging.h"
-#include "runtime/status.h"
+#include "core/logging.h"
+#include "core/status.h"
 
 namespace dcp {
 
@@ -19,16 +19,17 @@ absl::StatusOr<bool> ResolvePrefillBackend(const AttentionConfig& attention,
                      << "); every batch takes the sparse MQA route";
     return false;
   }
-  if (name == "native") {
+  if (name == "native" || name == "cudnn") {
     if (!device_support.ok()) {
       return DCP_ERROR(FailedPrecondition,
-                       "attention.prefill_backend 'native' was requested but is unavailable: %s",
+                       "attention.prefill_backend '%s' was requested but is unavailable: %s", name,
                        device_support.message());
     }
     return true;
   }
   return DCP_ERROR(InvalidArgument,
-                   "attention.prefill_backend '%s' is not available (choose auto, none or native)",
+                   "attention.prefill_backend '%s' is not available (choose auto, none, native or "
+                   "cudnn)",
                    name);
 }
 

@@ -11,7 +11,7 @@
 #include "collectives/communicator.h"
 #include "runtime/batch.h"
 #include "runtime/config.h"
-#include "runtime/kv_layout.h"
+#include "core/kv_layout.h"
 #include "runtime/plan.h"
 #include "workspace/workspace_size.h"
 
@@ -27,8 +27,9 @@ struct PlannerConfig {
 
 // Start-up resolution of attention.prefill_backend: "none" -> false; "auto" -> whether the
 // device's dense kernel supports the model (`device_support` OK), warning once when not;
-// "native" (the dense MHA kernel of the rank's device) -> true, or the device's error; any
-// other name -> an error listing what is available.
+// "native" (the dense MHA kernel of the rank's device) or "cudnn" (cuDNN's fused SDPA, CUDA
+// ranks) -> true, or the device's error (Device::SelectPrefillBackend); any other name -> an
+// error listing what is available.
 absl::StatusOr<bool> ResolvePrefillBackend(const AttentionConfig& attention,
                                            const absl::Status& device_support);
 

@@ -101,7 +101,7 @@ fi
 # slows kernels by orders of magnitude; the small cases cover every code path).
 if has_stage sanitize; then
   echo "== compute-sanitizer ($(elapsed))"
-  big='*FillsTheChip*:*LargePagedGather*:*DeepSeekShapeAllHeads*'
+  big='*FillsTheChip*:*LargePagedGather*:*DeepSeekShapeAllHeads*:*DecodeBatchWithValidCounts*:*EverySplitCount*'
   for binary in attention_cuda_test workspace_cuda_test cuda_device_test; do
     exe="$build/tests/cuda/$binary"
     [ -x "$exe" ] || { note "memcheck $binary: not built"; continue; }
@@ -117,7 +117,7 @@ if has_stage sanitize; then
   exe="$build/tests/cuda/attention_cuda_test"
   if [ -x "$exe" ]; then
     DCP_REQUIRE_GPU=1 timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 "$exe" \
-        --gtest_filter='SparseMqaCudaTest.RaggedTopk*:SparseMqaCudaTest.OneKey*:DenseMhaCudaTest.CausalRagged*:DenseMhaCudaTest.NonCausal*' \
+        --gtest_filter='SparseMqaCudaTest.RaggedTopk*:SparseMqaCudaTest.OneKey*:SparseMqaCudaTest.SmallSplits*:TopkToSlotsCudaTest.CompactsLongRows:DenseMhaCudaTest.CausalRagged*:DenseMhaCudaTest.NonCausal*' \
         >"$out/one_sanitizer_run.log" 2>&1
     code=$?
     [ "$code" -eq 0 ] || failures=$((failures + 1))

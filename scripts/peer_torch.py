@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
 """The torch peers of dcp_bench, run on the GPU machine (not in CI).
 
-Reads dcp_bench CSVs (--routes: the attention phase of each route; --kernels: the dense_mha
-and sparse_mqa kernels alone) and times the same shapes through torch:
+Reads dcp_bench CSVs (--routes: the attention phase of each route, and the whole dense route;
+--kernels: the dense_mha[_native|_cudnn] and sparse_mqa kernels alone) and times the same shapes
+through torch:
 
-  dense MHA   (bottom-right causal, qk 192 / v 128, bf16):
+  dense MHA   (bottom-right causal, qk 192 / v 128 or, --dims glm5, 256 / 256, bf16):
               sdpa_cudnn  torch SDPA restricted to the cuDNN backend
               sdpa_flash  torch SDPA restricted to FlashAttention, v zero-padded to 192 (the
                           padding is done once, outside the timing; the output is sliced)
+  dense route (routes CSV, op dense_route: our whole layer time auto_us on the dense route):
+              torch_route  the route as torch composes it: the K and V up-projection GEMMs of
+                           every key's latent row (kv_c @ w_uk^T, kv_c @ w_uv, cuBLAS), k_pe
+                           broadcast to the heads and concatenated, q = [q_nope | q_rope], and
+                           cuDNN SDPA (bottom-right causal) writing bf16 out
   sparse MQA  (576-wide latent queries over the top-k selected rows, v = first 512 columns):
               torch_gather_bmm  index the rows, bmm, masked softmax, bmm (in token chunks that
                                 bound the gathered copy to ~1 GiB)
@@ -29,6 +35,9 @@ import statistics
 import sys
 
 DENSE_PEERS = ("sdpa_cudnn", "sdpa_flash")
+DENSE_KERNELS = ("dense_mha", "dense_mha_native", "dense_mha_cudnn")
+# Per-head sizes of the models (--dims): qk, v, latent width, kv_lora_rank, qk_nope.
+DIMS = {"deepseek": (192, 128, 576, 512, 128), "glm5": (256, 256, 576, 512, 192)}
 SPARSE_PEERS = ("torch_gather_bmm",)
 OUT_COLUMNS = [
     "source", "op", "batch", "num_seqs", "query_len", "seq_len", "heads", "topk", "flops",
@@ -73,11 +82,13 @@ def shapes_from_csvs(routes_path, kernels_path, dims):
                       int(row["seq_len"]), int(row["heads"]), int(row["topk"]))
             if row.get("route_auto") == "dense_mha" and row.get("auto_attn_us"):
                 shapes.append(("routes", "dense_mha") + common + (float(row["auto_attn_us"]),))
+            if row.get("route_auto") == "dense_mha" and row.get("auto_us"):
+                shapes.append(("routes", "dense_route") + common + (float(row["auto_us"]),))
             if row.get("mqa_attn_us"):
                 shapes.append(("routes", "sparse_mqa") + common + (float(row["mqa_attn_us"]),))
     if kernels_path:
         for row in read_csv(kernels_path):
-            if row.get("kernel") not in ("dense_mha", "sparse_mqa"):
+            if row.get("kernel") not in DENSE_KERNELS + ("sparse_mqa",):
                 continue
             if row.get("status") != "ok" or row.get("uniform") != "1" or row.get("dims") != dims:
                 continue
@@ -90,10 +101,10 @@ def shapes_from_csvs(routes_path, kernels_path, dims):
 class Peers:
     """Times the torch peers; results cached per (peer, shape)."""
 
-    def __init__(self, torch, warmup, iters, qk, v, latent, rank):
+    def __init__(self, torch, warmup, iters, qk, v, latent, rank, nope):
         self.torch = torch
         self.warmup, self.iters = warmup, iters
-        self.qk, self.v, self.latent, self.rank = qk, v, latent, rank
+        self.qk, self.v, self.latent, self.rank, self.nope = qk, v, latent, rank, nope
         self.cache = {}
         self.device = torch.device("cuda")
 
@@ -158,6 +169,55 @@ class Peers:
             return None, f"unsupported: {str(error).splitlines()[0][:120]}"
         return self.time_us(run), "ok"
 
+    def route(self, b, q, s, h):
+        key = ("torch_route", b, q, s, h)
+        if key not in self.cache:
+            self.cache[key] = self._route(b, q, s, h)
+        return self.cache[key]
+
+    def _route(self, b, q, s, h):
+        """The dense route as torch composes it, from latent rows to the attention output."""
+        torch = self.torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        import torch.nn.functional as F
+        gen = torch.Generator(device=self.device).manual_seed(3)
+        bf16 = torch.bfloat16
+        rope = self.qk - self.nope
+        dev = self.device
+        kv_c = torch.randn(b * s, self.rank, device=dev, dtype=bf16, generator=gen)
+        k_pe = torch.randn(b * s, rope, device=dev, dtype=bf16, generator=gen)
+        q_nope = torch.randn(b * q, h, self.nope, device=dev, dtype=bf16, generator=gen)
+        q_rope = torch.randn(b * q, h, rope, device=dev, dtype=bf16, generator=gen)
+        scale = 1.0 / math.sqrt(self.rank)
+        w_uk = torch.randn(h * self.nope, self.rank, device=dev, dtype=bf16, generator=gen) * scale
+        w_uv = torch.randn(self.rank, h * self.v, device=dev, dtype=bf16, generator=gen) * scale
+        sm_scale = 1.0 / math.sqrt(self.qk)
+        if q == s:
+            mask_kwargs = {"is_causal": True}
+        else:
+            rows = torch.arange(q, device=dev)[:, None]
+            cols = torch.arange(s, device=dev)[None, :]
+            mask_kwargs = {"attn_mask": cols <= rows + (s - q)}
+
+        def run():
+            k_nope = (kv_c @ w_uk.t()).view(b * s, h, self.nope)
+            v = (kv_c @ w_uv).view(b, s, h, self.v)
+            k = torch.cat([k_nope, k_pe[:, None, :].expand(-1, h, -1)], dim=-1).view(
+                b, s, h, self.qk)
+            query = torch.cat([q_nope, q_rope], dim=-1).view(b, q, h, self.qk)
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                out = F.scaled_dot_product_attention(
+                    query.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                    scale=sm_scale, **mask_kwargs)
+            return out.transpose(1, 2)
+
+        try:
+            run()
+            torch.cuda.synchronize()
+        except Exception as error:  # noqa: BLE001 - an unsupported shape is a result
+            return None, f"unsupported: {str(error).splitlines()[0][:120]}"
+        return self.time_us(run), "ok"
+
     def sparse(self, b, q, s, h, topk):
         key = ("torch_gather_bmm", b, q, s, h, topk)
         if key not in self.cache:
@@ -210,9 +270,9 @@ def main():
     parser.add_argument("--routes", help="dcp_bench --mode routes CSV")
     parser.add_argument("--kernels", help="dcp_bench --mode kernels CSV")
     parser.add_argument("--out", help="output CSV (default: peers.csv next to the first input)")
-    parser.add_argument("--dims", default="deepseek",
-                        help="only rows of these dims (default deepseek: the kernels the peers "
-                             "model have qk 192 / v 128 / latent 576)")
+    parser.add_argument("--dims", default="deepseek", choices=sorted(DIMS),
+                        help="only rows of these dims, and the peers at their sizes (default "
+                             "deepseek: qk 192 / v 128 / latent 576; glm5: qk 256 / v 256)")
     parser.add_argument("-w", "--warmup", type=int, default=2, help="warm-up runs (default 2)")
     parser.add_argument("-n", "--iters", type=int, default=10, help="timed runs (default 10)")
     parser.add_argument("--heads", default="",
@@ -243,8 +303,9 @@ def main():
         fail("torch is not installed (pip install torch; the peers need a CUDA GPU)")
     if not torch.cuda.is_available():
         fail("torch sees no CUDA device")
-    # DeepSeek-V3.2: qk = Dn + Dr = 192, v = 128, latent = R + Dr = 576, R = 512.
-    peers = Peers(torch, args.warmup, args.iters, qk=192, v=128, latent=576, rank=512)
+    qk, v, latent, rank, nope = DIMS[args.dims]
+    peers = Peers(torch, args.warmup, args.iters, qk=qk, v=v, latent=latent, rank=rank,
+                  nope=nope)
     print(f"# peer_torch: torch {torch.__version__}, {torch.cuda.get_device_name()}, "
           f"{len(shapes)} shapes", flush=True)
 
@@ -252,11 +313,15 @@ def main():
     for source, op, batch, b, q, s, h, topk, ours_us in shapes:
         if b * q > args.max_tokens:
             continue
-        if op == "dense_mha":
-            flops = 2.0 * h * (192 + 128) * selected_keys(b, q, s, 1 << 62)
+        if op in DENSE_KERNELS:
+            flops = 2.0 * h * (qk + v) * selected_keys(b, q, s, 1 << 62)
             runs = [(peer, peers.dense(peer, b, q, s, h)) for peer in DENSE_PEERS]
+        elif op == "dense_route":
+            flops = (2.0 * h * (qk + v) * selected_keys(b, q, s, 1 << 62)
+                     + 2.0 * b * s * rank * h * (nope + v))
+            runs = [("torch_route", peers.route(b, q, s, h))]
         else:
-            flops = 2.0 * h * (576 + 512) * selected_keys(b, q, s, topk)
+            flops = 2.0 * h * (latent + rank) * selected_keys(b, q, s, topk)
             runs = [("torch_gather_bmm", peers.sparse(b, q, s, h, topk))]
         for peer, (peer_us, status) in runs:
             row = {

@@ -1,7 +1,42 @@
 #!/usr/bin/env bash
 # Installs every Debian package the build and the tests need. Idempotent: packages already
 # present are left alone, and nothing is done (no apt-get at all) when everything is there.
+# Then the header-only dependencies that are not Debian packages, from their pinned PyPI wheels
+# into the ignored folder .deps/ (skipped when already there; the build works without them:
+# the feature is then off with a clear message).
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# cuDNN frontend (C++ graph API, header-only) for prefill_backend: cudnn. CMake finds it in
+# .deps/cudnn_frontend/include (cache variable DCP_CUDNN_FRONTEND_INCLUDE_DIR).
+cudnn_frontend_version=1.32.0
+cudnn_frontend_dir=.deps/cudnn_frontend
+if [ "$(cat "$cudnn_frontend_dir/VERSION" 2>/dev/null)" != "$cudnn_frontend_version" ]; then
+  if command -v python3 >/dev/null && python3 -m pip --version >/dev/null 2>&1; then
+    wheel_dir=$(mktemp -d)
+    if python3 -m pip download --quiet --timeout 20 --retries 1 --no-deps --only-binary=:all: \
+        "nvidia-cudnn-frontend==$cudnn_frontend_version" -d "$wheel_dir"; then
+      rm -rf "$cudnn_frontend_dir"
+      mkdir -p "$cudnn_frontend_dir"
+      python3 - "$wheel_dir" "$cudnn_frontend_dir" <<'PY'
+import glob, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
+with zipfile.ZipFile(wheel) as archive:
+    for name in archive.namelist():
+        if name.startswith("include/") and not name.endswith("/"):
+            archive.extract(name, sys.argv[2])
+PY
+      echo "$cudnn_frontend_version" > "$cudnn_frontend_dir/VERSION"
+      echo "setup: cuDNN frontend $cudnn_frontend_version headers in $cudnn_frontend_dir"
+    else
+      echo "setup: could not download nvidia-cudnn-frontend $cudnn_frontend_version;" \
+           "prefill_backend cudnn will be off" >&2
+    fi
+    rm -rf "$wheel_dir"
+  else
+    echo "setup: no python3 -m pip; cuDNN frontend headers not installed" >&2
+  fi
+fi
 
 packages=(
   build-essential cmake ninja-build pkg-config

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp {
 

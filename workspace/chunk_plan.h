@@ -19,7 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "runtime/kv_layout.h"
+#include "core/kv_layout.h"
 
 namespace dcp {
 

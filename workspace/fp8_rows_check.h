@@ -5,8 +5,8 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "runtime/kv_cache_format.h"
-#include "runtime/status.h"
+#include "core/kv_cache_format.h"
+#include "core/status.h"
 #include "workspace/fp8_rows_params.h"
 
 namespace dcp {

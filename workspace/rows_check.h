@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "runtime/status.h"
+#include "core/status.h"
 #include "workspace/workspace_params.h"
 
 namespace dcp {

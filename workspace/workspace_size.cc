@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "attention/cpu/packed_gemm.h"
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
 namespace dcp::cpu::internal {
 

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
 // The hot loops are compiled for AVX-512, AVX2+FMA and baseline x86-64 and picked at load time
 // (GCC function multi-versioning), so the library stays portable without -march=native.

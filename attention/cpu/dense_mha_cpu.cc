@@ -9,7 +9,7 @@
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/attention_tile.h"
 #include "attention/cpu/cpu_kernel_utils.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::cpu {
 namespace {

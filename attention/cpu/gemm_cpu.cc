@@ -8,7 +8,7 @@
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/cpu_kernel_utils.h"
 #include "attention/cpu/packed_gemm.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::cpu {
 namespace {

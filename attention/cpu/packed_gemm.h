@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
 namespace dcp::cpu::internal {
 

@@ -11,8 +11,8 @@
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/attention_tile.h"
 #include "attention/cpu/cpu_kernel_utils.h"
-#include "runtime/kv_cache_format.h"
-#include "runtime/status.h"
+#include "core/kv_cache_format.h"
+#include "core/status.h"
 
 namespace dcp::cpu {
 namespace {
@@ -124,7 +124,10 @@ void RunSparseMqa(const SparseMqaParams& p) {
           // Only rows inside the cache are ever read, checked or not.
           slots.clear();
           const int32_t* indices = p.indices + token * p.indices_token_stride;
-          for (int c = 0; c < p.topk; ++c) {
+          const int columns = p.valid_counts == nullptr
+                                  ? p.topk
+                                  : std::clamp(p.valid_counts[token], 0, p.topk);
+          for (int c = 0; c < columns; ++c) {
             if (indices[c] >= 0 && indices[c] < p.num_slots) slots.push_back(indices[c]);
           }
           tile.Reset(num_heads);

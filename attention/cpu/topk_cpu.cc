@@ -1,13 +1,15 @@
 // TopkToSlots on CPU: request-local positions -> this rank's cache slots (DESIGN.md section 4).
-// The ownership math is written out here on purpose rather than taken from runtime/kv_layout.h:
+// The ownership math is written out here on purpose rather than taken from core/kv_layout.h:
 // a kernel twin of the CUDA code, which cannot include host helpers; the tests check both
 // against brute-force enumeration.
+#include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/cpu_kernel_utils.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::cpu {
 namespace {
@@ -24,7 +26,9 @@ absl::Status CheckTopkToSlotsParams(const TopkToSlotsParams& p) {
   DCP_CHECK_ARG(p.block_size >= 1, "TopkToSlots: block_size (%d) must be positive", p.block_size);
   if (int64_t{p.num_tokens} * p.topk_width == 0) return absl::OkStatus();
   DCP_CHECK_ARG(p.topk != nullptr, "TopkToSlots: topk is null");
-  DCP_CHECK_ARG(p.slots != nullptr, "TopkToSlots: slots is null");
+  DCP_CHECK_ARG((p.valid_slots == nullptr) == (p.valid_counts == nullptr),
+                "TopkToSlots: valid_slots and valid_counts go together (both or neither)");
+  DCP_CHECK_ARG(p.slots != nullptr || p.valid_slots != nullptr, "TopkToSlots: slots is null");
   DCP_CHECK_ARG(p.token_request != nullptr, "TopkToSlots: token_request is null");
   DCP_CHECK_ARG(p.max_blocks == 0 || p.block_tables != nullptr,
                 "TopkToSlots: block_tables is null");
@@ -41,13 +45,19 @@ absl::Status CheckTopkToSlotsParams(const TopkToSlotsParams& p) {
 absl::Status TopkToSlots(const TopkToSlotsParams& params) {
   DCP_RETURN_IF_ERROR(CheckTopkToSlotsParams(params));
   const TopkToSlotsParams& p = params;
+  if (p.valid_counts != nullptr) std::fill_n(p.valid_counts, p.num_tokens, 0);
   if (int64_t{p.num_tokens} * p.topk_width == 0) return absl::OkStatus();
   const int64_t width = int64_t{p.world_size} * p.interleave;  // tokens of one round
   internal::ParallelFor(
       p.num_tokens, 8.0 * p.num_tokens * p.topk_width, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
           const int32_t* positions = p.topk + t * p.topk_width;
+          std::vector<int32_t> own_row;
           int32_t* slots = p.slots + t * p.topk_width;
+          if (p.slots == nullptr) {
+            own_row.resize(p.topk_width);
+            slots = own_row.data();
+          }
           const int32_t* block_table = p.block_tables + int64_t{p.token_request[t]} * p.max_blocks;
           // A position past the token's own (invalid input) is dropped too: never a stale row.
           const int64_t last = p.token_position != nullptr ? p.token_position[t]
@@ -64,6 +74,15 @@ absl::Status TopkToSlots(const TopkToSlotsParams& params) {
             if (physical < 0) continue;                   // unallocated block
             const int64_t slot = physical * p.block_size + local % p.block_size;
             if (slot <= std::numeric_limits<int32_t>::max()) slots[c] = static_cast<int32_t>(slot);
+          }
+          if (p.valid_slots != nullptr) {
+            int32_t* valid = p.valid_slots + t * p.topk_width;
+            int count = 0;
+            for (int c = 0; c < p.topk_width; ++c) {
+              if (slots[c] >= 0) valid[count++] = slots[c];
+            }
+            std::fill(valid + count, valid + p.topk_width, -1);
+            p.valid_counts[t] = count;
           }
         }
       });

@@ -2,7 +2,7 @@
 #include <cstdint>
 
 #include "attention/cuda/dense_mha.h"
-#include "runtime/cuda/cuda_status.h"
+#include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
 namespace {
@@ -15,9 +15,10 @@ absl::Status Check(const DenseMhaParams& p) {
                 p.num_seqs, p.num_heads, p.max_seqlen_q, p.max_seqlen_k);
   DCP_CHECK_ARG(p.dtype == DType::kBF16, "DenseMha (CUDA): dtype must be BF16, got %s",
                 dtype_name(p.dtype));
-  DCP_CHECK_ARG(p.qk_dim == 192 && p.v_dim == 128,
-                "DenseMha (CUDA): qk_dim %d / v_dim %d not compiled; only 192 / 128", p.qk_dim,
-                p.v_dim);
+  DCP_CHECK_ARG((p.qk_dim == 192 && p.v_dim == 128) || (p.qk_dim == 256 && p.v_dim == 256),
+                "DenseMha (CUDA): qk_dim %d / v_dim %d not compiled; only 192 / 128 "
+                "(DeepSeek-V3.2) and 256 / 256 (GLM-5)",
+                p.qk_dim, p.v_dim);
   if (p.num_seqs == 0 || p.num_heads == 0 || p.max_seqlen_q == 0) return absl::OkStatus();
   DCP_CHECK_ARG(p.num_heads <= 65535 && p.num_seqs <= 65535,
                 "DenseMha (CUDA): at most 65535 heads and sequences (got %d, %d)", p.num_heads,
@@ -47,6 +48,9 @@ absl::Status DenseMha(const DenseMhaParams& params, cudaStream_t stream) {
   }
   if (params.qk_dim == 192 && params.v_dim == 128) {
     return LaunchDenseMha<192, 128>(params, stream);
+  }
+  if (params.qk_dim == 256 && params.v_dim == 256) {
+    return LaunchDenseMha<256, 256>(params, stream);
   }
   return DCP_ERROR(InvalidArgument, "DenseMha (CUDA): no kernel for qk_dim %d / v_dim %d",
                    params.qk_dim, params.v_dim);

@@ -8,7 +8,9 @@
 // memory); K [64][qk] and V [64][v] blocks are double-buffered with cp.async (block b+1 loads
 // while block b computes). S = Q K^T (12 k-steps of 16 for qk 192), P stays in registers as
 // the A operand of O += P V (the C->A fragment identity of m16n8k16), V via ldmatrix.trans.
-// Shared memory: 24 + 2 x (24 + 16) KiB = 104 KiB for 192/128: two CTAs per SM.
+// Shared memory: 24 + 2 x (24 + 16) KiB = 104 KiB for 192/128: two CTAs per SM; 160 KiB for
+// 256/256 (one CTA per SM, and the 256-wide O accumulator spills registers: correct, slow;
+// cuDNN is the fast path for GLM-5's sizes).
 // Masking: query i (0-based in its sequence of Lq queries, Lk keys) sees keys
 // [0, Lk - Lq + i] when causal, [0, Lk) otherwise; only key blocks that cross that bound pay
 // for the mask. Rows past the sequence are zeros and are not stored.
@@ -17,13 +19,14 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
 #include "attention/attention_params.h"
 #include "attention/cuda/dense_mha.h"
 #include "attention/cuda/mma_sm80.cuh"
-#include "runtime/cuda/cuda_status.h"
+#include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
 
@@ -238,8 +241,16 @@ template <int kQkDim, int kVDim>
 absl::Status LaunchDenseMha(const DenseMhaParams& p, cudaStream_t stream) {
   using Config = DenseMhaConfig<kQkDim, kVDim>;
   auto kernel = DenseMhaKernel<kQkDim, kVDim>;
-  DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      Config::kSmemBytes));
+  // The shared-memory limit is a per-device attribute of the function: set it once per device.
+  static std::atomic<uint64_t> configured{0};
+  int device = 0;
+  DCP_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit == 0 || (configured.load(std::memory_order_relaxed) & bit) == 0) {
+    DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        Config::kSmemBytes));
+    configured.fetch_or(bit, std::memory_order_relaxed);
+  }
   const dim3 grid((p.max_seqlen_q + Config::kBlockQ - 1) / Config::kBlockQ, p.num_heads,
                   p.num_seqs);
   kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);

@@ -2,7 +2,8 @@
 
 #include <algorithm>
 
-#include "runtime/cuda/cuda_status.h"
+#include "attention/cuda/cublas_status.h"
+#include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
 namespace {

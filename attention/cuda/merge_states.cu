@@ -2,7 +2,7 @@
 
 #include "attention/cuda/merge_states.h"
 #include "attention/cuda/merge_states_kernel.cuh"
-#include "runtime/cuda/cuda_status.h"
+#include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
 namespace {
@@ -61,6 +61,26 @@ absl::Status DcpCombine(const DcpCombineParams& p, cudaStream_t stream) {
   DcpCombineKernel<<<BlocksFor(rows), kThreads, 0, stream>>>(p.outs, p.lses, p.out, p.lse,
                                                               p.world_size, rows, p.dim);
   DCP_CUDA_LAUNCH_CHECK("DcpCombineKernel");
+  return absl::OkStatus();
+}
+
+absl::Status MergeSplits(const float* parts, const float* part_lse, int splits, int num_tokens,
+                         int num_heads, int dim, float* out, int64_t out_token_stride,
+                         int64_t out_head_stride, float* lse, int64_t lse_token_stride,
+                         cudaStream_t stream) {
+  DCP_RETURN_IF_ERROR(CheckSizes("MergeSplits", num_tokens, num_heads, dim));
+  DCP_CHECK_ARG(splits >= 1 && splits <= kMaxMergeSplits, "MergeSplits: %d splits outside [1, %d]",
+                splits, kMaxMergeSplits);
+  DCP_CHECK_ARG(dim % 4 == 0, "MergeSplits: dim %d is not a multiple of 4", dim);
+  const int64_t rows = int64_t(num_tokens) * num_heads;
+  if (rows == 0) return absl::OkStatus();
+  DCP_CHECK_ARG(parts != nullptr && part_lse != nullptr && out != nullptr && lse != nullptr,
+                "MergeSplits: null pointer");
+  const int64_t warps = kMergeSplitsThreads / 32;
+  MergeSplitsKernel<<<(rows + warps - 1) / warps, kMergeSplitsThreads, 0, stream>>>(
+      parts, part_lse, splits, num_tokens, num_heads, dim, out, out_token_stride, out_head_stride,
+      lse, lse_token_stride);
+  DCP_CUDA_LAUNCH_CHECK("MergeSplitsKernel");
   return absl::OkStatus();
 }
 

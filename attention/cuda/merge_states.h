@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "attention/attention_params.h"
 
@@ -14,5 +16,14 @@ namespace dcp::cuda {
 absl::Status MergeStates(const MergeStatesParams& params, cudaStream_t stream);
 absl::Status DcpCorrect(const DcpCorrectParams& params, cudaStream_t stream);
 absl::Status DcpCombine(const DcpCombineParams& params, cudaStream_t stream);
+
+// The split-KV merge of the sparse MQA launcher: `splits` partials [splits, T, H, dim] and
+// their LSEs [splits, T, H] (contiguous, device memory) into out (strided, [T, H, dim]) and
+// lse ([T, H], row stride lse_token_stride). 1 <= splits <= kMaxMergeSplits, dim % 4 == 0.
+constexpr int kMaxMergeSplits = 64;
+absl::Status MergeSplits(const float* parts, const float* part_lse, int splits, int num_tokens,
+                         int num_heads, int dim, float* out, int64_t out_token_stride,
+                         int64_t out_head_stride, float* lse, int64_t lse_token_stride,
+                         cudaStream_t stream);
 
 }  // namespace dcp::cuda

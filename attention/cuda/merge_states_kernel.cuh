@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "attention/cuda/merge_states.h"
+
 namespace dcp::cuda {
 
 // NaN and +inf are treated as -inf (DESIGN.md section 3): never propagated.
@@ -88,6 +90,63 @@ __global__ void DcpCombineKernel(const float* outs, const float* lses, float* ou
     out[base + d] = value;
   }
   if (lse != nullptr && lane == 0) lse[row] = total;
+}
+
+
+// Split-KV merge of the sparse MQA kernels: `splits` partials of the same (token, head) grid,
+// [splits, T, H, dim] contiguous and LSEs [splits, T, H], into a strided output. One warp per
+// row; the weights e^(lse_s - lse) go through shared memory (kMaxMergeSplits per warp), the
+// values are read as float4 (dim % 4 == 0). A partial with lse -inf (no key in its range) is
+// never read: its weight is 0 and it is selected out, not multiplied.
+constexpr int kMergeSplitsThreads = 256;
+
+__global__ void __launch_bounds__(kMergeSplitsThreads)
+    MergeSplitsKernel(const float* __restrict__ parts, const float* __restrict__ part_lse,
+                      int splits, int num_tokens, int num_heads, int dim, float* out,
+                      int64_t out_token_stride, int64_t out_head_stride, float* lse,
+                      int64_t lse_token_stride) {
+  __shared__ float weights[kMergeSplitsThreads / 32][kMaxMergeSplits];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t rows = int64_t(num_tokens) * num_heads;
+  const int64_t row = blockIdx.x * int64_t(kMergeSplitsThreads / 32) + warp;
+  if (row >= rows) return;
+  const int64_t token = row / num_heads, head = row % num_heads;
+  float m = -INFINITY;
+  for (int s = lane; s < splits; s += 32) m = fmaxf(m, SanitizeLse(part_lse[s * rows + row]));
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  }
+  float sum = 0.f;
+  for (int s = lane; s < splits; s += 32) {
+    const float l = SanitizeLse(part_lse[s * rows + row]);
+    const float e = m == -INFINITY || l == -INFINITY ? 0.f : expf(l - m);
+    weights[warp][s] = e;
+    sum += e;
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  __syncwarp();
+  const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+  float* dst = out + token * out_token_stride + head * out_head_stride;
+  for (int d = lane * 4; d < dim; d += 32 * 4) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < splits; ++s) {
+      const float w = weights[warp][s] * inverse;
+      if (w > 0.f) {
+        const float4 v = *reinterpret_cast<const float4*>(parts + (s * rows + row) * dim + d);
+        acc.x += w * v.x;
+        acc.y += w * v.y;
+        acc.z += w * v.z;
+        acc.w += w * v.w;
+      }
+    }
+    dst[d] = acc.x;
+    dst[d + 1] = acc.y;
+    dst[d + 2] = acc.z;
+    dst[d + 3] = acc.w;
+  }
+  if (lane == 0) lse[token * lse_token_stride + head] = sum > 0.f ? m + logf(sum) : -INFINITY;
 }
 
 }  // namespace dcp::cuda

@@ -1,13 +1,36 @@
-// Checks and dispatch of the sparse MQA launcher; the kernel is in sparse_mqa_kernel.cuh.
+// Checks, kernel choice, split-KV and dispatch of the sparse MQA launcher; the kernels are in
+// sparse_mqa_kernel.cuh (mma.sync) and sparse_mqa_sm90_kernel.cuh (wgmma).
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 
+#include "attention/cuda/merge_states.h"
 #include "attention/cuda/sparse_mqa.h"
-#include "runtime/cuda/cuda_status.h"
+#include "attention/cuda/sparse_mqa_work.cuh"
+#include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
 namespace {
 
+constexpr int kBlockHeads = 64, kBlockKeys = 64;
+
 bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+int NumSms() {
+  static std::atomic<int> cached[64] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return 132;
+  if (device < 64 && cached[device].load() > 0) return cached[device].load();
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      sms <= 0) {
+    return 132;
+  }
+  if (device < 64) cached[device].store(sms);
+  return sms;
+}
+
+int BlockAlign(int kernel) { return kernel == 2 ? 2 : 1; }
 
 absl::Status Check(const SparseMqaParams& p) {
   DCP_CHECK_ARG(p.num_tokens >= 0 && p.num_heads >= 0 && p.topk >= 0 && p.num_slots >= 0,
@@ -41,6 +64,9 @@ absl::Status Check(const SparseMqaParams& p) {
                   "SparseMqa (CUDA): fp8_ds_mla rows are %d bytes, got a kv_row_stride of %d bytes",
                   fp8_ds_mla::kRowBytes, p.kv_row_stride);
     DCP_CHECK_ARG(Aligned16(p.kv_cache), "SparseMqa (CUDA): kv_cache must be 16-byte aligned");
+    DCP_CHECK_ARG(p.kernel != 2,
+                  "SparseMqa (CUDA): the wgmma kernel (kernel 2) does not read fp8_ds_mla rows; "
+                  "use kernel 0 or 1 (the mma.sync kernel)");
   } else {
     DCP_CHECK_ARG(Aligned16(p.kv_cache) && p.kv_row_stride % 8 == 0 &&
                       (p.kv_row_stride >= p.head_dim || p.num_slots <= 1),
@@ -52,22 +78,93 @@ absl::Status Check(const SparseMqaParams& p) {
                 "SparseMqa: out_head_stride %d < v_dim %d", p.out_head_stride, p.v_dim);
   DCP_CHECK_ARG(p.lse_token_stride >= p.num_heads || p.num_tokens == 1,
                 "SparseMqa: lse_token_stride %d < num_heads %d", p.lse_token_stride, p.num_heads);
+  DCP_CHECK_ARG(p.num_splits >= 0, "SparseMqa: num_splits %d < 0", p.num_splits);
+  DCP_CHECK_ARG(p.kernel >= 0 && p.kernel <= 2, "SparseMqa: kernel %d is not 0, 1 or 2",
+                p.kernel);
+  DCP_CHECK_ARG(p.workspace_bytes >= 0, "SparseMqa: workspace_bytes %d < 0", p.workspace_bytes);
   return absl::OkStatus();
 }
 
 }  // namespace
 
+int SparseMqaResolveKernel(const SparseMqaParams& params) {
+  if (params.kernel == 1 || params.kernel == 2) return params.kernel;
+  // Only the mma.sync kernel reads fp8_ds_mla rows.
+  if (params.kv_format == KvCacheDType::kFp8DsMla) return 1;
+  return SparseMqaSm90Available() ? 2 : 1;
+}
+
+int SparseMqaChooseSplits(const SparseMqaParams& p, int kernel, int num_sms) {
+  if (p.num_tokens <= 0 || p.num_heads <= 0 || p.topk <= 0 || num_sms <= 0) return 1;
+  const int64_t head_blocks = (p.num_heads + kBlockHeads - 1) / kBlockHeads;
+  const int64_t base = int64_t(p.num_tokens) * head_blocks;  // CTAs without a split
+  if (base >= num_sms) return 1;
+  const int align = BlockAlign(kernel);
+  const int blocks = (p.topk + kBlockKeys - 1) / kBlockKeys;
+  const int most = std::max(1, std::min(kMaxMergeSplits, blocks / align));
+  // Modelled time in microseconds, fitted to H200 measurements of one decode token at 128 heads
+  // (docs/sparse_mqa_sm90.md): one CTA per SM; a CTA costs `fixed` (launch, Q tile, epilogue,
+  // latency) plus `block` per 64-key block; each split adds the merge's latency and traffic
+  // (its partial written once and read once).
+  const double block = kernel == 2 ? 2.25 : 6.2, fixed = kernel == 2 ? 14.0 : 20.0;
+  const double rows = double(p.num_tokens) * p.num_heads;
+  const double merge_per_split = 0.9 + 2.0 * rows * p.v_dim * 4 / 3.0e6;
+  int best = 1;
+  double best_cost = -1;
+  for (int splits = 1; splits <= most; ++splits) {
+    int per = (blocks + splits - 1) / splits;
+    per = (per + align - 1) / align * align;
+    const int64_t waves = (base * splits + num_sms - 1) / num_sms;
+    const double cost =
+        double(waves) * (per * block + fixed) + (splits > 1 ? splits * merge_per_split : 0.0);
+    if (best_cost < 0 || cost < best_cost) {
+      best = splits;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& p, int splits) {
+  if (splits <= 1) return 0;
+  const int64_t rows = int64_t(splits) * p.num_tokens * p.num_heads;
+  return rows * p.v_dim * 4 + (rows * 4 + 255) / 256 * 256;
+}
+
 absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   DCP_RETURN_IF_ERROR(Check(params));
   if (params.num_tokens == 0 || params.num_heads == 0) return absl::OkStatus();
-  if (params.head_dim == 576 && params.v_dim == 512) {
-    if (params.kv_format == KvCacheDType::kFp8DsMla) {
-      return LaunchSparseMqa<576, 512, KvCacheDType::kFp8DsMla>(params, stream);
-    }
-    return LaunchSparseMqa<576, 512>(params, stream);
+  if (params.head_dim != 576 || params.v_dim != 512) {
+    return DCP_ERROR(InvalidArgument, "SparseMqa (CUDA): no kernel for head_dim %d / v_dim %d",
+                     params.head_dim, params.v_dim);
   }
-  return DCP_ERROR(InvalidArgument, "SparseMqa (CUDA): no kernel for head_dim %d / v_dim %d",
-                   params.head_dim, params.v_dim);
+  const int kernel = SparseMqaResolveKernel(params);
+  if (kernel == 2 && !SparseMqaSm90Available()) {
+    return DCP_ERROR(Unimplemented,
+                     "SparseMqa (CUDA): the wgmma kernel needs an sm_90 device and a build for "
+                     "sm_90a (CMAKE_CUDA_ARCHITECTURES=90a)");
+  }
+  int splits = params.num_splits > 0 ? std::min(params.num_splits, kMaxMergeSplits)
+                                     : SparseMqaChooseSplits(params, kernel, NumSms());
+  const int64_t room = params.workspace == nullptr ? 0 : params.workspace_bytes;
+  while (splits > 1 && SparseMqaWorkspaceBytes(params, splits) > room) --splits;
+  SparseMqaSplit split;
+  split.num_splits = splits;
+  if (splits > 1) {
+    DCP_CHECK_ARG(Aligned16(params.workspace), "SparseMqa: workspace must be 16-byte aligned");
+    const int64_t rows = int64_t(splits) * params.num_tokens * params.num_heads;
+    split.part_out = static_cast<float*>(params.workspace);
+    split.part_lse = split.part_out + rows * params.v_dim;
+  }
+  if (kernel == 2) {
+    DCP_RETURN_IF_ERROR((LaunchSparseMqaSm90<576, 512>(params, split, stream)));
+  } else {
+    DCP_RETURN_IF_ERROR((LaunchSparseMqa<576, 512>(params, split, stream)));
+  }
+  if (splits == 1) return absl::OkStatus();
+  return MergeSplits(split.part_out, split.part_lse, splits, params.num_tokens, params.num_heads,
+                     params.v_dim, params.out, params.out_token_stride, params.out_head_stride,
+                     params.lse, params.lse_token_stride, stream);
 }
 
 }  // namespace dcp::cuda

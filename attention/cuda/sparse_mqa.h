@@ -1,24 +1,58 @@
 // Sparse top-k MQA on the GPU (attention_params.h, SparseMqaParams): bf16 q and latent cache,
 // fp32 out and natural-log LSE. Compiled for head_dim 576 / v_dim 512 (DeepSeek-V3.2's
 // [kv_c | k_pe] rows); other sizes, other dtypes and strides that are not multiples of 8
-// elements (16 bytes) are InvalidArgument. Any num_heads >= 1 (up to 128 in practice: the grid
-// has ceil(H / 64) blocks per token), any topk >= 0. Indices outside [0, num_slots) are skipped.
+// elements (16 bytes) are InvalidArgument. Any num_heads >= 1 (the grid has ceil(H / 64) head
+// blocks per token), any topk >= 0. Indices outside [0, num_slots) are skipped.
+//
+// Two kernels (SparseMqaParams::kernel): the warp-specialised wgmma kernel on sm_90
+// (sparse_mqa_sm90_kernel.cuh, used by default there) and the mma.sync kernel of sm_80+
+// (sparse_mqa_kernel.cuh, the fallback and the twin of the tests). Both walk only the token's
+// valid keys when valid_counts is given, and split each token's key list over several CTAs
+// when tokens x head blocks would leave SMs idle (split-KV; the partials go to
+// params.workspace and are merged by LSE with MergeSplits).
+//
 // kv_format kFp8DsMla reads 656-byte fp8_ds_mla rows directly (kv_row_stride 656 bytes, 16-byte
-// aligned cache), dequantizing them on the way into shared memory; q stays bf16.
+// aligned cache), dequantizing them on the way into shared memory; q stays bf16. Only the
+// mma.sync kernel reads them: kernel 0 picks it for fp8 rows, kernel 2 with fp8 rows is
+// InvalidArgument.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <cstdint>
 
 #include "absl/status/status.h"
 #include "attention/attention_params.h"
 
 namespace dcp::cuda {
 
+struct SparseMqaSplit;
+
 absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream);
 
-// The kernel for one compiled (head_dim, v_dim, cache row format); params already checked.
-// Defined in sparse_mqa_kernel.cuh, instantiated in instantiations/.
+// The kernel SparseMqa runs for params.kernel on the current device: 1 (mma.sync) or 2 (wgmma).
+int SparseMqaResolveKernel(const SparseMqaParams& params);
+
+// The split count the launcher uses when params.num_splits == 0, for `kernel` (1 or 2) on a
+// device with num_sms SMs, before the workspace limit: 1 when tokens x head blocks fill the SMs,
+// else the count that minimises a time model fitted to H200 measurements (waves x (fixed +
+// blocks per split x block time) + the merge's cost per split; ties: fewer splits), at most 64
+// and at most one split per 64-key block (per pair for the wgmma kernel).
+int SparseMqaChooseSplits(const SparseMqaParams& params, int kernel, int num_sms);
+
+// Bytes of params.workspace that `splits` splits need (0 for one split).
+int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& params, int splits);
+
+// The kernels for one compiled (head_dim, v_dim) and, for the mma.sync kernel, cache row
+// format; params already checked. Defined in sparse_mqa_kernel.cuh / sparse_mqa_sm90_kernel.cuh,
+// instantiated in instantiations/.
 template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16>
-absl::Status LaunchSparseMqa(const SparseMqaParams& params, cudaStream_t stream);
+absl::Status LaunchSparseMqa(const SparseMqaParams& params, const SparseMqaSplit& split,
+                             cudaStream_t stream);
+template <int kHeadDim, int kVDim>
+absl::Status LaunchSparseMqaSm90(const SparseMqaParams& params, const SparseMqaSplit& split,
+                                 cudaStream_t stream);
+// Whether the wgmma kernel was compiled for the current device (sm_90a code in the binary).
+bool SparseMqaSm90Available();
 
 }  // namespace dcp::cuda

@@ -1,8 +1,10 @@
 // Sparse top-k MQA, bf16 tensor cores (mma.sync m16n8k16), online softmax in fp32.
 //
-// Grid: num_tokens x ceil(num_heads / 64), head block fastest. One CTA = one token x 64 query
-// heads; it walks the token's top-k list in blocks of 64 keys. All heads share the one KV
-// head, so a gathered block of 64 cache rows (64 x 576 bf16 = 72 KiB) serves all 64 heads.
+// Grid (sparse_mqa_work.cuh): num_tokens x splits x ceil(num_heads / 64), head block fastest.
+// One CTA = one token x 64 query heads x one split of the token's key list (all of it without
+// split-KV), walked in blocks of 64 keys; with valid_counts only the token's valid keys. All
+// heads share the one KV head, so a gathered block of 64 cache rows (64 x 576 bf16 = 72 KiB)
+// serves all 64 heads.
 // 8 warps: warp w owns head rows rg = w % 4 (16 rows) and half h = w / 4. For S = Q K^T, warp
 // (rg, h) computes its 16 rows x keys [32h, 32h+32) of the block; for O += P V it computes its
 // 16 rows x value columns [256h, 256h+256) over all 64 keys, so P (bf16) and the per-row
@@ -14,7 +16,7 @@
 // are XOR-swizzled by 16-byte chunk so ldmatrix reads are conflict free.
 // Invalid keys (index -1, out of range, or past topk) are gathered as zero rows (no memory
 // read) and masked to -inf; a row with no valid key ends with l = 0: out 0, lse -inf.
-// kFormat kFp8DsMla (656-byte rows, runtime/kv_cache_format.h): the raw rows of block b+1 are
+// kFormat kFp8DsMla (656-byte rows, core/kv_cache_format.h): the raw rows of block b+1 are
 // gathered by cp.async into a staging tile [64][656] while block b is computed, then
 // dequantized (e4m3 * tile scale in fp32, rounded to bf16; k_pe copied) into the one bf16 K/V
 // tile the MMAs read: Q + K/V + staging + P = 194 KiB. Everything after the tile is unchanged.
@@ -22,14 +24,16 @@
 
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
 #include "attention/attention_params.h"
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/sparse_mqa.h"
-#include "runtime/cuda/cuda_status.h"
-#include "runtime/cuda/fp8_e4m3.cuh"
+#include "attention/cuda/sparse_mqa_work.cuh"
+#include "core/cuda/cuda_status.h"
+#include "core/cuda/fp8_e4m3.cuh"
 
 namespace dcp::cuda {
 
@@ -55,7 +59,8 @@ struct SparseMqaConfig {
 };
 
 template <int kHeadDim, int kVDim, KvCacheDType kFormat>
-__global__ void __launch_bounds__(256, 1) SparseMqaKernel(const SparseMqaParams p) {
+__global__ void __launch_bounds__(256, 1)
+    SparseMqaKernel(const SparseMqaParams p, const SparseMqaSplit split) {
   using Config = SparseMqaConfig<kHeadDim, kVDim, kFormat>;
   constexpr bool kFp8 = Config::kFp8;
   constexpr int kChunks = Config::kChunks;
@@ -72,9 +77,10 @@ __global__ void __launch_bounds__(256, 1) SparseMqaKernel(const SparseMqaParams 
 
   // The head blocks of one token are adjacent in launch order, so they gather the same rows at
   // about the same time and the second gather hits L2.
-  const int head_blocks = (p.num_heads + Config::kBlockHeads - 1) / Config::kBlockHeads;
-  const int token = blockIdx.x / head_blocks;
-  const int head0 = (blockIdx.x % head_blocks) * Config::kBlockHeads;
+  const SparseMqaWork work =
+      GetSparseMqaWork(p, split, Config::kBlockHeads, Config::kBlockKeys, /*block_align=*/1);
+  const int token = work.token;
+  const int head0 = work.head0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int row_group = warp % 4, half = warp / 4;
   const int g = lane / 4, c = lane % 4;
@@ -82,12 +88,12 @@ __global__ void __launch_bounds__(256, 1) SparseMqaKernel(const SparseMqaParams 
   const auto* q = static_cast<const __nv_bfloat16*>(p.q);
   const auto* kv = static_cast<const __nv_bfloat16*>(p.kv_cache);
   const int32_t* token_indices = p.indices + int64_t(token) * p.indices_token_stride;
-  const int topk = p.topk;
+  const int key_end = work.key_end;
   const int64_t num_slots = p.num_slots;
 
-  // Slot of key `key` of this token, or -1 when it is skipped.
+  // Slot of key `key` of this token, or -1 when it is skipped (past this CTA's range).
   auto slot_of = [&](int key) -> int64_t {
-    if (key >= topk) return -1;
+    if (key >= key_end) return -1;
     const int64_t slot = token_indices[key];
     return (slot >= 0 && slot < num_slots) ? slot : -1;
   };
@@ -145,18 +151,20 @@ __global__ void __launch_bounds__(256, 1) SparseMqaKernel(const SparseMqaParams 
     }
   };
 
-  const int num_blocks = (topk + kBlockKeys - 1) / kBlockKeys;
+  // Blocks [first_block, first_block + num_blocks) of the list; key_begin is block aligned.
+  const int first_block = work.key_begin / kBlockKeys;
+  const int num_blocks = (work.key_end - work.key_begin + kBlockKeys - 1) / kBlockKeys;
   if constexpr (kFp8) {
-    if (num_blocks > 0) load_raw_block(0);
-    CpAsyncCommit();  // Q and the raw block 0
+    if (num_blocks > 0) load_raw_block(first_block);
+    CpAsyncCommit();  // Q and the raw first block
     CpAsyncWait<0>();
     __syncthreads();
     if (num_blocks > 0) dequantize_block();
     __syncthreads();  // the tile is ready and the staging free
-    if (num_blocks > 1) load_raw_block(1);
+    if (num_blocks > 1) load_raw_block(first_block + 1);
     CpAsyncCommit();
   } else {
-    if (num_blocks > 0) load_block(0, 0);
+    if (num_blocks > 0) load_block(first_block, 0);
     CpAsyncCommit();
   }
 
@@ -171,10 +179,11 @@ __global__ void __launch_bounds__(256, 1) SparseMqaKernel(const SparseMqaParams 
   const int my_values = half * Config::kValuesPerWarp;
   const uint32_t p_base = SmemAddress(s_p);
 
-  for (int block = 0; block < num_blocks; ++block) {
-    const int buffer = kFp8 ? 0 : block & 1;
+  for (int i = 0; i < num_blocks; ++i) {
+    const int block = first_block + i;
+    const int buffer = kFp8 ? 0 : i & 1;
     if constexpr (!kFp8) {
-      if (block + 1 < num_blocks) load_block(block + 1, buffer ^ 1);
+      if (i + 1 < num_blocks) load_block(block + 1, buffer ^ 1);
       CpAsyncCommit();
       CpAsyncWait<1>();
       __syncthreads();
@@ -272,12 +281,12 @@ __global__ void __launch_bounds__(256, 1) SparseMqaKernel(const SparseMqaParams 
     }
     __syncthreads();  // the next iteration overwrites this K/V buffer, P and the maxima
     if constexpr (kFp8) {
-      if (block + 1 < num_blocks) {
+      if (i + 1 < num_blocks) {
         CpAsyncWait<0>();
         __syncthreads();  // every thread's raw chunks of block + 1 have landed
         dequantize_block();
         __syncthreads();  // the tile is ready and the staging free
-        if (block + 2 < num_blocks) load_raw_block(block + 2);
+        if (i + 2 < num_blocks) load_raw_block(block + 2);
         CpAsyncCommit();
       }
     }
@@ -298,31 +307,39 @@ __global__ void __launch_bounds__(256, 1) SparseMqaKernel(const SparseMqaParams 
     if (head >= p.num_heads) continue;
     const float total = s_sum[row] + s_sum[64 + row];
     const float inverse = total > 0.f ? 1.f / total : 0.f;
-    float* out = p.out + int64_t(token) * p.out_token_stride + int64_t(head) * p.out_head_stride +
-                 my_values + 2 * c;
+    float* out = work.out + int64_t(row) * work.out_head_stride + my_values + 2 * c;
 #pragma unroll
     for (int n = 0; n < kValueTiles; ++n) {
       out[n * 8] = o[n][2 * r] * inverse;
       out[n * 8 + 1] = o[n][2 * r + 1] * inverse;
     }
     if (half == 0 && c == 0) {
-      p.lse[int64_t(token) * p.lse_token_stride + head] =
+      work.lse[row] =
           total > 0.f ? (m[r] + log2f(total)) * 0.6931471805599453f : kNegInf;
     }
   }
 }
 
 template <int kHeadDim, int kVDim, KvCacheDType kFormat>
-absl::Status LaunchSparseMqa(const SparseMqaParams& p, cudaStream_t stream) {
+absl::Status LaunchSparseMqa(const SparseMqaParams& p, const SparseMqaSplit& split,
+                             cudaStream_t stream) {
   using Config = SparseMqaConfig<kHeadDim, kVDim, kFormat>;
   auto kernel = SparseMqaKernel<kHeadDim, kVDim, kFormat>;
-  DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      Config::kSmemBytes));
+  // Once per device: the attribute call costs host time on every decode step otherwise.
+  static std::atomic<uint64_t> configured{0};
+  int device = 0;
+  DCP_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit == 0 || (configured.load() & bit) == 0) {
+    DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        Config::kSmemBytes));
+    configured.fetch_or(bit);
+  }
   const int64_t head_blocks = (p.num_heads + Config::kBlockHeads - 1) / Config::kBlockHeads;
-  const int64_t blocks = int64_t(p.num_tokens) * head_blocks;
+  const int64_t blocks = int64_t(p.num_tokens) * split.num_splits * head_blocks;
   DCP_CHECK_ARG(blocks < (int64_t(1) << 31), "SparseMqa: %d tokens x %d head blocks is too many",
                 p.num_tokens, head_blocks);
-  kernel<<<static_cast<unsigned>(blocks), Config::kThreads, Config::kSmemBytes, stream>>>(p);
+  kernel<<<static_cast<unsigned>(blocks), Config::kThreads, Config::kSmemBytes, stream>>>(p, split);
   DCP_CUDA_LAUNCH_CHECK("SparseMqaKernel");
   return absl::OkStatus();
 }

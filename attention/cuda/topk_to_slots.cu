@@ -3,7 +3,7 @@
 
 #include "attention/cuda/topk_to_slots.h"
 #include "attention/cuda/topk_to_slots_kernel.cuh"
-#include "runtime/cuda/cuda_status.h"
+#include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
 
@@ -17,17 +17,32 @@ absl::Status TopkToSlots(const TopkToSlotsParams& p, cudaStream_t stream) {
   DCP_CHECK_ARG(p.interleave >= 1 && p.block_size >= 1,
                 "TopkToSlots: interleave %d and block_size %d must be positive", p.interleave,
                 p.block_size);
+  DCP_CHECK_ARG((p.valid_slots == nullptr) == (p.valid_counts == nullptr),
+                "TopkToSlots: valid_slots and valid_counts go together (both or neither)");
+  const bool compact = p.valid_slots != nullptr;
   const int64_t total = int64_t(p.num_tokens) * p.topk_width;
+  if (p.num_tokens == 0) return absl::OkStatus();
+  if (compact && p.topk_width == 0) {
+    DCP_CUDA_CHECK(cudaMemsetAsync(p.valid_counts, 0, sizeof(int32_t) * p.num_tokens, stream));
+    return absl::OkStatus();
+  }
   if (total == 0) return absl::OkStatus();
-  DCP_CHECK_ARG(p.topk != nullptr && p.token_request != nullptr && p.slots != nullptr,
-                "TopkToSlots: topk, token_request and slots must not be null");
+  DCP_CHECK_ARG(p.topk != nullptr && p.token_request != nullptr &&
+                    (p.slots != nullptr || compact),
+                "TopkToSlots: topk, token_request and slots (or valid_slots) must not be null");
   DCP_CHECK_ARG(p.max_blocks == 0 || p.block_tables != nullptr,
                 "TopkToSlots: block_tables must not be null");
+  const TopkSlotArgs args{p.topk,         p.token_request, p.token_position, p.block_tables,
+                          p.slots,        p.valid_slots,   p.valid_counts,   p.num_tokens,
+                          p.topk_width,   p.num_requests,  p.max_blocks,     p.world_size,
+                          p.interleave,   p.rank,          p.block_size};
+  if (compact) {
+    TopkToSlotsCompactKernel<<<p.num_tokens, kCompactThreads, 0, stream>>>(args);
+    DCP_CUDA_LAUNCH_CHECK("TopkToSlotsCompactKernel");
+    return absl::OkStatus();
+  }
   const int grid = static_cast<int>(std::clamp<int64_t>((total + 255) / 256, 1, 132 * 32));
-  TopkToSlotsKernel<<<grid, 256, 0, stream>>>(
-      p.topk, p.token_request, p.token_position, p.block_tables, p.slots, p.num_tokens,
-      p.topk_width, p.num_requests, p.max_blocks, p.world_size, p.interleave, p.rank,
-      p.block_size);
+  TopkToSlotsKernel<<<grid, 256, 0, stream>>>(args);
   DCP_CUDA_LAUNCH_CHECK("TopkToSlotsKernel");
   return absl::OkStatus();
 }

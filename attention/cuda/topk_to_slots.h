@@ -3,7 +3,8 @@
 // past the request's block table, or in an unassigned block (id < 0) becomes -1. Positions
 // must already be validated (ValidateTopkPositions); with token_position given, a position past
 // the token's own also becomes -1. A token_request outside [0, num_requests) gives a row of -1
-// (the CPU twin rejects it: it is checked on the host there). Pointers are device memory.
+// (the CPU twin rejects it: it is checked on the host there). With valid_slots/valid_counts
+// the row is also compacted (one CTA per token, top-k order kept). Pointers are device memory.
 #pragma once
 
 #include <cuda_runtime.h>

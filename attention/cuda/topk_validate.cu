@@ -3,7 +3,7 @@
 
 #include "attention/cuda/topk_validate.h"
 #include "attention/cuda/topk_validate_kernel.cuh"
-#include "runtime/cuda/cuda_status.h"
+#include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
 namespace {

@@ -6,9 +6,9 @@
 #include "absl/strings/str_format.h"
 #include "collectives/cuda/host_staged_communicator.h"
 #include "collectives/cuda/nccl_communicator.h"
-#include "runtime/cuda/cuda_status.h"
-#include "runtime/logging.h"
-#include "runtime/status.h"
+#include "core/cuda/cuda_status.h"
+#include "core/logging.h"
+#include "core/status.h"
 
 namespace dcp {
 namespace {

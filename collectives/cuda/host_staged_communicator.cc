@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <numeric>
 
-#include "runtime/cuda/cuda_status.h"
-#include "runtime/status.h"
+#include "core/cuda/cuda_status.h"
+#include "core/status.h"
 
 namespace dcp {
 
@@ -147,6 +147,23 @@ absl::Status HostStagedCommunicator::HostAllGather(int64_t value, absl::Span<int
 
 absl::Status HostStagedCommunicator::HostBroadcast(void* data, size_t bytes, int root) {
   return host_.HostBroadcast(data, bytes, root);
+}
+
+absl::Status HostStagedCommunicator::BindStream(StreamHandle stream, Completion completion) {
+  DCP_CHECK_ARG(completion == Completion::kHost || completion == Completion::kStream,
+                "%s: unknown completion mode %d", name(), static_cast<int>(completion));
+  auto* cuda_stream = static_cast<cudaStream_t>(stream);
+  if (cuda_stream != nullptr) {
+    int stream_device = -1;
+    DCP_CUDA_CHECK(cudaStreamGetDevice(cuda_stream, &stream_device));
+    DCP_CHECK_ARG(stream_device == device_,
+                  "%s: the stream belongs to GPU %d, the communicator to GPU %d", name(),
+                  stream_device, device_);
+  }
+  // Every call synchronizes its stream before returning: nothing of ours is queued on the old
+  // stream, so there is nothing to order.
+  stream_ = cuda_stream;
+  return absl::OkStatus();
 }
 
 void HostStagedCommunicator::Abort(int exit_code) {

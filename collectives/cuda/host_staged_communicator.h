@@ -6,6 +6,9 @@
 // Copies run on `stream` (null: the legacy default stream, ordered with CudaDevice's blocking
 // stream) and are synchronized before the host collective, so a call returns with its device
 // results written. Errors and timeouts are the host communicator's (it polls a deadline).
+// Stream order: BindStream moves the copies to another stream of this GPU, but every call still
+// completes on the host (completion() stays kHost, also when kStream is asked for), which is
+// correct in stream order too; such calls cannot be captured into a CUDA graph.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,6 +48,7 @@ class HostStagedCommunicator final : public Communicator {
   absl::Status HostAllGather(int64_t value, absl::Span<int64_t> values) override;
   absl::Status HostBroadcast(void* data, size_t bytes, int root) override;
   [[noreturn]] void Abort(int exit_code) override;
+  absl::Status BindStream(StreamHandle stream, Completion completion) override;
 
  private:
   // A pinned host buffer that grows on demand.

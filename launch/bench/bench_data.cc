@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstddef>
 
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "core/dtype.h"
+#include "core/status.h"
 
 namespace dcp::bench {
 

@@ -6,8 +6,10 @@
 #include <cmath>
 #include <limits>
 
+#include "collectives/mpi_status.h"
 #include "launch/bench/step_clock.h"
-#include "runtime/status.h"
+#include "collectives/mpi_status.h"
+#include "core/status.h"
 
 namespace dcp::bench {
 
@@ -35,8 +37,9 @@ std::string CsvPath(const std::string& csv, const std::string& suffix) {
 
 absl::StatusOr<ModelDims> DimsByName(const std::string& name) {
   if (name == "deepseek") return ModelDims::DeepSeekV32();
+  if (name == "glm5") return ModelDims::Glm5();
   if (name == "small") return ModelDims{};
-  return DCP_ERROR(InvalidArgument, "--dims must be deepseek or small, got '%s'", name);
+  return DCP_ERROR(InvalidArgument, "--dims must be deepseek, glm5 or small, got '%s'", name);
 }
 
 absl::StatusOr<StepTimes> TimeSteps(BenchEnv& env, int num_steps,

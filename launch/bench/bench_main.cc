@@ -12,12 +12,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "collectives/mpi_communicator.h"
+#include "collectives/mpi_status.h"
 #include "launch/bench/bench_harness.h"
 #include "launch/bench/bench_options.h"
 #include "launch/bench/bench_setup.h"
 #include "launch/bench/modes.h"
 #include "launch/bootstrap.h"
-#include "runtime/status.h"
+#include "collectives/mpi_status.h"
+#include "core/status.h"
 
 namespace dcp::bench {
 namespace {

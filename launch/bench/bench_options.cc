@@ -11,7 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::bench {
 namespace {
@@ -113,10 +113,17 @@ const std::vector<Flag>& Flags() {
       {nullptr, "comm", "auto|mpi|nccl",
        "data-plane communicator (default auto: NCCL on CUDA ranks with a GPU each, else MPI)",
        ChoiceFlag("comm", &BenchOptions::comm, {"auto", "mpi", "nccl"})},
-      {nullptr, "dims", "deepseek|small",
-       "model dimensions: DeepSeek-V3.2 (R 512, Dn 128, Dr 64, Dv 128) or the small test dims "
-       "(R 64, Dn 32, Dr 16, Dv 32) (default deepseek)",
-       ChoiceFlag("dims", &BenchOptions::dims, {"deepseek", "small"})},
+      {nullptr, "dims", "deepseek|glm5|small",
+       "model dimensions: DeepSeek-V3.2 (R 512, Dn 128, Dr 64, Dv 128), GLM-5 (R 512, Dn 192, "
+       "Dr 64, Dv 256) or the small test dims (R 64, Dn 32, Dr 16, Dv 32) (default deepseek)",
+       ChoiceFlag("dims", &BenchOptions::dims, {"deepseek", "glm5", "small"})},
+      {nullptr, "prefill_backend", "LIST",
+       "dense MHA prefill backends: auto, native, cudnn (kernels mode: a dense_mha row each; "
+       "routes mode: the first) (default auto)",
+       StringListFlag(&BenchOptions::prefill_backends)},
+      {nullptr, "only", "LIST",
+       "kernels mode: time only kernels whose name starts with one of these (e.g. dense_mha)",
+       StringListFlag(&BenchOptions::only)},
       {"-w", "warmup_iters", "N", "warm-up iterations, not timed (default 2)",
        IntFlag("warmup_iters", &BenchOptions::warmup_iters, 0)},
       {"-n", "iters", "N", "timed iterations; the median is reported (default 10)",
@@ -335,7 +342,9 @@ std::string BenchUsage(const char* program) {
       "  kernels      each Device kernel alone: median time, TFLOP/s or GB/s, fraction of the\n"
       "               copy and GEMM ceilings measured in the same run\n"
       "  collectives  workspace fill and both sparse-MQA combines over a size sweep: time,\n"
-      "               algbw, busbw (nccl-tests factors) and #wrong from a built-in check\n"
+      "               algbw, busbw (nccl-tests factors) and #wrong from a built-in check;\n"
+      "               over NCCL also all_gather, reduce_scatter, all_to_all and ws_fill against\n"
+      "               raw NCCL calls on the same bytes (table _nccl: ratio, fill)\n"
       "Exit status: 0 ok, 1 a run failed or #wrong > 0, 2 bad command line.\n\nflags:\n",
       program);
   for (const Flag& flag : Flags()) {

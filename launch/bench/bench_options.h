@@ -20,7 +20,12 @@ struct BenchOptions {
   Mode mode = Mode::kRoutes;
   std::string device = "cpu";     // cpu | cuda
   std::string comm = "auto";      // auto | mpi | nccl (nccl: CUDA ranks only)
-  std::string dims = "deepseek";  // deepseek (DeepSeek-V3.2) | small (ModelDims defaults)
+  std::string dims = "deepseek";  // deepseek (DeepSeek-V3.2) | glm5 (GLM-5) | small
+  // attention.prefill_backend of the routes mode (first entry) and the dense_mha rows of the
+  // kernels mode (one row per entry; "auto" keeps the row name dense_mha).
+  std::vector<std::string> prefill_backends = {"auto"};
+  // Kernels mode: time only the rows whose kernel name starts with one of these (empty: all).
+  std::vector<std::string> only;
 
   int warmup_iters = 2;                   // -w
   int iters = 10;                         // -n

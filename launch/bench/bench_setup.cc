@@ -1,6 +1,6 @@
 #include "launch/bench/bench_setup.h"
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 #if DCP_WITH_CUDA
 #include "collectives/cuda/cuda_communicator_factory.h"

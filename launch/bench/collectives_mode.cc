@@ -9,8 +9,20 @@
 // x (W-1)/W for all-gather, reduce-scatter and all-to-all (nccl-tests PERFORMANCE.md), none
 // for the local kernels. #wrong: elements of the pipeline's result that differ from what each
 // rank predicts from the generators (rows exactly; merges within fp32 tolerance).
+//
+// Beside ours, the same bytes through raw NCCL (raw_peer.h), when the data plane is NCCL:
+// table "nccl" (CSV suffix _nccl) times all_gather, reduce_scatter and all_to_all (F32) and the
+// ws_fill pipeline against a raw ncclAllGather of its gathered bytes, each as a loop of
+// back-to-back calls on the device stream (time per call; median over iterations of the
+// slowest rank). Ours runs stream-ordered (the engine's mode: Completion::kStream) and, in the
+// host_us column, with a host wait per call (the default mode). ratio = ours / raw time (the
+// target is <= 1.1); for ws_fill, fill = raw busbw share reached by the pipeline (>= 0.9 at
+// >= 64 MB). #wrong: elements where ours differs from raw, bit for bit.
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -20,8 +32,9 @@
 #include "launch/bench/bench_check.h"
 #include "launch/bench/bench_data.h"
 #include "launch/bench/modes.h"
-#include "runtime/kv_layout.h"
-#include "runtime/status.h"
+#include "launch/bench/raw_peer.h"
+#include "core/kv_layout.h"
+#include "core/status.h"
 
 namespace dcp::bench {
 namespace {
@@ -39,10 +52,12 @@ struct StepRow {
 
 class CollectiveBench {
  public:
-  explicit CollectiveBench(BenchEnv& env) : env_(env), table_(Columns(env)) {}
+  explicit CollectiveBench(BenchEnv& env)
+      : env_(env), table_(Columns(env)), vs_table_(VsColumns(env)) {}
 
-  // Rows go to stderr and the CSV as they are measured (BenchEnv::Stream).
-  absl::Status Start() { return AgreeOnStatus(*env_.bootstrap, env_.Stream(&table_, "")); }
+  // Rows go to stderr and the CSV as they are measured (BenchEnv::Stream). Binds an NCCL data
+  // plane to stream order and makes the raw peer.
+  absl::Status Start();
 
   // Times the pipeline's steps; rows[0] is the whole pipeline, rows[1..] its steps.
   // `check` runs after the timing (setup + steps once more) and returns this rank's #wrong.
@@ -53,18 +68,185 @@ class CollectiveBench {
 
   absl::Status WorkspaceFill(int64_t size);
   absl::Status Combine(int64_t size, bool all_to_all);
+  // One collective of `size` bytes (nccl-tests' convention), ours against the raw peer.
+  absl::Status VersusRaw(const std::string& op, int64_t size);
 
+  bool has_peer() const { return peer_ != nullptr; }
   ModeResult Finish();
 
  private:
   static std::vector<Column> Columns(const BenchEnv& env);
+  static std::vector<Column> VsColumns(const BenchEnv& env);
   void AddRow(const std::string& pipeline, const StepRow& row, double seconds, int64_t wrong,
               const std::string& status);
+  // Seconds per call of `call` (which enqueues one operation), from loops of back-to-back calls.
+  absl::StatusOr<double> TimePerCall(int64_t size, const std::function<absl::Status()>& call);
+  // Times ours (stream-ordered, then with host completion) and raw; adds a row of vs_table_.
+  // `compare` returns the elements where ours and raw results differ (after both ran once).
+  absl::Status Versus(const std::string& op, int64_t size, int element_bytes, double bus_factor,
+                      const std::function<absl::Status()>& ours,
+                      const std::function<absl::Status()>& raw,
+                      const std::function<absl::StatusOr<int64_t>()>& compare);
 
   BenchEnv& env_;
   ResultTable table_;
+  ResultTable vs_table_;
+  std::unique_ptr<RawPeer> peer_;
   int64_t num_wrong_ = 0, num_failed_ = 0;
 };
+
+absl::Status CollectiveBench::Start() {
+  DCP_RETURN_IF_ERROR(AgreeOnStatus(*env_.bootstrap, env_.Stream(&table_, "")));
+  if (env_.comm->name() != "nccl") return absl::OkStatus();
+  DCP_RETURN_IF_ERROR(AgreeOnStatus(
+      *env_.bootstrap, env_.comm->BindStream(DeviceStream(env_), Completion::kStream)));
+  DCP_ASSIGN_OR_RETURN(peer_, MakeRawPeer(env_));
+  return AgreeOnStatus(*env_.bootstrap, env_.Stream(&vs_table_, "nccl"));
+}
+
+std::vector<Column> CollectiveBench::VsColumns(const BenchEnv& env) {
+  std::vector<Column> columns = env.MetaColumns();
+  const std::vector<Column> main = {{"op", "op"},
+                                    {"size_bytes", "size"},
+                                    {"count", "count"},
+                                    {"raw_us", "raw_us"},
+                                    {"ours_us", "ours_us"},
+                                    {"host_us", "host_us"},
+                                    {"raw_busbw_gbps", "raw_busbw"},
+                                    {"ours_busbw_gbps", "busbw"},
+                                    {"ratio", "ratio"},
+                                    {"host_ratio", "host_ratio"},
+                                    {"fill", "fill"},
+                                    {"wrong", "#wrong"},
+                                    {"status", "status"}};
+  columns.insert(columns.end(), main.begin(), main.end());
+  return columns;
+}
+
+absl::StatusOr<double> CollectiveBench::TimePerCall(int64_t size,
+                                                    const std::function<absl::Status()>& call) {
+  // Enough calls per iteration that launch gaps are averaged, few at large sizes.
+  const int reps = static_cast<int>(
+      std::clamp<int64_t>((int64_t{64} << 20) / std::max<int64_t>(size, 1), 1, 20));
+  DCP_ASSIGN_OR_RETURN(StepTimes times,
+                       TimeSteps(env_, 1, nullptr, [&](const Mark& mark) -> absl::Status {
+                         for (int i = 0; i < reps; ++i) DCP_RETURN_IF_ERROR(call());
+                         return mark();
+                       }));
+  return times.step_s[0] / reps;
+}
+
+absl::Status CollectiveBench::Versus(const std::string& op, int64_t size, int element_bytes,
+                                     double bus_factor, const std::function<absl::Status()>& ours,
+                                     const std::function<absl::Status()>& raw,
+                                     const std::function<absl::StatusOr<int64_t>()>& compare) {
+  const StreamHandle stream = DeviceStream(env_);
+  auto measured = [&]() -> absl::StatusOr<std::array<double, 3>> {
+    std::array<double, 3> seconds{};
+    DCP_ASSIGN_OR_RETURN(seconds[0], TimePerCall(size, raw));
+    DCP_ASSIGN_OR_RETURN(seconds[1], TimePerCall(size, ours));
+    DCP_RETURN_IF_ERROR(env_.comm->Synchronize());  // a watchdog failure shows here
+    DCP_RETURN_IF_ERROR(env_.comm->BindStream(stream, Completion::kHost));
+    auto host = TimePerCall(size, ours);
+    DCP_RETURN_IF_ERROR(env_.comm->BindStream(stream, Completion::kStream));
+    DCP_ASSIGN_OR_RETURN(seconds[2], std::move(host));
+    return seconds;
+  }();
+  int64_t wrong = -1;
+  absl::Status status = measured.status();
+  if (status.ok() && env_.options.check) {
+    absl::StatusOr<int64_t> local = [&]() -> absl::StatusOr<int64_t> {
+      DCP_RETURN_IF_ERROR(raw());
+      DCP_RETURN_IF_ERROR(ours());
+      DCP_RETURN_IF_ERROR(env_.comm->Synchronize());
+      DCP_RETURN_IF_ERROR(env_.device->Synchronize());
+      return compare();
+    }();
+    status = AgreeOnStatus(*env_.bootstrap, local.status());
+    if (status.ok()) {
+      DCP_ASSIGN_OR_RETURN(wrong, SumOverRanks(env_, *local));
+      num_wrong_ += wrong;
+    }
+  }
+  status = AgreeOnStatus(*env_.bootstrap, status);
+  std::vector<std::string> cells = env_.MetaCells();
+  const auto busbw = [&](double seconds) { return size / seconds * 1e-9 * bus_factor; };
+  if (!status.ok()) {
+    ++num_failed_;
+    const std::vector<std::string> main = {op,
+                                           FormatInt(size),
+                                           FormatInt(size / element_bytes),
+                                           "-",
+                                           "-",
+                                           "-",
+                                           "-",
+                                           "-",
+                                           "-",
+                                           "-",
+                                           "-",
+                                           "-",
+                                           absl::StrCat("error: ", status.message())};
+    cells.insert(cells.end(), main.begin(), main.end());
+  } else {
+    const auto& t = *measured;
+    const bool fill = op == "ws_fill";
+    const std::vector<std::string> main = {op,
+                                           FormatInt(size),
+                                           FormatInt(size / element_bytes),
+                                           FormatSig(t[0] * 1e6),
+                                           FormatSig(t[1] * 1e6),
+                                           FormatSig(t[2] * 1e6),
+                                           FormatFixed(busbw(t[0]), 2),
+                                           FormatFixed(busbw(t[1]), 2),
+                                           FormatFixed(t[1] / t[0], 3),
+                                           FormatFixed(t[2] / t[0], 3),
+                                           fill ? FormatFixed(t[0] / t[1], 3) : "-",
+                                           wrong >= 0 ? FormatInt(wrong) : "-",
+                                           "ok"};
+    cells.insert(cells.end(), main.begin(), main.end());
+  }
+  vs_table_.AddRow(std::move(cells));
+  return absl::OkStatus();
+}
+
+absl::Status CollectiveBench::VersusRaw(const std::string& op, int64_t size) {
+  Device& device = *env_.device;
+  Communicator& comm = *env_.comm;
+  const int world = env_.world_size;
+  const double factor = double(world - 1) / world;
+  // size: the gathered output (all_gather) or the send buffer (reduce_scatter, all_to_all).
+  const size_t count = size_t(size) / (4 * size_t(world));  // per rank (per block)
+  const size_t send_count = op == "all_gather" ? count : count * world;
+  const size_t recv_count = op == "reduce_scatter" ? count : count * world;
+  Buffer send, ours_out, raw_out;
+  const absl::Status prepared = [&]() -> absl::Status {
+    DCP_ASSIGN_OR_RETURN(send, device.Allocate(send_count * 4));
+    DCP_ASSIGN_OR_RETURN(ours_out, device.Allocate(recv_count * 4));
+    DCP_ASSIGN_OR_RETURN(raw_out, device.Allocate(recv_count * 4));
+    return FillRandom(device, send.data(), DType::kF32, send_count, env_.options.seed,
+                      97 + uint64_t(env_.rank));
+  }();
+  DCP_RETURN_IF_ERROR(AgreeOnStatus(*env_.bootstrap, prepared));
+  std::function<absl::Status()> ours, raw;
+  if (op == "all_gather") {
+    ours = [&] { return comm.AllGather(send.data(), ours_out.data(), count, DType::kF32); };
+    raw = [&] { return peer_->AllGather(send.data(), raw_out.data(), count, DType::kF32); };
+  } else if (op == "reduce_scatter") {
+    ours = [&] { return comm.ReduceScatterSum(send.data(), ours_out.data(), count, DType::kF32); };
+    raw = [&] { return peer_->ReduceScatterSum(send.data(), raw_out.data(), count, DType::kF32); };
+  } else {
+    ours = [&] { return comm.AllToAll(send.data(), ours_out.data(), count, DType::kF32); };
+    raw = [&] { return peer_->AllToAll(send.data(), raw_out.data(), count, DType::kF32); };
+  }
+  const auto compare = [&]() -> absl::StatusOr<int64_t> {
+    DCP_ASSIGN_OR_RETURN(auto a, DownloadFloats(device, ours_out.data(), DType::kF32, recv_count));
+    DCP_ASSIGN_OR_RETURN(auto b, DownloadFloats(device, raw_out.data(), DType::kF32, recv_count));
+    int64_t wrong = 0;
+    for (size_t i = 0; i < recv_count; ++i) wrong += std::memcmp(&a[i], &b[i], 4) != 0;
+    return wrong;
+  };
+  return Versus(op, int64_t(count) * 4 * world, 4, factor, ours, raw, compare);
+}
 
 std::vector<Column> CollectiveBench::Columns(const BenchEnv& env) {
   std::vector<Column> columns = env.MetaColumns();
@@ -186,8 +368,7 @@ absl::Status CollectiveBench::WorkspaceFill(int64_t size) {
                                           {"ws_gather", local * int64_t(row_bytes), dtype, false},
                                           {"all_gather", gathered_bytes, dtype, true},
                                           {"ws_reorganize", gathered_bytes, dtype, false}};
-  return Run(
-      "ws_fill", step_rows, prepared, nullptr,
+  const std::vector<std::function<absl::Status()>> steps =
       {[&] {
          return device.GatherRows({d_cache.data(), d_slots.as<int32_t>(), local_region.data(),
                                    dtype, local, local, width, width, width});
@@ -198,8 +379,9 @@ absl::Status CollectiveBench::WorkspaceFill(int64_t size) {
        [&] {
          return device.GatherRows({gathered.data(), d_reorganize.as<int32_t>(), rows.data(), dtype,
                                    total, total, width, width, width});
-       }},
-      [&]() -> absl::StatusOr<int64_t> {
+       }};
+  DCP_RETURN_IF_ERROR(
+      Run("ws_fill", step_rows, prepared, nullptr, steps, [&]() -> absl::StatusOr<int64_t> {
         DCP_ASSIGN_OR_RETURN(auto got,
                              DownloadFloats(device, rows.data(), dtype, size_t(total) * width));
         int64_t wrong = 0;
@@ -209,7 +391,32 @@ absl::Status CollectiveBench::WorkspaceFill(int64_t size) {
           }
         }
         return wrong;
-      });
+      }));
+  if (!has_peer() || !prepared.ok()) return absl::OkStatus();
+  // The pipeline against a raw all-gather of the same gathered bytes into a buffer of its own.
+  Buffer raw_gathered;
+  const absl::Status allocated = [&]() -> absl::Status {
+    DCP_ASSIGN_OR_RETURN(raw_gathered, device.Allocate(total * row_bytes));
+    return absl::OkStatus();
+  }();
+  DCP_RETURN_IF_ERROR(AgreeOnStatus(*env_.bootstrap, allocated));
+  const auto pipeline = [&]() -> absl::Status {
+    for (const auto& step : steps) DCP_RETURN_IF_ERROR(step());
+    return absl::OkStatus();
+  };
+  const auto raw = [&] {
+    return peer_->AllGather(local_region.data(), raw_gathered.data(), size_t(local) * width, dtype);
+  };
+  const auto compare = [&]() -> absl::StatusOr<int64_t> {
+    const size_t n = size_t(total) * width;
+    DCP_ASSIGN_OR_RETURN(auto a, DownloadFloats(device, gathered.data(), dtype, n));
+    DCP_ASSIGN_OR_RETURN(auto b, DownloadFloats(device, raw_gathered.data(), dtype, n));
+    int64_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) wrong += std::memcmp(&a[i], &b[i], 4) != 0;
+    return wrong;
+  };
+  return Versus("ws_fill", gathered_bytes, int(dtype_size(dtype)), double(world - 1) / world,
+                pipeline, raw, compare);
 }
 
 absl::Status CollectiveBench::Combine(int64_t size, bool all_to_all) {
@@ -327,6 +534,16 @@ ModeResult CollectiveBench::Finish() {
   result.num_wrong = num_wrong_;
   result.num_failed = num_failed_;
   result.tables.push_back({"", std::move(table_)});
+  if (has_peer()) {
+    vs_table_.AddNote(
+        "ours vs raw NCCL on the same bytes, stream, ranks and GPUs: time per call of a loop of "
+        "back-to-back calls (median over iterations of the slowest rank). ours_us: "
+        "Completion::kStream; host_us: Completion::kHost (a host wait per call). ratio = "
+        "ours/raw (target <= 1.1); fill = raw/ours for the ws_fill pipeline (target >= 0.9 "
+        "at >= 64 MB). busbw = size/time x (W-1)/W (nccl-tests). #wrong: elements where ours "
+        "differs from raw, bit for bit.");
+    result.tables.push_back({"nccl", std::move(vs_table_)});
+  }
   return result;
 }
 
@@ -348,6 +565,13 @@ absl::StatusOr<ModeResult> RunCollectives(BenchEnv& env) {
   }
   for (int64_t size : SweepSizes(env.options, combine_granule)) {
     DCP_RETURN_IF_ERROR(bench.Combine(size, /*all_to_all=*/true));
+  }
+  if (bench.has_peer()) {
+    for (const char* op : {"all_gather", "reduce_scatter", "all_to_all"}) {
+      for (int64_t size : SweepSizes(env.options, int64_t{4} * world)) {
+        DCP_RETURN_IF_ERROR(bench.VersusRaw(op, size));
+      }
+    }
   }
   return bench.Finish();
 }

@@ -1,6 +1,6 @@
 #include "launch/bench/fp8_kernels.h"
 
-#include "runtime/status.h"
+#include "core/status.h"
 #include "workspace/cpu/fp8_rows_cpu.h"
 #if DCP_WITH_CUDA
 #include "runtime/cuda/cuda_device.h"

@@ -14,8 +14,8 @@
 #include "launch/bench/fp8_kernels.h"
 #include "launch/bench/kernels_sweep.h"
 #include "launch/bench/modes.h"
-#include "runtime/kv_cache_format.h"
-#include "runtime/status.h"
+#include "core/kv_cache_format.h"
+#include "core/status.h"
 
 namespace dcp::bench {
 namespace {
@@ -53,6 +53,7 @@ class KernelBench {
                        const Step& run, const Check& check);
   absl::Status MeasureCeilings();
   absl::Status MeasureAttention(const BatchShape& shape, int heads);
+  absl::Status MeasureSparseMqaShapes();
   absl::Status MeasureSweep(int64_t size);
 
   ModeResult Finish();
@@ -122,6 +123,12 @@ void KernelBench::AddRow(const KernelRow& row, const StepTimes* times, int64_t w
 absl::Status KernelBench::Measure(const KernelRow& row, const absl::Status& prepared,
                                   const Step& setup, const Step& run, const Check& check) {
   last_times_.reset();
+  // --only: other kernels are skipped (the ceilings always run: the percentages need them).
+  if (!env_.options.only.empty() && row.kernel.find("_ceiling") == std::string::npos &&
+      std::none_of(env_.options.only.begin(), env_.options.only.end(),
+                   [&](const std::string& prefix) { return row.kernel.rfind(prefix, 0) == 0; })) {
+    return absl::OkStatus();
+  }
   const absl::Status agreed = AgreeOnStatus(*env_.bootstrap, prepared);
   if (!agreed.ok()) {
     ++num_failed_;
@@ -226,15 +233,18 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
     cu_k.push_back(cu_k.back() + req.seq_len);
   }
 
-  // Dense MHA, bottom-right causal: the query tokens of each request over all its keys.
-  {
-    KernelRow row{"dense_mha",
+  // Dense MHA, bottom-right causal: the query tokens of each request over all its keys; one
+  // row per --prefill_backend entry (the device's implementation chosen for it).
+  for (const std::string& backend : o.prefill_backends) {
+    if (backend == "none") continue;
+    std::string row_name = backend == "auto" ? "dense_mha" : "dense_mha_" + backend;
+    KernelRow row{row_name.c_str(),
                   &shape,
                   heads,
                   0,
                   2.0 * heads * (qk + dv) * shape.SelectedKeys(std::numeric_limits<int>::max()),
                   0};
-    const absl::Status support = device.DenseMhaSupport(qk, dv);
+    const absl::Status support = device.SelectPrefillBackend(backend, heads, qk, dv);
     if (!support.ok()) {
       AddRow(row, nullptr, -1, absl::StrCat("unsupported: ", support.message()));
     } else {
@@ -257,6 +267,7 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
       p.q = q.data(), p.k = k.data(), p.v = v.data();
       p.out = out.as<float>(), p.lse = lse.as<float>();
       p.cu_seqlens_q = d_cu_q.as<int32_t>(), p.cu_seqlens_k = d_cu_k.as<int32_t>();
+      p.host_cu_seqlens_q = cu_q.data(), p.host_cu_seqlens_k = cu_k.data();  // as the worker
       p.dtype = dtype;
       p.num_seqs = static_cast<int>(shape.requests.size());
       p.num_heads = heads, p.qk_dim = qk, p.v_dim = dv;
@@ -419,6 +430,87 @@ ModeResult KernelBench::Finish() {
 
 }  // namespace
 
+// Sparse MQA alone at the shapes of its targets (GPU only): T tokens x H heads, every token
+// with the same number of valid keys in a compacted row (valid_counts), random distinct rows of
+// a cache larger than L2. Each kernel (sm90 = wgmma, sm80 = mma.sync) with the launcher's split
+// choice, and the one-token decode at forced split counts. TF/s count the valid keys'
+// 2 H (576 + 512) FLOPs, GB/s the gathered rows (576 x 2 bytes per valid key and token).
+absl::Status KernelBench::MeasureSparseMqaShapes() {
+  Device& device = *env_.device;
+  const BenchOptions& o = env_.options;
+  if (!env_.on_gpu() || device.storage_dtype() != DType::kBF16) return absl::OkStatus();
+  constexpr int kWidth = 576, kValue = 512, kTopk = 2048;
+  constexpr int64_t kSlots = int64_t{1} << 17;  // 144 MiB of rows: beyond L2
+  struct Shape {
+    int tokens, heads, keys;
+  };
+  const Shape shapes[] = {{1, 128, 2048},   {64, 128, 2048},   {1024, 128, 2048},
+                          {4096, 128, 2048}, {1024, 128, 512}, {4096, 128, 512},
+                          {1, 128, 512},     {64, 128, 512},   {1024, 16, 2048},
+                          {1024, 32, 2048},  {1024, 64, 2048}, {4096, 16, 2048}};
+  int max_tokens = 0;
+  for (const Shape& shape : shapes) max_tokens = std::max(max_tokens, shape.tokens);
+  Buffer q, cache, indices, counts, out, lse;
+  const absl::Status prepared = [&]() -> absl::Status {
+    // Token t's row: kTopk distinct slots (an odd stride through a power of two).
+    std::vector<int32_t> host(size_t(max_tokens) * kTopk);
+    for (int t = 0; t < max_tokens; ++t) {
+      const int64_t start = (int64_t{t} * 7919) % kSlots, stride = 2 * ((t * 31) % 4096) + 1;
+      for (int j = 0; j < kTopk; ++j) {
+        host[size_t(t) * kTopk + j] = static_cast<int32_t>((start + j * stride) % kSlots);
+      }
+    }
+    DCP_ASSIGN_OR_RETURN(indices, UploadInts(device, host));
+    DCP_ASSIGN_OR_RETURN(counts, device.Allocate(size_t(max_tokens) * 4));
+    DCP_ASSIGN_OR_RETURN(q, device.Allocate(size_t(max_tokens) * 128 * kWidth * 2));
+    DCP_ASSIGN_OR_RETURN(cache, device.Allocate(size_t(kSlots) * kWidth * 2));
+    DCP_ASSIGN_OR_RETURN(out, device.Allocate(size_t(max_tokens) * 128 * kValue * 4));
+    DCP_ASSIGN_OR_RETURN(lse, device.Allocate(size_t(max_tokens) * 128 * 4));
+    DCP_RETURN_IF_ERROR(FillRandom(device, q.data(), DType::kBF16,
+                                   size_t(max_tokens) * 128 * kWidth, o.seed, kStreamA));
+    return FillRandom(device, cache.data(), DType::kBF16, size_t(kSlots) * kWidth, o.seed,
+                      kStreamB);
+  }();
+  auto run_shape = [&](const Shape& shape, int kernel, int splits) -> absl::Status {
+    const std::string name = absl::StrCat("sparse_mqa_", kernel == 2 ? "sm90" : "sm80", " t",
+                                          shape.tokens, " h", shape.heads, " k", shape.keys,
+                                          splits > 0 ? absl::StrCat(" s", splits) : "");
+    const double keys = double(shape.tokens) * shape.keys;
+    KernelRow row{name, nullptr, shape.heads, static_cast<int64_t>(keys * kWidth * 2),
+                  2.0 * shape.heads * (kWidth + kValue) * keys, keys * kWidth * 2};
+    SparseMqaParams p;
+    p.q = q.data(), p.kv_cache = cache.data(), p.indices = indices.as<int32_t>();
+    p.valid_counts = counts.as<int32_t>();
+    p.out = out.as<float>(), p.lse = lse.as<float>();
+    p.dtype = DType::kBF16;
+    p.num_tokens = shape.tokens, p.num_heads = shape.heads;
+    p.head_dim = kWidth, p.v_dim = kValue, p.topk = kTopk, p.num_slots = kSlots;
+    p.q_token_stride = int64_t{shape.heads} * kWidth, p.q_head_stride = kWidth;
+    p.kv_row_stride = kWidth, p.indices_token_stride = kTopk;
+    p.out_token_stride = int64_t{shape.heads} * kValue, p.out_head_stride = kValue;
+    p.lse_token_stride = shape.heads;
+    p.scale = 0.1352f;
+    p.kernel = kernel;
+    p.num_splits = splits;
+    absl::Status ready = prepared;
+    if (ready.ok()) {
+      const std::vector<int32_t> host(shape.tokens, shape.keys);
+      ready = device.CopyFromHost(counts.data(), host.data(), host.size() * 4);
+    }
+    return Measure(row, ready, nullptr, [&] { return device.SparseMqa(p); }, nullptr);
+  };
+  for (const Shape& shape : shapes) {
+    for (int kernel : {2, 1}) DCP_RETURN_IF_ERROR(run_shape(shape, kernel, 0));
+  }
+  for (int splits : {1, 4, 8, 16, 32}) {
+    for (int kernel : {2, 1}) DCP_RETURN_IF_ERROR(run_shape({1, 128, 2048}, kernel, splits));
+  }
+  for (int splits : {1, 2, 4}) {
+    DCP_RETURN_IF_ERROR(run_shape({64, 128, 2048}, 2, splits));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KernelBench::MeasureSweep(int64_t size) {
   return ForEachSweepKernel(env_, size, [&](const KernelCase& c) {
     KernelRow row{c.kernel, nullptr, 0, c.size_bytes, 0, c.bytes};
@@ -436,6 +528,7 @@ absl::StatusOr<ModeResult> RunKernels(BenchEnv& env) {
   KernelBench bench(env);
   DCP_RETURN_IF_ERROR(bench.Start());
   DCP_RETURN_IF_ERROR(bench.MeasureCeilings());
+  DCP_RETURN_IF_ERROR(bench.MeasureSparseMqaShapes());
   for (const BatchShape& shape : shapes) {
     if (shape.num_tokens > o.max_tokens) continue;
     for (int heads : o.heads) DCP_RETURN_IF_ERROR(bench.MeasureAttention(shape, heads));

@@ -8,10 +8,10 @@
 
 #include "launch/bench/bench_check.h"
 #include "launch/bench/bench_data.h"
+#include "core/kv_cache_format.h"
+#include "core/kv_layout.h"
+#include "core/status.h"
 #include "launch/bench/fp8_kernels.h"
-#include "runtime/kv_cache_format.h"
-#include "runtime/kv_layout.h"
-#include "runtime/status.h"
 
 namespace dcp::bench {
 namespace {

@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/str_format.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::bench {
 namespace {

@@ -16,8 +16,8 @@
 #include "launch/bench/bench_data.h"
 #include "launch/bench/modes.h"
 #include "runtime/dcp.h"
-#include "runtime/kv_layout.h"
-#include "runtime/status.h"
+#include "core/kv_layout.h"
+#include "core/status.h"
 
 namespace dcp::bench {
 namespace {
@@ -161,6 +161,9 @@ RouteResult RunRoute(BenchEnv& env, const BatchShape& shape, const BatchData& ba
   options.scheduler.block_size = env.options.block_size;
   options.attention.index_topk = env.options.index_topk;
   options.attention.force_mqa = force_mqa;
+  if (!env.options.prefill_backends.empty()) {
+    options.attention.prefill_backend = env.options.prefill_backends.front();
+  }
 
   LayerWeights weights;
   weights.w_uk = {

@@ -3,7 +3,7 @@
 #include <chrono>
 #include <vector>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp::bench {
 namespace {

@@ -5,7 +5,7 @@
 
 #include "launch/bench/step_clock.h"
 #include "runtime/cuda/cuda_device.h"
-#include "runtime/cuda/cuda_status.h"
+#include "core/cuda/cuda_status.h"
 
 namespace dcp::bench {
 namespace {

@@ -10,9 +10,11 @@
 //   CopyToHost return once the host buffer may be reused / read (they synchronize), so the
 //   worker can hand them stack vectors. Synchronize() waits for everything.
 // - Storage dtype BF16 (cache, workspace, projected K/V, queries); outputs and LSE fp32.
-// - Kernels: attention/cuda (dense MHA 192/128, sparse MQA 576/512 on tensor cores, merges,
-//   top-k slots, the top-k check), workspace/cuda (row gather/scatter), cuBLAS for Gemm.
-//   DenseMha copies the (small) cu_seqlens arrays to the host to check them before launching;
+// - Kernels: attention/cuda (dense MHA 192/128 and 256/256, sparse MQA 576/512 on tensor
+//   cores, merges, top-k slots, the top-k check), workspace/cuda (row gather/scatter), cuBLAS
+//   for Gemm, cuDNN's fused SDPA for DenseMha when the prefill backend is cudnn (or auto picks
+//   it for the shape, dense_backend_table.h). DenseMha checks cu_seqlens on the host copies
+//   the caller passes (DenseMhaParams::host_cu_seqlens_*), else copies them back first;
 //   ValidateTopk copies back only its verdict.
 // - Errors: every CUDA/cuBLAS code becomes a Status with the call text, rank and file:line.
 #pragma once
@@ -22,6 +24,8 @@
 
 #include <memory>
 #include <string>
+
+#include "attention/cuda/cudnn/cudnn_sdpa.h"
 
 #include "absl/status/statusor.h"
 #include "runtime/device.h"
@@ -42,8 +46,15 @@ class CudaDevice final : public Device {
   MemorySpace memory_space() const override { return MemorySpace::kDevice; }
   std::string name() const override { return "cuda:" + std::to_string(ordinal_); }
   DType storage_dtype() const override { return DType::kBF16; }
-  // DenseMha is compiled for qk 192 / v 128 only.
+  // The native DenseMha kernel is compiled for qk 192 / v 128 and 256 / 256.
   absl::Status DenseMhaSupport(int qk_dim, int v_dim) const override;
+  // "native", "cudnn" (loads cuDNN; error when absent or the sizes are unsupported) or "auto"
+  // (cudnn where it loads and supports the sizes, chosen per shape against native; else
+  // native).
+  absl::Status SelectPrefillBackend(const std::string& name, int num_heads, int qk_dim,
+                                    int v_dim) override;
+  // Which DenseMha implementation runs now: "native", "cudnn" or "auto".
+  std::string prefill_backend() const;
 
   absl::StatusOr<Buffer> Allocate(size_t bytes) override;
   void Free(void* data) override;
@@ -60,6 +71,7 @@ class CudaDevice final : public Device {
   absl::Status Gemm(const GemmParams& params) override;
   absl::Status DenseMha(const DenseMhaParams& params) override;
   absl::Status SparseMqa(const SparseMqaParams& params) override;
+  int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& params) const override;
   absl::Status MergeStates(const MergeStatesParams& params) override;
   absl::Status DcpCorrect(const DcpCorrectParams& params) override;
   absl::Status DcpCombine(const DcpCombineParams& params) override;
@@ -69,17 +81,26 @@ class CudaDevice final : public Device {
   absl::Status ScatterRows(const ScatterRowsParams& params) override;
 
   absl::Status Synchronize() override;
+  // A stream of this GPU (checked), or nullptr for the device's own.
+  absl::Status SetStream(void* stream) override;
+  void* stream_handle() const override { return stream_; }
 
  private:
   CudaDevice(int ordinal, cudaStream_t stream, cublasHandle_t cublas)
-      : ordinal_(ordinal), stream_(stream), cublas_(cublas) {}
+      : ordinal_(ordinal), own_stream_(stream), stream_(stream), cublas_(cublas) {}
   // Makes this device current for the calling thread (cheap when it already is).
   absl::Status Activate() const;
 
   int ordinal_;
-  cudaStream_t stream_;
+  cudaStream_t own_stream_;  // created with the device
+  cudaStream_t stream_;      // where calls enqueue: own_stream_ or the caller's (SetStream)
   cublasHandle_t cublas_;
   void* topk_record_ = nullptr;  // device scratch of ValidateTopk, allocated on first use
+  void* mqa_workspace_ = nullptr;  // split-KV partials of SparseMqa, grown on demand
+  int64_t mqa_workspace_bytes_ = 0;
+  enum class DenseBackend { kNative, kCudnn, kAuto };
+  DenseBackend dense_backend_ = DenseBackend::kNative;
+  std::unique_ptr<cuda::CudnnSdpa> cudnn_;  // created by SelectPrefillBackend
 };
 
 // The GPU of this process: local rank (OMPI_COMM_WORLD_LOCAL_RANK, else MPI_LOCALRANKID, else

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
 namespace dcp::testing {
 

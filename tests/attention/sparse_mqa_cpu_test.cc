@@ -31,6 +31,7 @@ struct SparseCase {
   bool integer_qk = false;       // exact logits (huge-logit test)
   float scale = 0.0f;            // 0 = 1/sqrt(head_dim)
   std::vector<int32_t> indices;  // [tokens, topk]; row stride topk + pad
+  std::vector<int32_t> counts;   // valid_counts when not empty: only columns [0, count) count
 };
 
 std::string Describe(const SparseCase& c) {
@@ -89,6 +90,7 @@ void CheckSparse(const SparseCase& c, Rng& rng, bool validate = false) {
   p.out_token_stride = out_token, p.out_head_stride = c.v_dim;
   p.lse_token_stride = lse_token;
   p.scale = c.scale != 0.0f ? c.scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (!c.counts.empty()) p.valid_counts = c.counts.data();
   ASSERT_TRUE(cpu::SparseMqa(p, validate).ok());
 
   std::vector<double> want_out, want_lse, keys, values, query(c.head_dim), o(c.v_dim);
@@ -97,7 +99,8 @@ void CheckSparse(const SparseCase& c, Rng& rng, bool validate = false) {
     // The selected rows: in-range entries of the row (-1 and out-of-range ones are skipped).
     keys.clear(), values.clear();
     int n = 0;
-    for (int col = 0; col < c.topk; ++col) {
+    const int columns = c.counts.empty() ? c.topk : std::clamp(c.counts[t], 0, c.topk);
+    for (int col = 0; col < columns; ++col) {
       const int64_t slot = c.indices[t * c.topk + col];
       if (slot < 0 || slot >= c.num_slots) continue;
       ++n;
@@ -190,6 +193,22 @@ TEST(SparseMqaCpuTest, OneKey) {
     row[rng.Int(0, c.topk - 1)] = rng.Int(0, 8);
     c.indices.insert(c.indices.end(), row.begin(), row.end());
   }
+  CheckSparse(c, rng, true);
+}
+
+// Compacted rows with valid_counts: the columns past a token's count hold valid slots too,
+// and must not be read.
+TEST(SparseMqaCpuTest, ValidCountsLimitTheColumns) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(testing::SeedTrace(seed));
+  Rng rng(seed);
+  SparseCase c;
+  c.tokens = 5, c.heads = 4, c.head_dim = 24, c.v_dim = 16, c.topk = 40, c.num_slots = 60;
+  for (int t = 0; t < c.tokens; ++t) {
+    const std::vector<int32_t> row = RandomRow(rng, c.topk, c.num_slots, c.topk);
+    c.indices.insert(c.indices.end(), row.begin(), row.end());
+  }
+  c.counts = {0, 1, 17, 40, 99};  // 99: clamped to topk
   CheckSparse(c, rng, true);
 }
 

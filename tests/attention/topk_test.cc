@@ -187,6 +187,25 @@ TEST(TopkToSlotsTest, MatchesBruteForceDealing) {
         ASSERT_EQ(slots[t * width + c], want) << "token " << t << " column " << c << " g " << g;
       }
     }
+    // The compacting form, without slots: each row's valid slots in order, then -1, and the
+    // count.
+    std::vector<int32_t> valid(tokens * width, -7), counts(tokens, -7);
+    TopkToSlotsParams pc = p;
+    pc.slots = nullptr;
+    pc.valid_slots = valid.data();
+    pc.valid_counts = counts.data();
+    ASSERT_TRUE(cpu::TopkToSlots(pc).ok());
+    for (int t = 0; t < tokens; ++t) {
+      std::vector<int32_t> want;
+      for (int c = 0; c < width; ++c) {
+        if (slots[t * width + c] >= 0) want.push_back(slots[t * width + c]);
+      }
+      ASSERT_EQ(counts[t], static_cast<int32_t>(want.size())) << "token " << t;
+      want.resize(width, -1);
+      ASSERT_EQ(std::vector<int32_t>(valid.begin() + t * width, valid.begin() + (t + 1) * width),
+                want)
+          << "token " << t;
+    }
   }
 }
 

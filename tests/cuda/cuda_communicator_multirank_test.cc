@@ -4,128 +4,21 @@
 // Values are small multiples of 1/4 so bf16 holds them and their sums exactly.
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <numeric>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "collectives/cuda/cuda_communicator_factory.h"
 #include "collectives/cuda/nccl_communicator.h"
 #include "runtime/cuda/cuda_device.h"
+#include "tests/cuda/communicator_exercise.h"
 #include "tests/cuda/gpu_test_util.h"
-#include "tests/multirank/collective_values.h"
 #include "tests/multirank/multirank_test.h"
 
 namespace dcp::testing {
 namespace {
-
-template <typename T>
-void ExerciseDataPlane(Communicator& comm) {
-  const int world = comm.world_size(), me = comm.rank();
-  const DType dtype = dtype_of<T>();
-  SCOPED_TRACE(std::string(comm.name()) + " " + std::string(dtype_name(dtype)));
-  // AllGather
-  for (size_t count : {size_t{1}, size_t{4099}}) {
-    std::vector<T> send(count);
-    for (size_t i = 0; i < count; ++i) send[i] = as<T>(value_of(me, i, 1));
-    DeviceArray<T> d_send(send), d_recv(count * world);
-    d_recv.Poison();
-    ASSERT_TRUE(comm.AllGather(d_send.get(), d_recv.get(), count, dtype).ok());
-    const auto recv = d_recv.Download();
-    for (int r = 0; r < world; ++r)
-      for (size_t i = 0; i < count; ++i) ASSERT_EQ(back(recv[r * count + i]), value_of(r, i, 1));
-  }
-  // AllGatherV with empty parts
-  {
-    std::vector<size_t> counts(world);
-    for (int r = 0; r < world; ++r) counts[r] = (r % 3 == 1) ? 0 : size_t(r * 5 + 3);
-    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-    std::vector<T> send(counts[me]);
-    for (size_t i = 0; i < send.size(); ++i) send[i] = as<T>(value_of(me, i, 2));
-    DeviceArray<T> d_send(send), d_recv(total);
-    d_recv.Poison();
-    ASSERT_TRUE(comm.AllGatherV(d_send.get(), send.size(), d_recv.get(), counts, dtype).ok());
-    const auto recv = d_recv.Download();
-    size_t offset = 0;
-    for (int r = 0; r < world; ++r) {
-      for (size_t i = 0; i < counts[r]; ++i) ASSERT_EQ(back(recv[offset + i]), value_of(r, i, 2));
-      offset += counts[r];
-    }
-  }
-  // ReduceScatterSum
-  {
-    const size_t count = 2048;
-    std::vector<T> send(count * world);
-    for (int q = 0; q < world; ++q)
-      for (size_t i = 0; i < count; ++i) send[q * count + i] = as<T>(value_of(me, i + q * 3, 3));
-    DeviceArray<T> d_send(send), d_recv(count);
-    d_recv.Poison();
-    ASSERT_TRUE(comm.ReduceScatterSum(d_send.get(), d_recv.get(), count, dtype).ok());
-    const auto recv = d_recv.Download();
-    for (size_t i = 0; i < count; ++i) {
-      double want = 0;
-      for (int r = 0; r < world; ++r) want += value_of(r, i + me * 3, 3);
-      ASSERT_EQ(back(recv[i]), want) << "element " << i;
-    }
-  }
-  // AllToAll
-  {
-    const size_t count = 777;
-    std::vector<T> send(count * world);
-    for (int q = 0; q < world; ++q)
-      for (size_t i = 0; i < count; ++i) send[q * count + i] = as<T>(value_of(me * 7 + q, i, 4));
-    DeviceArray<T> d_send(send), d_recv(count * world);
-    d_recv.Poison();
-    ASSERT_TRUE(comm.AllToAll(d_send.get(), d_recv.get(), count, dtype).ok());
-    const auto recv = d_recv.Download();
-    for (int q = 0; q < world; ++q)
-      for (size_t i = 0; i < count; ++i)
-        ASSERT_EQ(back(recv[q * count + i]), value_of(q * 7 + me, i, 4));
-  }
-  // AllToAllV: block sizes (sender + receiver) % 3 * 10 (some empty)
-  {
-    std::vector<size_t> sc(world), sd(world), rc(world), rd(world);
-    size_t s_total = 0, r_total = 0;
-    for (int q = 0; q < world; ++q) {
-      sc[q] = size_t((me + q) % 3) * 10;
-      rc[q] = size_t((q + me) % 3) * 10;
-      sd[q] = s_total;
-      rd[q] = r_total;
-      s_total += sc[q];
-      r_total += rc[q];
-    }
-    std::vector<T> send(s_total);
-    for (int q = 0; q < world; ++q)
-      for (size_t i = 0; i < sc[q]; ++i) send[sd[q] + i] = as<T>(value_of(me * 5 + q, i, 5));
-    DeviceArray<T> d_send(send), d_recv(std::max<size_t>(r_total, 1));
-    d_recv.Poison();
-    ASSERT_TRUE(comm.AllToAllV(d_send.get(), sc, sd, d_recv.get(), rc, rd, dtype).ok());
-    const auto recv = d_recv.Download();
-    for (int q = 0; q < world; ++q)
-      for (size_t i = 0; i < rc[q]; ++i)
-        ASSERT_EQ(back(recv[rd[q] + i]), value_of(q * 5 + me, i, 5));
-  }
-  // Broadcast from the last rank
-  {
-    const size_t count = 1000;
-    const int root = world - 1;
-    std::vector<T> data(count);
-    for (size_t i = 0; i < count; ++i) data[i] = as<T>(value_of(me, i, 6));
-    DeviceArray<T> d_data(data);
-    ASSERT_TRUE(comm.Broadcast(d_data.get(), count * sizeof(T), root).ok());
-    const auto got = d_data.Download();
-    for (size_t i = 0; i < count; ++i) ASSERT_EQ(back(got[i]), value_of(root, i, 6));
-  }
-  ASSERT_TRUE(comm.Barrier().ok());
-  std::vector<int64_t> values(world);
-  ASSERT_TRUE(comm.HostAllGather(me * 3 + 1, absl::MakeSpan(values)).ok());
-  for (int r = 0; r < world; ++r) ASSERT_EQ(values[r], r * 3 + 1);
-}
-
-void ExerciseAll(Communicator& comm) {
-  EXPECT_EQ(comm.memory_space(), MemorySpace::kDevice);
-  ExerciseDataPlane<float>(comm);
-  ExerciseDataPlane<bf16>(comm);
-  ExerciseDataPlane<int32_t>(comm);
-}
 
 class CudaCommunicatorTest : public MultiRankTest {
  protected:
@@ -153,14 +46,22 @@ TEST_F(CudaCommunicatorTest, MpiWithHostStaging) {
   auto comm = MakeCudaCommunicator(mpi_comm(), "mpi", 60.0, device_->stream());
   ASSERT_TRUE(comm.ok()) << comm.status();
   EXPECT_NE((*comm)->name().find("host_staging"), std::string::npos);
-  ExerciseAll(**comm);
+  ExerciseAll(**comm, device_->stream());
+}
+
+TEST_F(CudaCommunicatorTest, HostStagingKeepsHostCompletionWhenAskedForStreamOrder) {
+  auto comm = MakeCudaCommunicator(mpi_comm(), "mpi", 60.0);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  ASSERT_TRUE((*comm)->BindStream(device_->stream(), Completion::kStream).ok());
+  EXPECT_EQ((*comm)->completion(), Completion::kHost);
+  ExerciseAll(**comm, device_->stream());
 }
 
 TEST_F(CudaCommunicatorTest, AutoPicksNcclOnlyForDistinctGpus) {
   auto comm = MakeCudaCommunicator(mpi_comm(), "auto", 60.0);
   ASSERT_TRUE(comm.ok()) << comm.status();
   EXPECT_EQ((*comm)->name() == "nccl", !share_gpu_) << (*comm)->name();
-  ExerciseAll(**comm);
+  ExerciseAll(**comm);  // the legacy default stream
 }
 
 TEST_F(CudaCommunicatorTest, NcclOrAClearErrorOnSharedGpus) {
@@ -174,7 +75,83 @@ TEST_F(CudaCommunicatorTest, NcclOrAClearErrorOnSharedGpus) {
   }
   ASSERT_TRUE(comm.ok()) << comm.status();
   EXPECT_EQ((*comm)->name(), "nccl");
-  ExerciseAll(**comm);
+  ExerciseAll(**comm, device_->stream());
+}
+
+// NCCL needs one GPU per rank: these run at np = the number of GPUs (np 1 everywhere; np 2+ on a
+// machine with that many GPUs) and skip, saying why, where ranks share a GPU.
+#define DCP_SKIP_IF_SHARED_GPU()                                                              \
+  do {                                                                                        \
+    if (share_gpu_) {                                                                         \
+      GTEST_SKIP() << "ranks share a GPU and NCCL refuses that: run at np <= number of GPUs"; \
+    }                                                                                         \
+  } while (0)
+
+TEST_F(CudaCommunicatorTest, NcclStreamOrderedGivesTheSameValues) {
+  DCP_SKIP_IF_SHARED_GPU();
+  auto comm = MakeCudaCommunicator(mpi_comm(), "nccl", 60.0);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  ASSERT_TRUE((*comm)->BindStream(device_->stream(), Completion::kStream).ok());
+  EXPECT_EQ((*comm)->completion(), Completion::kStream);
+  ExerciseAll(**comm, device_->stream());
+}
+
+// A peer that never joins: rank 0 enqueues an all-gather the others skip. Its watchdog must
+// abort it at the deadline and its next call return DeadlineExceeded naming the collective;
+// then the others enqueue one that cannot complete either (rank 0 is gone) and fail the same
+// way. Nobody hangs.
+TEST_F(CudaCommunicatorTest, NcclWatchdogFailsEveryRankWhenAPeerIsMissing) {
+  if (world() < 2) GTEST_SKIP() << "needs 2+ ranks (and as many GPUs)";
+  DCP_SKIP_IF_SHARED_GPU();
+  constexpr double kTimeout = 2.0;
+  NcclOptions options;
+  options.timeout_s = kTimeout;
+  options.stream = device_->stream();
+  options.completion = Completion::kStream;
+  auto created = NcclCommunicator::Create(mpi_comm(), options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  NcclCommunicator& nccl = **created;
+  DeviceArray<float> send(std::vector<float>(1024, 1.0f)), recv(1024 * size_t(world()));
+  ASSERT_TRUE(nccl.AllGather(send.get(), recv.get(), 1024, DType::kF32).ok());
+  ASSERT_TRUE(nccl.Synchronize().ok());  // connected and working
+
+  const auto waited_for_failure = [&](double limit_s) {
+    const auto started = std::chrono::steady_clock::now();
+    while (nccl.failure().ok() &&
+           std::chrono::steady_clock::now() - started < std::chrono::duration<double>(limit_s)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  };
+  if (rank() == 0) {
+    const auto started = std::chrono::steady_clock::now();
+    ASSERT_TRUE(nccl.AllGather(send.get(), recv.get(), 1024, DType::kF32).ok());
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+              0.5 * kTimeout)
+        << "a stream-ordered call must not wait for its peers";
+    const double waited = waited_for_failure(kTimeout + 10);
+    EXPECT_GT(waited, 0.5 * kTimeout);
+    EXPECT_LT(waited, kTimeout + 5);
+  }
+  std::vector<int64_t> sync(world());
+  ASSERT_TRUE(mpi_comm().HostAllGather(0, absl::MakeSpan(sync)).ok());  // rank 0 has failed
+  if (rank() != 0) {
+    // The first may still pair with what rank 0 left behind; the second cannot complete.
+    for (int call = 0; call < 2 && nccl.failure().ok(); ++call) {
+      (void)nccl.AllGather(send.get(), recv.get(), 1024, DType::kF32);
+    }
+    const double waited = waited_for_failure(kTimeout + 10);
+    EXPECT_LT(waited, kTimeout + 5);
+  }
+  const absl::Status next = nccl.AllGather(send.get(), recv.get(), 1024, DType::kF32);
+  ASSERT_FALSE(next.ok()) << "rank " << rank() << ": no error after the peer went missing";
+  EXPECT_TRUE(next.code() == absl::StatusCode::kDeadlineExceeded ||
+              next.code() == absl::StatusCode::kInternal)
+      << next;
+  EXPECT_NE(next.message().find("ncclAllGather"), std::string::npos) << next;
+  EXPECT_NE(next.message().find(absl::StrFormat("rank %d of", rank())), std::string::npos) << next;
+  EXPECT_EQ(nccl.Synchronize(), next);  // the same error from every later call
+  EXPECT_EQ(nccl.HostAllGather(1, absl::MakeSpan(sync)), next);
 }
 
 TEST_F(CudaCommunicatorTest, RejectsUnknownComm) {

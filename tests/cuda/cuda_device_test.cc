@@ -12,7 +12,8 @@
 #include "attention/cpu/attention_cpu.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/cuda_device.h"
-#include "runtime/cuda/cuda_status.h"
+#include "collectives/cuda/nccl_status.h"
+#include "core/cuda/cuda_status.h"
 #include "tests/cuda/gpu_test_util.h"
 
 namespace dcp::testing {

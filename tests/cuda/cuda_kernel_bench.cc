@@ -17,7 +17,7 @@
 #include "attention/cuda/gemm_cublas.h"
 #include "attention/cuda/merge_states.h"
 #include "attention/cuda/sparse_mqa.h"
-#include "runtime/cuda/convert.h"
+#include "core/cuda/convert.h"
 #include "workspace/cuda/rows_cuda.h"
 
 namespace {

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
 namespace dcp::testing {
 

@@ -1,15 +1,22 @@
-// The CUDA sparse MQA kernel (attention/cuda/sparse_mqa.h) against float64 loops written here:
+// The CUDA sparse MQA kernels (attention/cuda/sparse_mqa.h) against float64 loops written here:
 // bf16 inputs (read back exactly), fresh random data each run (seed printed), poisoned outputs,
 // skipped and out-of-range indices, empty selections, huge logits, odd head counts and strides,
-// and a chip-filling size checked on sampled rows and for run-to-run determinism.
+// and a chip-filling size checked on sampled rows and for run-to-run determinism. Every case
+// runs each variant of Variants(): both kernels (the sm_90a wgmma kernel where the device has
+// it, and the mma.sync kernel), with the heuristic's split count and forced splits; compacted
+// rows with per-token valid counts (0, 1, 63, 64, 65, 2047, 2048 mixed); the two kernels are
+// also compared with each other.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "attention/cuda/sparse_mqa.h"
+#include "attention/cuda/topk_to_slots.h"
 #include "gtest/gtest.h"
 #include "tests/cuda/gpu_test_util.h"
 
@@ -30,11 +37,23 @@ struct MqaCase {
   float q_low = -1.f, q_high = 1.f, kv_low = -1.f, kv_high = 1.f;
   float scale = 1.0f / std::sqrt(192.0f);
   int check_rows = -1;  // -1: every (token, head); else this many sampled rows
+  // Compacted rows: token t's keys are its first counts[t % counts.size()] columns (clamped to
+  // the distinct slots there are), given through valid_counts; the columns after the count
+  // hold other valid slots, which the kernel must not read.
+  std::vector<int> counts;
+  std::vector<int> splits = {0, 3};  // split counts to run (0: the heuristic's)
+};
+
+// One way of running the kernel on a case.
+struct Variant {
+  int kernel = 0;  // SparseMqaParams::kernel
+  int splits = 0;  // SparseMqaParams::num_splits
 };
 
 struct MqaData {
   std::vector<bf16> q, kv;
   std::vector<int32_t> indices;
+  std::vector<int32_t> counts;  // valid_counts when the case is compacted; else empty
   std::vector<float> out, lse;
   int64_t q_token_stride = 0, out_token_stride = 0, lse_token_stride = 0, indices_stride = 0;
 };
@@ -69,7 +88,36 @@ MqaData MakeData(const MqaCase& c, std::mt19937_64& rng) {
       d.indices[size_t(t) * d.indices_stride + k] = value;
     }
   }
+  if (!c.counts.empty()) {
+    d.counts.resize(c.tokens);
+    for (int t = 0; t < c.tokens; ++t) {
+      d.counts[t] = std::min({c.counts[t % c.counts.size()], c.topk, c.slots});
+    }
+  }
   return d;
+}
+
+// The variants a case runs: the wgmma kernel when the device has it, the mma.sync kernel; each
+// with the requested split counts.
+std::vector<Variant> Variants(const MqaCase& c) {
+  std::vector<int> kernels = {1};
+  // DCP_TEST_MQA_KERNELS=1 runs the mma.sync kernel alone (a wgmma kernel under repair).
+  const char* only = std::getenv("DCP_TEST_MQA_KERNELS");
+  if (cuda::SparseMqaSm90Available() && (only == nullptr || std::string(only) != "1")) {
+    kernels.insert(kernels.begin(), 2);
+  }
+  int device = 0, major = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (major == 9 && !cuda::SparseMqaSm90Available()) {
+    ADD_FAILURE() << "an sm_90 device without the wgmma kernel: build with "
+                     "CMAKE_CUDA_ARCHITECTURES=90a";
+  }
+  std::vector<Variant> variants;
+  for (int kernel : kernels) {
+    for (int splits : c.splits) variants.push_back({kernel, splits});
+  }
+  return variants;
 }
 
 // float64 reference of one (token, head): out [kVDim], lse.
@@ -79,7 +127,8 @@ void ReferenceRow(const MqaCase& c, const MqaData& d, const std::vector<double>&
   const double* qrow = q.data() + size_t(t) * d.q_token_stride + size_t(h) * c.q_head_stride;
   std::vector<double> scores;
   std::vector<int> rows;
-  for (int k = 0; k < c.topk; ++k) {
+  const int columns = d.counts.empty() ? c.topk : d.counts[t];
+  for (int k = 0; k < columns; ++k) {
     const int32_t slot = d.indices[size_t(t) * d.indices_stride + k];
     if (slot < 0 || slot >= c.slots) continue;
     const double* krow = kv.data() + size_t(slot) * kHeadDim;
@@ -107,8 +156,10 @@ void ReferenceRow(const MqaCase& c, const MqaData& d, const std::vector<double>&
 
 SparseMqaParams Params(const MqaCase& c, const MqaData& d, const DeviceArray<bf16>& q,
                        const DeviceArray<bf16>& kv, const DeviceArray<int32_t>& indices,
-                       DeviceArray<float>& out, DeviceArray<float>& lse) {
+                       DeviceArray<float>& out, DeviceArray<float>& lse,
+                       const int32_t* counts = nullptr) {
   SparseMqaParams p;
+  p.valid_counts = counts;
   p.q = q.get();
   p.kv_cache = kv.get();
   p.indices = indices.get();
@@ -134,33 +185,25 @@ SparseMqaParams Params(const MqaCase& c, const MqaData& d, const DeviceArray<bf1
 
 class SparseMqaCudaTest : public GpuTest {
  protected:
-  // Runs the kernel on fresh data and checks the requested rows against float64.
+  // Runs every variant on fresh data and checks the requested rows against float64; the
+  // variants are also compared with the first one (bf16 tolerance).
   void RunAndCheck(const MqaCase& c) {
     std::mt19937_64 rng(TestSeed());
     MqaData d = MakeData(c, rng);
     DeviceArray<bf16> q(d.q), kv(d.kv);
     DeviceArray<int32_t> indices(d.indices);
+    std::vector<int32_t> no_counts(1, 0);
+    DeviceArray<int32_t> counts(d.counts.empty() ? no_counts : d.counts);
     DeviceArray<float> out(size_t(c.tokens) * d.out_token_stride);
     DeviceArray<float> lse(size_t(c.tokens) * d.lse_token_stride);
-    out.Poison();
-    lse.Poison();
-    const SparseMqaParams p = Params(c, d, q, kv, indices, out, lse);
-    ASSERT_TRUE(cuda::SparseMqa(p, nullptr).ok());
-    DCP_ASSERT_CUDA(cudaDeviceSynchronize());
-    const std::vector<float> got = out.Download();
-    const std::vector<float> got_lse = lse.Download();
+    SparseMqaParams p = Params(c, d, q, kv, indices, out, lse,
+                               d.counts.empty() ? nullptr : counts.get());
+    DeviceArray<uint8_t> workspace(
+        std::max<int64_t>(16, cuda::SparseMqaWorkspaceBytes(p, 64)));
+    p.workspace = workspace.get();
+    p.workspace_bytes = cuda::SparseMqaWorkspaceBytes(p, 64);
 
-    // Every row written and finite (lse may be -inf only for empty rows, checked below).
-    for (int t = 0; t < c.tokens; ++t) {
-      for (int h = 0; h < c.heads; ++h) {
-        const float* row = got.data() + size_t(t) * d.out_token_stride + size_t(h) * c.out_head_stride;
-        for (int i = 0; i < kVDim; ++i) {
-          ASSERT_TRUE(std::isfinite(row[i])) << "token " << t << " head " << h << " col " << i;
-        }
-        ASSERT_FALSE(std::isnan(got_lse[size_t(t) * d.lse_token_stride + h]));
-      }
-    }
-
+    // The reference rows.
     const std::vector<double> qd = ToDouble(d.q), kvd = ToDouble(d.kv);
     std::vector<std::pair<int, int>> rows;
     if (c.check_rows < 0) {
@@ -170,29 +213,78 @@ class SparseMqaCudaTest : public GpuTest {
       std::uniform_int_distribution<int> tok(0, c.tokens - 1), head(0, c.heads - 1);
       for (int i = 0; i < c.check_rows; ++i) rows.emplace_back(tok(rng), head(rng));
     }
-    double diff = 0, norm = 0;
-    std::vector<double> ref;
-    for (auto [t, h] : rows) {
-      double ref_lse = 0;
-      ReferenceRow(c, d, qd, kvd, t, h, &ref, &ref_lse);
-      const float* row = got.data() + size_t(t) * d.out_token_stride + size_t(h) * c.out_head_stride;
-      const float row_lse = got_lse[size_t(t) * d.lse_token_stride + h];
-      if (std::isinf(ref_lse)) {
-        EXPECT_TRUE(std::isinf(row_lse) && row_lse < 0) << "token " << t << " head " << h;
-        for (int i = 0; i < kVDim; ++i) ASSERT_EQ(row[i], 0.f) << "empty row " << t << "," << h;
-        continue;
-      }
-      EXPECT_NEAR(row_lse, ref_lse, 2e-3 * std::max(1.0, std::abs(ref_lse)))
-          << "token " << t << " head " << h;
-      const Comparison cmp = Compare(row, ref.data(), kVDim);
-      EXPECT_LT(cmp.relative_error, 2e-2) << "token " << t << " head " << h;
-      for (int i = 0; i < kVDim; ++i) {
-        diff += (row[i] - ref[i]) * (row[i] - ref[i]);
-        norm += ref[i] * ref[i];
-      }
+    std::vector<std::vector<double>> refs(rows.size());
+    std::vector<double> ref_lses(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      ReferenceRow(c, d, qd, kvd, rows[i].first, rows[i].second, &refs[i], &ref_lses[i]);
     }
-    if (norm > 0) {
-      EXPECT_LT(std::sqrt(diff / norm), 1e-2) << "relative L2 error over all rows";
+
+    std::vector<float> first_out;
+    for (const Variant& v : Variants(c)) {
+      SCOPED_TRACE(::testing::Message() << "kernel " << v.kernel << " splits " << v.splits);
+      p.kernel = v.kernel;
+      p.num_splits = v.splits;
+      out.Poison();
+      lse.Poison();
+      const absl::Status status = cuda::SparseMqa(p, nullptr);
+      ASSERT_TRUE(status.ok()) << status;
+      DCP_ASSERT_CUDA(cudaDeviceSynchronize());
+      const std::vector<float> got = out.Download();
+      const std::vector<float> got_lse = lse.Download();
+
+      // Every row written and finite (lse may be -inf only for empty rows, checked below).
+      for (int t = 0; t < c.tokens; ++t) {
+        for (int h = 0; h < c.heads; ++h) {
+          const float* row =
+              got.data() + size_t(t) * d.out_token_stride + size_t(h) * c.out_head_stride;
+          for (int i = 0; i < kVDim; ++i) {
+            ASSERT_TRUE(std::isfinite(row[i])) << "token " << t << " head " << h << " col " << i;
+          }
+          ASSERT_FALSE(std::isnan(got_lse[size_t(t) * d.lse_token_stride + h]));
+        }
+      }
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const auto [t, h] = rows[i];
+        const std::vector<double>& ref = refs[i];
+        const double ref_lse = ref_lses[i];
+        const float* row =
+            got.data() + size_t(t) * d.out_token_stride + size_t(h) * c.out_head_stride;
+        const float row_lse = got_lse[size_t(t) * d.lse_token_stride + h];
+        if (std::isinf(ref_lse)) {
+          EXPECT_TRUE(std::isinf(row_lse) && row_lse < 0) << "token " << t << " head " << h;
+          for (int j = 0; j < kVDim; ++j) ASSERT_EQ(row[j], 0.f) << "empty row " << t << "," << h;
+          continue;
+        }
+        EXPECT_NEAR(row_lse, ref_lse, 2e-3 * std::max(1.0, std::abs(ref_lse)))
+            << "token " << t << " head " << h;
+        const Comparison cmp = Compare(row, ref.data(), kVDim);
+        EXPECT_LT(cmp.relative_error, 2e-2) << "token " << t << " head " << h;
+        for (int j = 0; j < kVDim; ++j) {
+          diff += (row[j] - ref[j]) * (row[j] - ref[j]);
+          norm += ref[j] * ref[j];
+        }
+      }
+      if (norm > 0) {
+        EXPECT_LT(std::sqrt(diff / norm), 1e-2) << "relative L2 error over all rows";
+      }
+      // The same result as the first variant within bf16 rounding (P is rounded to bf16).
+      if (first_out.empty()) {
+        first_out = got;
+      } else {
+        double d2 = 0, n2 = 0;
+        for (int t = 0; t < c.tokens; ++t) {
+          for (int h = 0; h < c.heads; ++h) {
+            const size_t at = size_t(t) * d.out_token_stride + size_t(h) * c.out_head_stride;
+            for (int j = 0; j < kVDim; ++j) {
+              d2 += double(got[at + j] - first_out[at + j]) * (got[at + j] - first_out[at + j]);
+              n2 += double(first_out[at + j]) * first_out[at + j];
+            }
+          }
+        }
+        if (n2 > 0) EXPECT_LT(std::sqrt(d2 / n2), 1e-2) << "against the first variant";
+      }
+      if (HasFatalFailure()) return;
     }
   }
 };
@@ -351,6 +443,128 @@ TEST_F(SparseMqaCudaTest, FillsTheChipAndIsDeterministic) {
   ASSERT_TRUE(cuda::SparseMqa(p, nullptr).ok());
   const auto second = out.Download();
   ASSERT_EQ(0, std::memcmp(first.data(), second.data(), first.size() * sizeof(float)));
+}
+
+TEST_F(SparseMqaCudaTest, ValidCountsMixedWithinABatch) {
+  MqaCase c;  // compacted rows; every count class in one batch, twice
+  c.tokens = 14;
+  c.heads = 16;
+  c.topk = 2048;
+  c.slots = 6000;
+  c.counts = {0, 1, 63, 64, 65, 2047, 2048};
+  c.splits = {0, 1, 2, 5, 16};
+  RunAndCheck(c);
+}
+
+TEST_F(SparseMqaCudaTest, SmallSplitsAndCounts) {
+  MqaCase c;  // small enough for racecheck: a split of a short list leaves empty splits
+  c.tokens = 3;
+  c.heads = 16;
+  c.topk = 300;
+  c.slots = 1000;
+  c.counts = {0, 130, 300};
+  c.splits = {0, 2, 7};
+  RunAndCheck(c);
+}
+
+TEST_F(SparseMqaCudaTest, HeadCounts) {
+  for (int heads : {16, 32, 48, 64, 128}) {
+    SCOPED_TRACE(::testing::Message() << heads << " heads");
+    MqaCase c;
+    c.tokens = 3;
+    c.heads = heads;
+    c.topk = 256;
+    c.slots = 1000;
+    c.skip_fraction = 0.1;
+    c.splits = {0, 2};
+    RunAndCheck(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_F(SparseMqaCudaTest, EverySplitCountOfADecodeToken) {
+  MqaCase c;  // one decode token at 128 heads: the heuristic splits it; every count is run
+  c.tokens = 1;
+  c.heads = 128;
+  c.topk = 2048;
+  c.slots = 5000;
+  c.skip_fraction = 0.05;
+  c.check_rows = 48;
+  c.splits = {0};
+  for (int splits = 1; splits <= 33; ++splits) c.splits.push_back(splits);
+  c.splits.push_back(64);
+  RunAndCheck(c);
+}
+
+TEST_F(SparseMqaCudaTest, DecodeBatchWithValidCounts) {
+  MqaCase c;  // 64 decode tokens, a rank's share of the keys (compacted)
+  c.tokens = 64;
+  c.heads = 128;
+  c.topk = 2048;
+  c.slots = 20000;
+  c.counts = {512, 2048, 700, 1, 0, 1500};
+  c.check_rows = 64;
+  c.splits = {0, 1};
+  RunAndCheck(c);
+}
+
+// The split choice is host logic (no GPU needed). At 128 heads and top-k 2048 on 132 SMs it
+// picks the counts measured fastest on the H200 for one decode token (wgmma 8, mma.sync 16;
+// docs/sparse_mqa_sm90.md), splits small batches, and leaves full ones alone.
+TEST(SparseMqaSplitTest, HeuristicPicksTheMeasuredBest) {
+  SparseMqaParams p;
+  p.num_heads = 128;
+  p.head_dim = 576;
+  p.v_dim = 512;
+  p.topk = 2048;
+  p.num_tokens = 1;
+  EXPECT_EQ(cuda::SparseMqaChooseSplits(p, 2, 132), 8);
+  EXPECT_EQ(cuda::SparseMqaChooseSplits(p, 1, 132), 16);
+  for (int kernel : {1, 2}) {
+    for (int tokens : {1, 2, 8, 33}) {
+      p.num_tokens = tokens;
+      const int splits = cuda::SparseMqaChooseSplits(p, kernel, 132);
+      EXPECT_GT(splits, 1) << "kernel " << kernel << " tokens " << tokens;
+      EXPECT_LE(splits, 64);
+    }
+    for (int tokens : {64, 1024}) {  // 128 and 2048 CTAs: no split (measured: 1 is fastest)
+      p.num_tokens = tokens;
+      EXPECT_EQ(cuda::SparseMqaChooseSplits(p, kernel, 132), 1) << tokens << " tokens";
+    }
+    p.num_tokens = 1;
+    p.topk = 64;  // one block: nothing to split
+    EXPECT_EQ(cuda::SparseMqaChooseSplits(p, kernel, 132), 1);
+    p.topk = 2048;
+  }
+  p.num_tokens = 3;
+  EXPECT_EQ(cuda::SparseMqaWorkspaceBytes(p, 1), 0);
+  EXPECT_GE(cuda::SparseMqaWorkspaceBytes(p, 4), int64_t(4) * 3 * 128 * (512 + 1) * 4);
+}
+
+TEST_F(SparseMqaCudaTest, NoWorkspaceRunsUnsplit) {
+  std::mt19937_64 rng(TestSeed());
+  MqaCase c;
+  c.tokens = 1;
+  c.heads = 64;
+  c.topk = 512;
+  c.slots = 2000;
+  MqaData d = MakeData(c, rng);
+  DeviceArray<bf16> q(d.q), kv(d.kv);
+  DeviceArray<int32_t> indices(d.indices);
+  DeviceArray<float> out(size_t(c.tokens) * d.out_token_stride), lse(size_t(c.heads));
+  SparseMqaParams p = Params(c, d, q, kv, indices, out, lse);
+  p.num_splits = 8;  // asked for, but no workspace: one split, still right
+  ASSERT_TRUE(cuda::SparseMqa(p, nullptr).ok());
+  const auto got = out.Download();
+  const auto qd = ToDouble(d.q), kvd = ToDouble(d.kv);
+  std::vector<double> ref;
+  double ref_lse = 0;
+  for (int h = 0; h < c.heads; h += 9) {
+    ReferenceRow(c, d, qd, kvd, 0, h, &ref, &ref_lse);
+    EXPECT_LT(Compare(&got[size_t(h) * kVDim], ref.data(), kVDim).relative_error, 2e-2);
+  }
+  p.workspace_bytes = -1;
+  EXPECT_EQ(cuda::SparseMqa(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(SparseMqaCudaTest, RejectsUncompiledSizesAndDtypes) {

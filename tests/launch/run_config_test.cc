@@ -79,6 +79,20 @@ run:
   EXPECT_FALSE(config->is_explicit("scheduler.num_kv_blocks"));
 }
 
+TEST_F(RunConfigTest, Glm5PresetAndCudnnBackend) {
+  absl::StatusOr<RunConfig> config = Configure(R"(
+model: {preset: glm5}
+attention: {prefill_backend: cudnn}
+)",
+                                               {});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model.num_heads, 64);
+  EXPECT_EQ(config->model.kv_lora_rank, 512);
+  EXPECT_EQ(config->model.qk_head_dim(), 256);
+  EXPECT_EQ(config->model.v_head_dim, 256);
+  EXPECT_EQ(config->attention.prefill_backend, "cudnn");
+}
+
 TEST_F(RunConfigTest, FlagsOverrideTheFile) {
   absl::StatusOr<RunConfig> config = Configure(
       "attention: {index_topk: 128}\nrun: {batches: [q4], check: true}\n",

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
 namespace dcp::testing {
 

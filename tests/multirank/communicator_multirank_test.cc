@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "runtime/dtype.h"
+#include "collectives/local_communicator.h"
+#include "core/dtype.h"
 #include "tests/multirank/collective_values.h"
 #include "tests/multirank/multirank_test.h"
 
@@ -154,6 +155,32 @@ TEST_F(CommunicatorTest, WrongSizesAreErrors) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(comm().HostBroadcast(send.data(), 4, world()).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The stream-order calls on host-memory backends (MPI, world of one): host completion in either
+// mode, a null stream only, and the rest no-ops, so a caller can bind every backend alike.
+TEST_F(CommunicatorTest, HostBackendsKeepHostCompletion) {
+  LocalCommunicator local;
+  for (Communicator* backend : {static_cast<Communicator*>(&comm()),
+                                static_cast<Communicator*>(&local)}) {
+    SCOPED_TRACE(backend->name());
+    EXPECT_EQ(backend->completion(), Completion::kHost);
+    EXPECT_TRUE(backend->BindStream(nullptr, Completion::kStream).ok());
+    EXPECT_EQ(backend->completion(), Completion::kHost);
+    int not_a_stream = 0;
+    const absl::Status refused = backend->BindStream(&not_a_stream, Completion::kStream);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_NE(refused.message().find("host memory"), std::string::npos) << refused;
+    EXPECT_EQ(backend->BindStream(nullptr, static_cast<Completion>(7)).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(backend->Synchronize().ok());
+    EXPECT_TRUE(backend->WatchStream("nothing to watch").ok());
+    EXPECT_TRUE(backend->ReserveReduceScatter(1 << 20, DType::kBF16).ok());
+  }
+  // Still a working communicator afterwards.
+  std::vector<int64_t> values(world());
+  ASSERT_TRUE(comm().HostAllGather(rank(), absl::MakeSpan(values)).ok());
+  for (int r = 0; r < world(); ++r) EXPECT_EQ(values[r], r);
 }
 
 // A collective that a peer joins late is a DeadlineExceeded error, not a hang, and the

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "runtime/status.h"
+#include "core/status.h"
 #include "tests/multirank/multirank_test.h"
 
 namespace dcp::testing {

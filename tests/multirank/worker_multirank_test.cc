@@ -54,6 +54,7 @@ struct Scenario {
   int64_t workspace_rows = 0;
   int max_num_seqs = 16;
   int max_model_len = 1024;
+  std::string prefill_backend = "auto";
   int num_kv_blocks = 0;
   std::vector<int> order;  // request ids in batch order (default: 0..B-1)
 };
@@ -84,6 +85,12 @@ Dims TestDims(int heads) {
 
 // fp32 storage on CPU ranks; bf16 storage (inputs, cache, projected K/V rounded) on CUDA ranks.
 double Tolerance() { return UseCuda() ? 3e-2 : 2e-4; }
+
+// DCP_REQUIRE_GPU=1 (the GPU machine's run): cuDNN must be there too.
+bool GpuRequiredHere() {
+  const char* value = std::getenv("DCP_REQUIRE_GPU");
+  return value != nullptr && std::string(value) == "1";
+}
 
 // The whole problem, as the reference sees it, and each rank's share of it.
 struct Problem {
@@ -174,6 +181,7 @@ RankRun RunRank(MpiCommunicator& mpi, const Scenario& s, const Dims& d, const Pr
   options.attention.index_topk = s.index_topk;
   options.attention.force_mqa = s.force_mqa;
   options.attention.validate_topk = s.validate_topk;
+  options.attention.prefill_backend = s.prefill_backend;
   options.workspace_rows_override = s.workspace_rows;
 
   // This rank's heads of the weights and queries.
@@ -512,6 +520,89 @@ TEST_F(WorkerTest, SeedCasesRouteAsTheSeedSays) {
     ExpectMatchesReference(run, p, dims, world(), rank());
     EXPECT_EQ(run.stats.route, c.route);
   }
+}
+
+// vLLM's two dense prefill cases at both models' head sizes (DeepSeek-V3.2: qk 192 / v 128;
+// GLM-5: qk 256 / v 256), through every prefill backend of the device: the route is dense, the
+// answer the reference's, and the backends agree with each other within bf16 tolerance.
+TEST_F(WorkerTest, VllmPrefillCasesAtBothModelsOnEveryBackend) {
+  const uint64_t seed = SharedSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  // Heads divisible by every world size the suite runs at (np 1-4).
+  auto heads_for = [&](int heads) { return heads % world() == 0 ? heads : 4 * world(); };
+  Dims deepseek = TestDims(heads_for(16)), glm5 = TestDims(heads_for(16));
+  glm5.r = 512;
+  glm5.dn = 192;
+  glm5.dr = 64;
+  glm5.dv = 256;
+  if (!UseCuda()) {  // CPU ranks: the dense kernel takes any size; keep the float64 reference fast
+    deepseek = glm5 = TestDims(heads_for(8));
+    glm5.dn = 24;
+    glm5.dv = 32;
+  }
+  const std::vector<std::string> backends =
+      UseCuda() ? std::vector<std::string>{"native", "cudnn", "auto"}
+                : std::vector<std::string>{"native", "auto"};
+  struct Case {
+    const char* name;
+    std::vector<int> seq_lens, query_lens;
+  };
+  const Case cases[] = {{"short_dense_mha", {64, 128}, {64, 128}},
+                        {"short_context_dense_mha", {128, 160}, {64, 32}}};
+  for (const Dims& dims : {deepseek, glm5}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(::testing::Message() << c.name << " qk " << dims.dn + dims.dr << " v " << dims.dv);
+      Scenario s;
+      s.index_topk = 2048;
+      s.block_size = 64;
+      s.max_num_seqs = 2;
+      s.max_model_len = 1024;
+      s.seq_lens = c.seq_lens;
+      s.query_lens = c.query_lens;
+      const Problem p = BuildProblem(s, dims, seed);
+      std::vector<float> first_out;
+      for (const std::string& backend : backends) {
+        SCOPED_TRACE(backend);
+        s.prefill_backend = backend;
+        const RankRun run = RunRank(mpi_comm(), s, dims, p);
+        if (backend == "cudnn" && !run.status.ok() && !GpuRequiredHere()) {
+          std::cout << "cudnn unavailable here: " << run.status << "\n";
+          continue;
+        }
+        ExpectMatchesReference(run, p, dims, world(), rank());
+        EXPECT_EQ(run.stats.route, Route::kDenseMha);
+        if (first_out.empty()) {
+          first_out = run.out;
+          continue;
+        }
+        ASSERT_EQ(run.out.size(), first_out.size());
+        double diff = 0, norm = 0;
+        for (size_t i = 0; i < run.out.size(); ++i) {
+          diff += double(run.out[i] - first_out[i]) * (run.out[i] - first_out[i]);
+          norm += double(first_out[i]) * first_out[i];
+        }
+        EXPECT_LT(std::sqrt(diff / std::max(norm, 1e-30)), Tolerance());
+      }
+    }
+  }
+}
+
+// prefill_backend cudnn where it cannot run (a CPU rank) is a clear error at start-up on every
+// rank; auto there falls back to the rank's own dense kernel (the test above).
+TEST_F(WorkerTest, CudnnBackendOnACpuRankIsAClearError) {
+  if (UseCuda()) GTEST_SKIP() << "CPU ranks only";
+  const Dims dims = TestDims(4 * world());
+  Scenario s;
+  s.seq_lens = {16};
+  s.query_lens = {16};
+  s.prefill_backend = "cudnn";
+  const Problem p = BuildProblem(s, dims, SharedSeed());
+  const RankRun run = RunRank(mpi_comm(), s, dims, p);
+  ASSERT_FALSE(run.status.ok());
+  EXPECT_EQ(run.status.code(), absl::StatusCode::kFailedPrecondition) << run.status;
+  EXPECT_NE(run.status.message().find("'cudnn' was requested but is unavailable"),
+            std::string::npos)
+      << run.status;
 }
 
 // Bad input: the same clear error on every rank, no hang.

@@ -1,6 +1,6 @@
 // A float64 reference of one MLA attention layer, written from DESIGN.md section 3 directly:
 // per token, per head, the selected set, the per-head key/value from the up-projection
-// weights, softmax, sum. It shares no code with attention/ or runtime/kv_layout.h (a shared
+// weights, softmax, sum. It shares no code with attention/ or core/kv_layout.h (a shared
 // indexing helper would hide shared bugs) and is deliberately naive: loops in index order.
 #pragma once
 

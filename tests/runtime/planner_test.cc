@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "runtime/device.h"
 #include "runtime/plan.h"
 
 namespace dcp {
@@ -101,6 +102,31 @@ TEST(PlannerTest, PrefillBackendResolution) {
   attention.prefill_backend = "flashinfer";
   auto status = ResolvePrefillBackend(attention, absl::OkStatus()).status();
   EXPECT_NE(status.message().find("'flashinfer' is not available"), std::string::npos) << status;
+  attention.prefill_backend = "cudnn";
+  EXPECT_TRUE(ResolvePrefillBackend(attention, absl::OkStatus()).value());
+  status = ResolvePrefillBackend(attention, absl::UnavailableError("no libcudnn.so.9")).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("'cudnn' was requested but is unavailable: no libcudnn.so.9"),
+            std::string::npos)
+      << status;
+}
+
+// A CPU rank has no cuDNN: an explicit cudnn is a clear error, auto and native its own kernel.
+TEST(PlannerTest, CpuDeviceSelectsPrefillBackends) {
+  auto device = MakeCpuDevice();
+  const absl::Status cudnn = device->SelectPrefillBackend("cudnn", 16, 192, 128);
+  EXPECT_EQ(cudnn.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(cudnn.message().find("needs a CUDA rank"), std::string::npos) << cudnn;
+  EXPECT_TRUE(device->SelectPrefillBackend("auto", 16, 256, 256).ok());
+  EXPECT_TRUE(device->SelectPrefillBackend("native", 16, 192, 128).ok());
+  EXPECT_TRUE(device->SelectPrefillBackend("none", 16, 192, 128).ok());
+  AttentionConfig attention;
+  attention.prefill_backend = "cudnn";
+  EXPECT_FALSE(ResolvePrefillBackend(attention, cudnn).ok());
+  attention.prefill_backend = "auto";
+  EXPECT_TRUE(ResolvePrefillBackend(attention,
+                                    device->SelectPrefillBackend("auto", 16, 192, 128))
+                  .value());
 }
 
 TEST(PlannerTest, BatchValidationNamesTheProblem) {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/kv_cache_format.h"
+#include "core/kv_cache_format.h"
 #include "tests/reference/fp8_ds_mla_reference.h"
 #include "workspace/cpu/fp8_rows_cpu.h"
 

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "runtime/kv_cache_format.h"
-#include "runtime/status.h"
+#include "core/kv_cache_format.h"
+#include "core/status.h"
 #include "workspace/fp8_rows_check.h"
 
 namespace dcp::cpu {

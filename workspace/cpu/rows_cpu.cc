@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "runtime/status.h"
+#include "core/status.h"
 #include "workspace/rows_check.h"
 
 namespace dcp::cpu {

@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "runtime/cuda/cuda_status.h"
+#include "core/cuda/cuda_status.h"
 #include "workspace/cuda/fp8_rows_cuda.h"
 #include "workspace/cuda/fp8_rows_kernel.cuh"
 #include "workspace/fp8_rows_check.h"

@@ -14,8 +14,8 @@
 #include <cfloat>
 #include <cstdint>
 
-#include "runtime/cuda/fp8_e4m3.cuh"
-#include "runtime/kv_cache_format.h"
+#include "core/cuda/fp8_e4m3.cuh"
+#include "core/kv_cache_format.h"
 
 namespace dcp::cuda {
 

@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "runtime/cuda/cuda_status.h"
+#include "core/cuda/cuda_status.h"
 #include "workspace/cuda/rows_cuda.h"
 #include "workspace/cuda/rows_kernel.cuh"
 #include "workspace/rows_check.h"

@@ -3,5 +3,6 @@
 
 namespace dcp::cuda {
 template absl::Status LaunchSparseMqa<576, 512, KvCacheDType::kFp8DsMla>(const SparseMqaParams&,
+                                                                          const SparseMqaSplit&,
                                                                           cudaStream_t);
 }  // namespace dcp::cuda

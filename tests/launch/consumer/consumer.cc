@@ -8,7 +8,7 @@
 
 #include "collectives/mpi_communicator.h"
 #include "runtime/dcp.h"
-#include "runtime/kv_layout.h"
+#include "core/kv_layout.h"
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "runtime/cuda/convert.h"
-#include "runtime/cuda/cuda_status.h"
+#include "core/cuda/convert.h"
+#include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
 namespace {

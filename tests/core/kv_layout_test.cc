@@ -1,6 +1,6 @@
 // KvLayout against a brute-force dealer: ranks take turns taking I consecutive tokens, and a
 // token's local index is its position in its rank's pile. No formula of kv_layout.h is reused.
-#include "runtime/kv_layout.h"
+#include "core/kv_layout.h"
 
 #include <set>
 #include <vector>

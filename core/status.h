@@ -1,5 +1,6 @@
 // One error model for the whole module: absl::Status / absl::StatusOr<T> end to end.
-// Return codes of MPI, CUDA and NCCL become a Status at the call site, carrying the call's
+// Return codes of MPI, CUDA and NCCL become a Status at the call site (collectives/mpi_status.h,
+// core/cuda/cuda_status.h, collectives/cuda/nccl_status.h), carrying the call's
 // text, the rank and file:line, so the first error reads the same on every rank.
 #pragma once
 
@@ -19,9 +20,6 @@ void set_current_rank(int rank);
 // "[rank r] file:line: message": the common shape of every error this module builds.
 absl::Status MakeStatus(absl::StatusCode code, std::string_view message, const char* file,
                         int line);
-
-// MPI return code -> Status (OK for MPI_SUCCESS). `call` is the source text of the call.
-absl::Status MpiCodeToStatus(int code, const char* call, const char* file, int line);
 
 }  // namespace dcp
 
@@ -53,7 +51,3 @@ absl::Status MpiCodeToStatus(int code, const char* call, const char* file, int l
   do {                                                                 \
     if (!(cond)) return DCP_ERROR(InvalidArgument, __VA_ARGS__);       \
   } while (0)
-
-// Wraps an MPI call: returns a Status with the call text when it fails.
-#define DCP_MPI_CHECK(call) \
-  DCP_RETURN_IF_ERROR(::dcp::MpiCodeToStatus((call), #call, __FILE__, __LINE__))

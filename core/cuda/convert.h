@@ -9,7 +9,7 @@
 #include <cstddef>
 
 #include "absl/status/status.h"
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
 namespace dcp::cuda {
 

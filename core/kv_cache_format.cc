@@ -1,6 +1,6 @@
-#include "runtime/kv_cache_format.h"
+#include "core/kv_cache_format.h"
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp {
 

@@ -1,4 +1,4 @@
-#include "runtime/logging.h"
+#include "core/logging.h"
 
 #include <atomic>
 #include <cstdio>
@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dcp {
 namespace {

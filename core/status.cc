@@ -1,6 +1,4 @@
-#include "runtime/status.h"
-
-#include <mpi.h>
+#include "core/status.h"
 
 #include <atomic>
 
@@ -15,8 +13,8 @@ void set_current_rank(int rank) { g_rank.store(rank, std::memory_order_relaxed);
 absl::Status MakeStatus(absl::StatusCode code, std::string_view message, const char* file,
                         int line) {
   std::string_view path(file);
-  // Keep the path from the project root ("runtime/status.cc"), not the build machine's.
-  for (std::string_view root : {"/runtime/", "/collectives/", "/attention/", "/workspace/",
+  // Keep the path from the project root ("core/status.cc"), not the build machine's.
+  for (std::string_view root : {"/core/", "/runtime/", "/collectives/", "/attention/", "/workspace/",
                                 "/launch/", "/tests/"}) {
     if (auto pos = path.rfind(root); pos != std::string_view::npos) {
       path = path.substr(pos + 1);
@@ -25,17 +23,6 @@ absl::Status MakeStatus(absl::StatusCode code, std::string_view message, const c
   }
   return absl::Status(code, absl::StrFormat("[rank %d] %s:%d: %s", current_rank(), path, line,
                                             message));
-}
-
-absl::Status MpiCodeToStatus(int code, const char* call, const char* file, int line) {
-  if (code == MPI_SUCCESS) return absl::OkStatus();
-  char text[MPI_MAX_ERROR_STRING] = {0};
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) {
-    absl::SNPrintF(text, sizeof(text), "unknown MPI error");
-  }
-  return MakeStatus(absl::StatusCode::kInternal,
-                    absl::StrFormat("%s failed: %s (code %d)", call, text, code), file, line);
 }
 
 }  // namespace dcp

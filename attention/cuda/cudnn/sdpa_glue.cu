@@ -1,0 +1,101 @@
+// Kernels of sdpa_glue.h. SdpaIndex: one thread per sequence slot. SdpaFinish: one warp per
+// (token, head) row; the token's sequence comes from a binary search over cu_seqlens_q, each
+// lane converts v_dim / 32 values (v_dim is a multiple of 8: lanes take 8-wide chunks).
+#include "attention/cuda/cudnn/sdpa_glue.h"
+
+#include "core/cuda/cuda_status.h"
+
+namespace dcp::cuda {
+namespace {
+
+__global__ void SdpaIndexKernel(const SdpaIndexParams p) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b > p.padded_seqs) return;
+  const int clamped = min(b, p.num_seqs);
+  const int64_t q0 = p.cu_seqlens_q[0], k0 = p.cu_seqlens_k[0];
+  const int64_t q = p.cu_seqlens_q[clamped] - q0, k = p.cu_seqlens_k[clamped] - k0;
+  // Offsets count from the tensors' base pointers, which the launcher moves to token
+  // cu_seqlens[0].
+  p.q_offsets[b] = static_cast<int32_t>(q * p.q_token_stride);
+  p.k_offsets[b] = static_cast<int32_t>(k * p.k_token_stride);
+  p.v_offsets[b] = static_cast<int32_t>(k * p.v_token_stride);
+  p.o_offsets[b] = static_cast<int32_t>(q * p.o_token_stride);
+  p.stats_offsets[b] = static_cast<int32_t>(q * p.stats_token_stride);
+  if (b < p.padded_seqs) {
+    const bool real = b < p.num_seqs;
+    p.seq_len_q[b] = real ? p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b] : 0;
+    p.seq_len_k[b] = real ? p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b] : 0;
+  }
+}
+
+__global__ void SdpaFinishKernel(const SdpaFinishParams p) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= p.total_q * p.num_heads) return;
+  const int64_t token = row / p.num_heads;  // packed index from cu_seqlens_q[0]
+  const int head = static_cast<int>(row % p.num_heads);
+  // Sequence s with cu_q[s] <= first_q + token < cu_q[s + 1] (empty sequences skipped).
+  const int64_t global = p.first_q + token;
+  int lo = 0, hi = p.num_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.cu_seqlens_q[mid] <= global) lo = mid; else hi = mid - 1;
+  }
+  const int len_q = p.cu_seqlens_q[lo + 1] - p.cu_seqlens_q[lo];
+  const int len_k = p.cu_seqlens_k[lo + 1] - p.cu_seqlens_k[lo];
+  const int query = static_cast<int>(global - p.cu_seqlens_q[lo]);
+  const int keys = p.causal ? min(len_k, len_k - len_q + query + 1) : len_k;
+  const bool empty = keys <= 0;
+
+  float* out = p.out + token * p.out_token_stride + head * p.out_head_stride;
+  const __nv_bfloat16* o = p.o + row * p.v_dim;
+  for (int c = lane * 8; c < p.v_dim; c += 32 * 8) {
+    float values[8];
+    if (empty) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) values[i] = 0.f;
+    } else {
+      const uint4 raw = *reinterpret_cast<const uint4*>(o + c);
+      const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(pairs[i]);
+        values[2 * i] = f.x;
+        values[2 * i + 1] = f.y;
+      }
+    }
+    if ((reinterpret_cast<uintptr_t>(out + c) & 15) == 0) {
+      reinterpret_cast<float4*>(out + c)[0] = make_float4(values[0], values[1], values[2], values[3]);
+      reinterpret_cast<float4*>(out + c)[1] = make_float4(values[4], values[5], values[6], values[7]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) out[c + i] = values[i];
+    }
+  }
+  if (p.lse != nullptr && lane == 0) {
+    p.lse[token * p.lse_token_stride + head] = empty ? -INFINITY : p.stats[row];
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchSdpaIndex(const SdpaIndexParams& p, cudaStream_t stream) {
+  const int threads = 128, blocks = (p.padded_seqs + 1 + threads - 1) / threads;
+  SdpaIndexKernel<<<blocks, threads, 0, stream>>>(p);
+  DCP_CUDA_LAUNCH_CHECK("SdpaIndexKernel");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchSdpaFinish(const SdpaFinishParams& p, cudaStream_t stream) {
+  const int64_t rows = p.total_q * p.num_heads;
+  if (rows == 0) return absl::OkStatus();
+  DCP_CHECK_ARG(p.v_dim % 8 == 0 && p.num_seqs > 0, "SdpaFinish: v_dim %d must be a multiple of 8",
+                p.v_dim);
+  const int threads = 256;
+  const int64_t blocks = (rows * 32 + threads - 1) / threads;
+  SdpaFinishKernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
+  DCP_CUDA_LAUNCH_CHECK("SdpaFinishKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace dcp::cuda

@@ -1,0 +1,390 @@
+// Sparse top-k MQA on sm_90a: a warp-specialised wgmma kernel on the design of FlashMLA's sm90
+// sparse prefill (our own code, raw PTX through wgmma_sm90.cuh; no CuTe).
+//
+// One CTA = one token x 64 query heads x one split of the token's key list (sparse_mqa_work.cuh),
+// walked in pairs of 64-key blocks (b0, b1). 384 threads in three warpgroups:
+//   WG2, the producer (setmaxnreg 56 registers): gathers the 576-wide bf16 rows of both blocks
+//     with 16-byte cp.async (L2 256-byte prefetch, zero fill for skipped rows, no read) into
+//     two K buffers of 9 swizzled 64 x 64 tiles, and the blocks' indices (for the masks), each
+//     buffer in two halves with their own mbarriers: L = tiles 0-3 (value columns 0-255),
+//     R = tiles 4-8 (value columns 256-511 and the rope part). Order per pair: L0, R1, R0, L1.
+//   WG0 / WG1, the consumers (setmaxnreg 224): WG0 computes S0 = Q K0^T (block b0), WG1
+//     S1 = Q K1^T (block b1), 36 wgmma m64n64k16 each, K = 576 (WG0 starts on L0, WG1 on R1,
+//     so each starts while its other half still lands). Row maxima are exchanged through
+//     shared memory (both WGs then hold the same running max), P = 2^(S - m) goes to registers
+//     (bf16, the A operand of the next wgmma) and to shared memory for the other WG. WG0 owns
+//     output columns 0-255, WG1 256-511: O_w += P_own V_own[:, half] (wgmma RS, m64n256k16)
+//     + P_other V_other[:, half] (SS). A half buffer is released (free mbarrier) as soon as
+//     its last reader's wgmma retires: L0 by WG0 after its own PV, R1 by WG1 after its own PV,
+//     then L1 (WG0) and R0 (WG1) after the cross PV, so the producer refills L0 and R1 while
+//     the cross products run.
+// Shared memory: Q (9 tiles, 72 KiB), K0 and K1 (72 KiB each), P1 (8 KiB; P0 overwrites K0's
+// rope tile, no longer needed after S0), indices, maxima and sums: about 226 KiB, one CTA/SM.
+// Heads past num_heads are zero rows (computed, not stored): any head count works; below 64
+// heads the tile is padded.
+// Masking: a key is valid when its position is in [key_begin, key_end) and its index in
+// [0, num_slots); invalid keys score -inf. Rows that see no key end with l = 0: out 0, lse -inf.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "attention/attention_params.h"
+#include "attention/cuda/mma_sm80.cuh"
+#include "attention/cuda/sparse_mqa.h"
+#include "attention/cuda/sparse_mqa_work.cuh"
+#include "attention/cuda/wgmma_sm90.cuh"
+#include "core/cuda/cuda_status.h"
+
+namespace dcp::cuda {
+
+template <int kHeadDim, int kVDim>
+struct SparseMqaSm90Config {
+  static constexpr int kBlockHeads = 64;
+  static constexpr int kBlockKeys = 64;
+  static constexpr int kThreads = 384;
+  static constexpr int kTiles = kHeadDim / 64;       // 9 tiles of 64 columns per row
+  static constexpr int kLeftTiles = kVDim / 2 / 64;  // 4: the tiles of value columns 0-255
+  static constexpr int kTileBytes = 64 * 64 * 2;
+  static constexpr int kBufferBytes = kTiles * kTileBytes;
+  // Offsets in shared memory (from a 1024-byte aligned base).
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kBufferBytes;  // K0, then K1
+  static constexpr int kP1Offset = 3 * kBufferBytes;
+  static constexpr int kIndexOffset = kP1Offset + kTileBytes;  // int32 [2][64]
+  static constexpr int kMaxOffset = kIndexOffset + 2 * 64 * 4;  // float [2][64]
+  static constexpr int kSumOffset = kMaxOffset + 2 * 64 * 4;    // float [2][64]
+  static constexpr int kBarrierOffset = kSumOffset + 2 * 64 * 4;  // uint64 ready[4], free[4]
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * 8 + 1024;  // + alignment slack
+  static_assert(kHeadDim == 576 && kVDim == 512, "the tile plan above is for 576 / 512");
+  static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM must fit");
+};
+
+// The four half buffers (mbarrier indices): L = tiles 0-3, R = tiles 4-8 of K0 / K1.
+enum Sm90Half : int { kL0 = 0, kR0 = 1, kL1 = 2, kR1 = 3 };
+// Named barriers of the two consumer warpgroups (256 threads); 0 is __syncthreads.
+enum Sm90Barrier : int { kBarQ = 1, kBarMax = 2, kBarP = 3, kBarSum = 4 };
+
+template <int kHeadDim, int kVDim>
+__global__ void __launch_bounds__(384, 1)
+    SparseMqaSm90Kernel(const SparseMqaParams p, const SparseMqaSplit split) {
+#if SPARSE_MQA_SM90_ENABLED
+  using namespace sm90;
+  using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
+  constexpr int kTiles = Config::kTiles, kLeftTiles = Config::kLeftTiles;
+  constexpr int kTileBytes = Config::kTileBytes;
+  constexpr float kNegInf = -INFINITY;
+
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_base = SmemAddress(smem_raw);
+  const uint32_t base = (raw_base + 1023) & ~1023u;
+  uint8_t* smem = smem_raw + (base - raw_base);
+  const uint32_t q_base = base + Config::kQOffset;
+  const uint32_t k_base[2] = {base + Config::kKOffset,
+                              base + Config::kKOffset + Config::kBufferBytes};
+  const uint32_t p1_base = base + Config::kP1Offset;
+  const uint32_t p0_base = k_base[0] + (kTiles - 1) * kTileBytes;  // K0's rope tile
+  const int32_t* s_index = reinterpret_cast<const int32_t*>(smem + Config::kIndexOffset);
+  const uint32_t index_base = base + Config::kIndexOffset;
+  float* s_max = reinterpret_cast<float*>(smem + Config::kMaxOffset);
+  float* s_sum = reinterpret_cast<float*>(smem + Config::kSumOffset);
+  const uint32_t ready_bar = base + Config::kBarrierOffset;  // + 8 * half
+  const uint32_t free_bar = ready_bar + 4 * 8;
+
+  const SparseMqaWork work =
+      GetSparseMqaWork(p, split, Config::kBlockHeads, Config::kBlockKeys, /*block_align=*/2);
+  const int first_block = work.key_begin / Config::kBlockKeys;
+  const int num_blocks = (work.key_end - work.key_begin + Config::kBlockKeys - 1) /
+                         Config::kBlockKeys;
+  const int num_pairs = (num_blocks + 1) / 2;
+  const int warpgroup = threadIdx.x / 128;
+  const int t = threadIdx.x % 128;
+
+  if (threadIdx.x == 0) {
+    for (int half = 0; half < 4; ++half) {
+      MbarrierInit(ready_bar + 8 * half, 128);  // the producer's 128 cp.async arrivals
+      MbarrierInit(free_bar + 8 * half, 128);   // the one consumer WG that reads it last
+    }
+    FenceMbarrierInit();
+  }
+  __syncthreads();
+
+  if (warpgroup == 2) {
+    // ---------------------------------------------------------------- producer
+    RegistersDecrease<56>();
+    // Thread t copies chunk t % 8 of each 128-byte tile row of rows (t / 8) + 16 r, r < 4:
+    // 8 consecutive threads read one contiguous 128 bytes.
+    const int group = t / 8, lane8 = t % 8;
+    const auto* kv = static_cast<const __nv_bfloat16*>(p.kv_cache);
+    const int32_t* token_indices = p.indices + int64_t(work.token) * p.indices_token_stride;
+    const int key_end = work.key_end;
+    int64_t row_offset[2][4];  // element offset of each row's chunk, or -1 when skipped
+    auto load_rows = [&](int which, int block) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int key = block * 64 + group + 16 * r;
+        int64_t offset = -1;
+        if (key < key_end) {
+          const int64_t slot = __ldg(token_indices + key);
+          if (slot >= 0 && slot < p.num_slots) offset = slot * p.kv_row_stride + lane8 * 8;
+        }
+        row_offset[which][r] = offset;
+      }
+    };
+    auto copy_tiles = [&](int which, int tile_begin, int tile_end) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const uint32_t dst = Opaque(k_base[which] + TileChunk(group + 16 * r, lane8));
+        const int64_t offset = row_offset[which][r];
+        const bool valid = offset >= 0;
+        const __nv_bfloat16* src = valid ? kv + offset : kv;
+#pragma unroll
+        for (int tile = tile_begin; tile < tile_end; ++tile) {
+          CpAsync16Prefetch(dst + tile * kTileBytes, valid ? src + tile * 64 : kv, valid);
+        }
+      }
+    };
+    // The 64 indices of a block, for the consumers' masks (zero past key_end: masked there).
+    auto copy_indices = [&](int which, int block) {
+      if (t < 64) {
+        const int key = block * 64 + t;
+        CpAsync4(index_base + (which * 64 + t) * 4,
+                 key < key_end ? token_indices + key : token_indices, key < key_end);
+      }
+    };
+    for (int pair = 0; pair < num_pairs; ++pair) {
+      const int b0 = first_block + 2 * pair, b1 = b0 + 1;
+      const int free_parity = (pair & 1) ^ 1;
+      load_rows(0, b0);
+      load_rows(1, b1);
+      MbarrierWait(free_bar + 8 * kL0, free_parity);
+      copy_tiles(0, 0, kLeftTiles);
+      copy_indices(0, b0);
+      CpAsyncMbarrierArrive(ready_bar + 8 * kL0);
+      MbarrierWait(free_bar + 8 * kR1, free_parity);
+      copy_tiles(1, kLeftTiles, kTiles);
+      copy_indices(1, b1);
+      CpAsyncMbarrierArrive(ready_bar + 8 * kR1);
+      MbarrierWait(free_bar + 8 * kR0, free_parity);
+      copy_tiles(0, kLeftTiles, kTiles);
+      CpAsyncMbarrierArrive(ready_bar + 8 * kR0);
+      MbarrierWait(free_bar + 8 * kL1, free_parity);
+      copy_tiles(1, 0, kLeftTiles);
+      CpAsyncMbarrierArrive(ready_bar + 8 * kL1);
+    }
+    CpAsyncWaitAll();
+    return;
+  }
+
+  // ------------------------------------------------------------------ consumers
+  RegistersIncrease<224>();  // 2 x 224 + 56 = 504 = 3 x 168, the launch's
+  const int wg = warpgroup;  // 0 or 1: owns block b0 + wg and value columns [256 wg, 256 wg + 256)
+  const int warp = t / 32, lane = t % 32;
+  const int g = lane / 4, c = lane % 4;
+  const int rows[2] = {warp * 16 + g, warp * 16 + g + 8};
+
+  // Q tile: 64 rows x 72 chunks over the 256 consumer threads; rows past num_heads are zeros.
+  {
+    const auto* q = static_cast<const __nv_bfloat16*>(p.q);
+    const int ct = threadIdx.x;  // 0..255
+    for (int i = ct; i < 64 * kTiles * 8; i += 256) {
+      const int row = i / (kTiles * 8), chunk = i % (kTiles * 8);
+      const int head = work.head0 + row;
+      const bool valid = head < p.num_heads;
+      const __nv_bfloat16* src =
+          valid ? q + int64_t(work.token) * p.q_token_stride + int64_t(head) * p.q_head_stride +
+                      chunk * 8
+                : q;
+      CpAsync16(q_base + (chunk / 8) * kTileBytes + TileChunk(row, chunk % 8), src, valid);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<0>();
+    FenceProxyAsync();
+    NamedBarrierSync(kBarQ, 256);
+  }
+
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+  const uint32_t own_k = k_base[wg], other_k = k_base[wg ^ 1];
+  const uint32_t own_p = wg == 0 ? p0_base : p1_base, other_p = wg == 0 ? p1_base : p0_base;
+  const int own_first_half = wg == 0 ? kL0 : kR1, own_second_half = wg == 0 ? kR0 : kL1;
+  const int first_tile = wg == 0 ? 0 : kLeftTiles;  // WG1 starts on its R half
+  const uint32_t value_tile = (wg == 0 ? 0 : kLeftTiles) * kTileBytes;  // this WG's V columns
+
+  for (int pair = 0; pair < num_pairs; ++pair) {
+    const int ready_parity = pair & 1;
+    const int block = first_block + 2 * pair + wg;
+
+    // S = Q K^T over the 9 tiles, starting with the half that lands first.
+    float s[32];
+    const uint64_t q_desc = Opaque(MakeDesc(q_base, 16, 1024));
+    const uint64_t k_desc = Opaque(MakeDesc(own_k, 16, 1024));
+    MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
+    FenceProxyAsync();
+    WgmmaFence();
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      // The same straight-line code for both WGs (a branch between wgmmas serialises them):
+      // WG1 waits for L1 after tiles 4-7, one tile earlier than it must.
+      if (i == kLeftTiles) {
+        WgmmaCommit();
+        MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
+        FenceProxyAsync();
+        WgmmaFence();
+      }
+      const int tile = (first_tile + i) % kTiles;
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const uint32_t step = (tile * kTileBytes + ks * 32) >> 4;  // descriptor address units
+        WgmmaM64N64K16SS(s, q_desc + step, k_desc + step, (i > 0 || ks > 0) ? 1 : 0);
+      }
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceOperands(s);
+
+    // Mask and scale into log2 units; row maxima of this block.
+    const int32_t* block_index = s_index + wg * 64;
+    float block_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * j + 2 * c + e;
+        const int key = block * 64 + col;
+        const int32_t slot = block_index[col];
+        const bool valid = key < work.key_end && slot >= 0 && slot < p.num_slots;
+        s[4 * j + e] = valid ? s[4 * j + e] * scale_log2 : kNegInf;
+        s[4 * j + 2 + e] = valid ? s[4 * j + 2 + e] * scale_log2 : kNegInf;
+        block_max[0] = fmaxf(block_max[0], s[4 * j + e]);
+        block_max[1] = fmaxf(block_max[1], s[4 * j + 2 + e]);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      block_max[r] = QuadMax(block_max[r]);
+      if (c == 0) s_max[wg * 64 + rows[r]] = block_max[r];
+    }
+    NamedBarrierSync(kBarMax, 256);
+
+    // The same new running max in both WGs; rescale O and l, P = 2^(s - m).
+    float m_use[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m[r], fmaxf(s_max[rows[r]], s_max[64 + rows[r]]));
+      m_use[r] = m_new == kNegInf ? 0.f : m_new;  // all masked so far: keep exp2 finite
+      const float alpha = exp2f(m[r] - m_use[r]);
+      m[r] = m_new;
+      l[r] *= alpha;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        o[4 * j + 2 * r] *= alpha;
+        o[4 * j + 2 * r + 1] *= alpha;
+      }
+    }
+    uint32_t a[4][4];  // P as the A fragments of the 4 k-steps of 16 keys
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float p00 = exp2f(s[4 * j] - m_use[0]), p01 = exp2f(s[4 * j + 1] - m_use[0]);
+      const float p10 = exp2f(s[4 * j + 2] - m_use[1]), p11 = exp2f(s[4 * j + 3] - m_use[1]);
+      l[0] += p00 + p01;
+      l[1] += p10 + p11;
+      const uint32_t top = PackBf16(p00, p01), bottom = PackBf16(p10, p11);
+      a[j / 2][(j % 2) * 2] = top;
+      a[j / 2][(j % 2) * 2 + 1] = bottom;
+      // The other WG reads P as a K-major swizzled tile [64 rows][64 keys].
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(own_p + TileChunk(rows[0], j) + 4 * c),
+                   "r"(top));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(own_p + TileChunk(rows[1], j) + 4 * c),
+                   "r"(bottom));
+    }
+    FenceProxyAsync();
+    NamedBarrierSync(kBarP, 256);
+
+    // O += P_own V_own[:, half] (RS), then O += P_other V_other[:, half] (SS).
+    const uint64_t v_own_desc = Opaque(MakeDesc(own_k + value_tile, kTileBytes, 1024));
+    const uint64_t v_other_desc = Opaque(MakeDesc(other_k + value_tile, kTileBytes, 1024));
+    const uint64_t p_desc = Opaque(MakeDesc(other_p, 16, 1024));
+    WgmmaFence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) WgmmaM64N256K16RS(o, a[ks], v_own_desc + ks * (2048 >> 4));
+    WgmmaCommit();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      WgmmaM64N256K16SS(o, p_desc + ks * (32 >> 4), v_other_desc + ks * (2048 >> 4));
+    }
+    WgmmaCommit();
+    WgmmaWait<1>();
+    MbarrierArrive(free_bar + 8 * (wg == 0 ? kL0 : kR1));
+    WgmmaWait<0>();
+    FenceOperands(o);
+    MbarrierArrive(free_bar + 8 * (wg == 0 ? kL1 : kR0));
+  }
+
+  // Row sums of both WGs (each summed P of its own blocks), then normalise and store.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] = QuadSum(l[r]);
+    if (c == 0) s_sum[wg * 64 + rows[r]] = l[r];
+  }
+  NamedBarrierSync(kBarSum, 256);
+  const bool pairs_ok = (work.out_head_stride % 2 == 0) &&
+                        (reinterpret_cast<uintptr_t>(work.out) % 8 == 0);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = rows[r];
+    if (work.head0 + row >= p.num_heads) continue;
+    const float total = s_sum[row] + s_sum[64 + row];
+    const float inverse = total > 0.f ? 1.f / total : 0.f;
+    float* out = work.out + int64_t(row) * work.out_head_stride + wg * 256 + 2 * c;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const float x = o[4 * j + 2 * r] * inverse, y = o[4 * j + 2 * r + 1] * inverse;
+      if (pairs_ok) {
+        *reinterpret_cast<float2*>(out + 8 * j) = make_float2(x, y);
+      } else {
+        out[8 * j] = x;
+        out[8 * j + 1] = y;
+      }
+    }
+    if (wg == 0 && c == 0) {
+      work.lse[row] = total > 0.f ? (m[r] + log2f(total)) * 0.6931471805599453f : kNegInf;
+    }
+  }
+#else
+  __trap();  // not compiled for sm_90a: the launcher never starts it (SparseMqaSm90Available)
+#endif
+}
+
+template <int kHeadDim, int kVDim>
+absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit& split,
+                                 cudaStream_t stream) {
+  using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
+  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim>;
+  // Once per device: the attribute call costs host time on every decode step otherwise.
+  static std::atomic<uint64_t> configured{0};
+  int device = 0;
+  DCP_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit == 0 || (configured.load() & bit) == 0) {
+    DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        Config::kSmemBytes));
+    configured.fetch_or(bit);
+  }
+  const int64_t head_blocks = (p.num_heads + Config::kBlockHeads - 1) / Config::kBlockHeads;
+  const int64_t blocks = int64_t(p.num_tokens) * split.num_splits * head_blocks;
+  DCP_CHECK_ARG(blocks < (int64_t(1) << 31), "SparseMqa: %d tokens x %d head blocks is too many",
+                p.num_tokens, head_blocks);
+  kernel<<<static_cast<unsigned>(blocks), Config::kThreads, Config::kSmemBytes, stream>>>(p,
+                                                                                         split);
+  DCP_CUDA_LAUNCH_CHECK("SparseMqaSm90Kernel");
+  return absl::OkStatus();
+}
+
+}  // namespace dcp::cuda

@@ -1,0 +1,65 @@
+// What one CTA of a sparse MQA kernel does, shared by the mma.sync (sm_80) and wgmma (sm_90a)
+// kernels: which token, which 64 heads, which range of the token's key list, and where its
+// output goes (the final out/lse, or a split partial that MergeSplits combines).
+//
+// Grid: num_tokens x num_splits x head_blocks, head block fastest (the head blocks of one
+// (token, split) gather the same rows at about the same time: the second gather hits L2), then
+// split. A token with `count` keys has ceil(count / 64) blocks; split s takes blocks
+// [s * per, (s + 1) * per) with per = ceil(blocks / num_splits) rounded up to `block_align`
+// (a pair for the wgmma kernel), so a short list leaves the last splits empty (out 0,
+// lse -inf: the merge gives them weight 0).
+#pragma once
+
+#include <cstdint>
+
+#include "attention/attention_params.h"
+
+namespace dcp::cuda {
+
+// Where the split partials live (num_splits > 1): [splits, T, H, v_dim] and [splits, T, H].
+struct SparseMqaSplit {
+  int num_splits = 1;
+  float* part_out = nullptr;
+  float* part_lse = nullptr;
+};
+
+struct SparseMqaWork {
+  int token, head0, split;
+  int key_begin, key_end;  // [key_begin, key_end) of the token's list; key_end <= count
+  float* out;              // row of head0 (head stride out_head_stride)
+  int64_t out_head_stride;
+  float* lse;              // entry of head0 (heads contiguous)
+};
+
+__device__ __forceinline__ SparseMqaWork GetSparseMqaWork(const SparseMqaParams& p,
+                                                          const SparseMqaSplit& split,
+                                                          int block_heads, int block_keys,
+                                                          int block_align) {
+  SparseMqaWork w;
+  const int head_blocks = (p.num_heads + block_heads - 1) / block_heads;
+  const int64_t cta = blockIdx.x;
+  w.head0 = static_cast<int>(cta % head_blocks) * block_heads;
+  const int64_t token_split = cta / head_blocks;
+  w.split = static_cast<int>(token_split % split.num_splits);
+  w.token = static_cast<int>(token_split / split.num_splits);
+  int count = p.topk;
+  if (p.valid_counts != nullptr) count = min(max(p.valid_counts[w.token], 0), p.topk);
+  const int blocks = (count + block_keys - 1) / block_keys;
+  int per = (blocks + split.num_splits - 1) / split.num_splits;
+  per = (per + block_align - 1) / block_align * block_align;
+  w.key_begin = min(count, w.split * per * block_keys);
+  w.key_end = min(count, w.key_begin + per * block_keys);
+  if (split.num_splits == 1) {
+    w.out = p.out + int64_t(w.token) * p.out_token_stride + int64_t(w.head0) * p.out_head_stride;
+    w.out_head_stride = p.out_head_stride;
+    w.lse = p.lse + int64_t(w.token) * p.lse_token_stride + w.head0;
+  } else {
+    const int64_t row = (int64_t(w.split) * p.num_tokens + w.token) * p.num_heads + w.head0;
+    w.out = split.part_out + row * p.v_dim;
+    w.out_head_stride = p.v_dim;
+    w.lse = split.part_lse + row;
+  }
+  return w;
+}
+
+}  // namespace dcp::cuda

@@ -1,0 +1,256 @@
+#include "runtime/dense_route.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+
+#include "core/status.h"
+#include "workspace/chunk_plan.h"
+
+namespace dcp {
+
+absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
+  const int hl = projections_.heads(), qk = model_.qk_head_dim(), dv = model_.v_head_dim;
+  const int world = comm_.world_size(), width = model_.latent_width();
+  const size_t element = dtype_size(device_.storage_dtype());
+  const PlannedRequest* prefills = plan.requests.data() + plan.num_decodes;
+  num_tokens_ = plan.num_tokens - plan.num_decode_tokens;
+  num_prefills_ = plan.num_prefills;
+  local_rows_ = plan.workspace.local_rows;
+  chunks_.clear();
+  const int64_t tp = num_tokens_;
+
+  std::vector<int32_t>& cu_q = cu_q_host_;
+  cu_q.assign(num_prefills_ + 1, 0);
+  max_query_len_ = 0;
+  causal_flops_ = 0;
+  for (int p = 0; p < num_prefills_; ++p) {
+    cu_q[p + 1] = cu_q[p] + prefills[p].query_len;
+    max_query_len_ = std::max(max_query_len_, prefills[p].query_len);
+    const double n = prefills[p].query_len;
+    causal_flops_ += 2.0 * hl * (qk + dv) * n * (n + 1) / 2;
+  }
+  DCP_RETURN_IF_ERROR(Upload(device_, cu_seqlens_q_, cu_q).status());
+
+  // Per chunk: this rank's rows of every segment (padding: -1, a zero row), the reorganize map
+  // into global order, and the keys of each prefill.
+  std::vector<int32_t> local_slots, reorganize;
+  std::vector<int32_t>& cu_k = cu_k_host_;
+  cu_k.clear();
+  max_chunk_keys_ = 0;
+  for (const ContextChunk& chunk : plan.chunks) {
+    ChunkSteps steps;
+    steps.slots_offset = static_cast<int64_t>(local_slots.size());
+    steps.index_offset = static_cast<int64_t>(reorganize.size());
+    steps.cu_k_offset = static_cast<int64_t>(cu_k.size());
+    steps.num_keys = chunk.num_keys;
+    local_slots.resize(local_slots.size() + local_rows_, -1);
+    for (const ChunkSegment& segment : chunk.segments) {
+      const int32_t* row = tables.row(prefills[segment.request].batch_index);
+      const LocalRange range = SegmentLocalRows(segment, layout_, rank_);
+      const int64_t offset = steps.slots_offset + segment.padded_offset / world;
+      for (int64_t x = 0; x < range.count; ++x) {
+        local_slots[offset + x] =
+            static_cast<int32_t>(slot_of_local_row(row, tables.block_size, range.first + x));
+      }
+    }
+    const std::vector<int32_t> index = ReorganizeIndex(chunk, local_rows_, layout_);
+    reorganize.insert(reorganize.end(), index.begin(), index.end());
+    std::vector<int64_t> keys_of(num_prefills_, 0);
+    for (const ChunkSegment& segment : chunk.segments) {
+      keys_of[segment.request] = segment.end - segment.begin;
+      steps.max_keys = std::max<int>(steps.max_keys, static_cast<int>(segment.end - segment.begin));
+      steps.flops += 2.0 * hl * (qk + dv) * double(prefills[segment.request].query_len) *
+                     double(segment.end - segment.begin);
+    }
+    cu_k.push_back(0);
+    for (int p = 0; p < num_prefills_; ++p) {
+      cu_k.push_back(cu_k.back() + static_cast<int32_t>(keys_of[p]));
+    }
+    max_chunk_keys_ = std::max(max_chunk_keys_, steps.num_keys);
+    chunks_.push_back(steps);
+  }
+  const size_t out_count = size_t(tp) * hl * dv, lse_count = size_t(tp) * hl;
+  if (!chunks_.empty()) {
+    DCP_RETURN_IF_ERROR(Upload(device_, local_slots_, local_slots).status());
+    DCP_RETURN_IF_ERROR(Upload(device_, reorganize_index_, reorganize).status());
+    DCP_RETURN_IF_ERROR(Upload(device_, cu_seqlens_k_, cu_k).status());
+    const std::vector<float> empty(lse_count, -std::numeric_limits<float>::infinity());
+    DCP_RETURN_IF_ERROR(Upload(device_, empty_lse_, empty).status());
+    for (ScratchBuffer* b : {&out_new_, &out_context_, &out_chunk_}) {
+      DCP_RETURN_IF_ERROR(b->Reserve(device_, out_count * 4).status());
+    }
+    for (ScratchBuffer* b : {&lse_new_, &lse_context_, &lse_chunk_}) {
+      DCP_RETURN_IF_ERROR(b->Reserve(device_, lse_count * 4).status());
+    }
+    DCP_RETURN_IF_ERROR(
+        chunk_rows_.Reserve(device_, size_t(max_chunk_keys_) * width * element).status());
+    DCP_RETURN_IF_ERROR(
+        k_chunk_.Reserve(device_, size_t(max_chunk_keys_) * hl * qk * element).status());
+    DCP_RETURN_IF_ERROR(
+        v_chunk_.Reserve(device_, size_t(max_chunk_keys_) * hl * dv * element).status());
+  }
+  DCP_RETURN_IF_ERROR(q_.Reserve(device_, size_t(tp) * hl * qk * element).status());
+  DCP_RETURN_IF_ERROR(k_new_.Reserve(device_, size_t(tp) * hl * qk * element).status());
+  DCP_RETURN_IF_ERROR(v_new_.Reserve(device_, size_t(tp) * hl * dv * element).status());
+  return projections_.Prepare(std::max(tp, max_chunk_keys_));
+}
+
+absl::Status DenseRoute::ChunkKeys(const KvCacheView& cache, const ChunkSteps& chunk, void* k,
+                                   void* v, ForwardStats* stats) {
+  const int world = comm_.world_size(), hl = projections_.heads();
+  const int width = model_.latent_width();
+  const DType storage = device_.storage_dtype();
+  const size_t element = dtype_size(storage);
+  const int64_t local_rows = local_rows_;
+  std::byte* local_region = static_cast<std::byte*>(workspace_);
+  std::byte* gathered_region =
+      world > 1 ? local_region + size_t(local_rows) * width * element : local_region;
+
+  // Gather this rank's rows of every segment into the local region (padding: zero rows).
+  PhaseTimer timer;
+  DCP_RETURN_IF_ERROR(device_.GatherRows({cache.data,
+                                          local_slots_.as<int32_t>() + chunk.slots_offset,
+                                          local_region, storage, local_rows, cache.num_slots(),
+                                          width, cache.row_stride, width}));
+  if (world > 1) {
+    if (stats) DCP_RETURN_IF_ERROR(device_.Synchronize());  // the all-gather's own time, below
+    PhaseTimer comm_timer;
+    DCP_RETURN_IF_ERROR(comm_.AllGather(local_region, gathered_region,
+                                        size_t(local_rows) * width, storage));
+    if (stats) {
+      stats->all_gather_comm_s += comm_timer.Elapsed();
+      stats->all_gather_bytes += local_rows * width * int64_t(element) * world;
+    }
+  }
+  // Reorganize into per-request rows in global order.
+  DCP_ASSIGN_OR_RETURN(void* rows, chunk_rows_.Get(size_t(chunk.num_keys) * width * element));
+  DCP_RETURN_IF_ERROR(device_.GatherRows({gathered_region,
+                                          reorganize_index_.as<int32_t>() + chunk.index_offset,
+                                          rows, storage, chunk.num_keys, local_rows * world,
+                                          width, width, width}));
+  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::gather_s));
+
+  timer.Restart();
+  DCP_RETURN_IF_ERROR(projections_.UpProject(rows, chunk.num_keys, k, v));
+  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::up_projection_s));
+  if (stats) {
+    stats->num_context_rows += chunk.num_keys;
+    stats->flops += 2.0 * double(chunk.num_keys) * hl * model_.kv_lora_rank *
+                    (model_.qk_nope_head_dim + model_.v_head_dim);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& in, float* out,
+                             float* lse, ForwardStats* stats) {
+  const ModelDims& m = model_;
+  const int hl = projections_.heads(), dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim;
+  const int dv = m.v_head_dim, qk = dn + dr;
+  const DType storage = device_.storage_dtype();
+  const size_t element = dtype_size(storage);
+  const int64_t tp = num_tokens_;
+  if (tp == 0) return absl::OkStatus();
+  PhaseTimer timer;
+
+  // Queries [tp, Hl, Dn + Dr] = [q_nope | q_rope] of the prefill tokens.
+  DCP_ASSIGN_OR_RETURN(void* q, q_.Get(size_t(tp) * hl * qk * element));
+  DCP_RETURN_IF_ERROR(device_.Copy2D(q, size_t(qk) * element, in.q_nope, size_t(dn) * element,
+                                     size_t(dn) * element, size_t(tp) * hl));
+  DCP_RETURN_IF_ERROR(device_.Copy2D(static_cast<std::byte*>(q) + size_t(dn) * element,
+                                     size_t(qk) * element, in.q_rope, size_t(dr) * element,
+                                     size_t(dr) * element, size_t(tp) * hl));
+  // The new tokens' K/V from their latent rows.
+  DCP_ASSIGN_OR_RETURN(void* k_new, k_new_.Get(size_t(tp) * hl * qk * element));
+  DCP_ASSIGN_OR_RETURN(void* v_new, v_new_.Get(size_t(tp) * hl * dv * element));
+  DCP_RETURN_IF_ERROR(projections_.UpProject(in.kv_new, tp, k_new, v_new));
+  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::up_projection_s));
+  if (stats) stats->flops += 2.0 * double(tp) * hl * m.kv_lora_rank * (dn + dv);
+
+  DenseMhaParams base;
+  base.q = q;
+  base.dtype = storage;
+  base.num_seqs = num_prefills_;
+  base.num_heads = hl;
+  base.qk_dim = qk;
+  base.v_dim = dv;
+  base.max_seqlen_q = max_query_len_;
+  base.q_token_stride = int64_t{hl} * qk;
+  base.q_head_stride = qk;
+  base.k_token_stride = int64_t{hl} * qk;
+  base.k_head_stride = qk;
+  base.v_token_stride = int64_t{hl} * dv;
+  base.v_head_stride = dv;
+  base.out_token_stride = int64_t{hl} * dv;
+  base.out_head_stride = dv;
+  base.lse_token_stride = hl;
+  base.scale = scale_;
+  base.cu_seqlens_q = cu_seqlens_q_.as<int32_t>();
+  base.host_cu_seqlens_q = cu_q_host_.data();
+
+  const bool has_context = !chunks_.empty();
+  const size_t out_count = size_t(tp) * hl * dv, lse_count = size_t(tp) * hl;
+  // New tokens, causal. Without context this is the answer.
+  timer.Restart();
+  float* out_new = out;
+  float* lse_new = lse;
+  if (has_context) {
+    DCP_ASSIGN_OR_RETURN(void* o, out_new_.Get(out_count * 4));
+    DCP_ASSIGN_OR_RETURN(void* l, lse_new_.Get(lse_count * 4));
+    out_new = static_cast<float*>(o);
+    lse_new = static_cast<float*>(l);
+  }
+  DenseMhaParams causal = base;
+  causal.k = k_new;
+  causal.v = v_new;
+  causal.out = out_new;
+  causal.lse = lse_new;
+  causal.cu_seqlens_k = base.cu_seqlens_q;  // new tokens: as many keys as queries
+  causal.host_cu_seqlens_k = cu_q_host_.data();
+  causal.max_seqlen_k = max_query_len_;
+  causal.causal = true;
+  DCP_RETURN_IF_ERROR(device_.DenseMha(causal));
+  DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::attention_s));
+  if (stats) stats->flops += causal_flops_;
+  if (!has_context) return absl::OkStatus();
+
+  // Context, chunk by chunk, merged into (out_ctx, lse_ctx), which starts empty.
+  DCP_ASSIGN_OR_RETURN(void* out_ctx_data, out_context_.Get(out_count * 4));
+  DCP_ASSIGN_OR_RETURN(void* lse_ctx_data, lse_context_.Get(lse_count * 4));
+  DCP_ASSIGN_OR_RETURN(void* out_chunk_data, out_chunk_.Get(out_count * 4));
+  DCP_ASSIGN_OR_RETURN(void* lse_chunk_data, lse_chunk_.Get(lse_count * 4));
+  DCP_ASSIGN_OR_RETURN(void* k, k_chunk_.Get(size_t(max_chunk_keys_) * hl * qk * element));
+  DCP_ASSIGN_OR_RETURN(void* v, v_chunk_.Get(size_t(max_chunk_keys_) * hl * dv * element));
+  auto* out_ctx = static_cast<float*>(out_ctx_data);
+  auto* lse_ctx = static_cast<float*>(lse_ctx_data);
+  auto* out_chunk = static_cast<float*>(out_chunk_data);
+  auto* lse_chunk = static_cast<float*>(lse_chunk_data);
+  DCP_RETURN_IF_ERROR(device_.Memset(out_ctx, 0, out_count * 4));
+  DCP_RETURN_IF_ERROR(device_.Copy(lse_ctx, empty_lse_.data(), lse_count * 4));
+
+  for (const ChunkSteps& chunk : chunks_) {
+    DCP_RETURN_IF_ERROR(ChunkKeys(cache, chunk, k, v, stats));
+    // Every prefill's queries against its keys in this chunk (none: out 0, lse -inf).
+    timer.Restart();
+    DenseMhaParams context = base;
+    context.k = k;
+    context.v = v;
+    context.out = out_chunk;
+    context.lse = lse_chunk;
+    context.cu_seqlens_k = cu_seqlens_k_.as<int32_t>() + chunk.cu_k_offset;
+    context.host_cu_seqlens_k = cu_k_host_.data() + chunk.cu_k_offset;
+    context.max_seqlen_k = chunk.max_keys;
+    context.causal = false;
+    DCP_RETURN_IF_ERROR(device_.DenseMha(context));
+    DCP_RETURN_IF_ERROR(device_.MergeStates({out_ctx, lse_ctx, out_chunk, lse_chunk, out_ctx,
+                                             lse_ctx, static_cast<int>(tp), hl, dv}));
+    DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::attention_s));
+    if (stats) stats->flops += chunk.flops;
+  }
+  timer.Restart();
+  DCP_RETURN_IF_ERROR(device_.MergeStates(
+      {out_ctx, lse_ctx, out_new, lse_new, out, lse, static_cast<int>(tp), hl, dv}));
+  return EndPhase(device_, stats, timer, &ForwardStats::attention_s);
+}
+
+}  // namespace dcp

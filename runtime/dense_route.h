@@ -1,0 +1,82 @@
+// The dense MHA route for the prefills of a plan (DESIGN.md sections 5-6): the new tokens
+// attend causally to themselves; the cached context streams through the chunked-prefill
+// workspace chunk by chunk (gather this rank's rows, all-gather, reorganize into global order,
+// up-project, non-causal attention), each chunk merged by LSE, and the two halves merged last.
+//
+// Prepare (host, once per step) computes every chunk's index arrays and uploads them, and sizes
+// the buffers; Run (per layer) only launches kernels and collectives.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "collectives/communicator.h"
+#include "core/kv_layout.h"
+#include "runtime/config.h"
+#include "runtime/device.h"
+#include "runtime/forward_stats.h"
+#include "runtime/kv_cache.h"
+#include "runtime/mla_projections.h"
+#include "runtime/plan.h"
+#include "runtime/scratch.h"
+#include "runtime/step.h"
+
+namespace dcp {
+
+struct DenseRouteInputs {
+  const void* q_nope;  // [Tp, Hl, Dn] storage dtype: the prefill tokens, execution order
+  const void* q_rope;  // [Tp, Hl, Dr]
+  const void* kv_new;  // [Tp, R + Dr] the prefill tokens' fresh latent rows
+};
+
+class DenseRoute {
+ public:
+  // workspace: [total_rows, R + Dr] of the storage dtype (the plan's WorkspaceSize).
+  DenseRoute(Device& device, Communicator& comm, const ModelDims& model, float scale,
+             KvLayout layout, int rank, MlaProjections& projections, void* workspace)
+      : device_(device), comm_(comm), model_(model), scale_(scale), layout_(layout),
+        rank_(rank), projections_(projections), workspace_(workspace) {}
+
+  // The plan's prefills (dense route); `tables` rows follow the caller's order.
+  absl::Status Prepare(const Plan& plan, const StepTables& tables);
+  // out [Tp, Hl, Dv] F32, lse [Tp, Hl] F32 of the plan's prefill tokens. stats may be null.
+  absl::Status Run(const KvCacheView& cache, const DenseRouteInputs& in, float* out, float* lse,
+                   ForwardStats* stats);
+
+ private:
+  // One context chunk as Prepare leaves it: where its index arrays start in the uploaded
+  // buffers, and its sizes.
+  struct ChunkSteps {
+    int64_t slots_offset = 0, index_offset = 0, cu_k_offset = 0;
+    int64_t num_keys = 0;
+    int max_keys = 0;
+    double flops = 0;
+  };
+  // Keys of one context chunk, up-projected: k [num_keys, Hl, Dn + Dr], v [num_keys, Hl, Dv].
+  absl::Status ChunkKeys(const KvCacheView& cache, const ChunkSteps& chunk, void* k, void* v,
+                         ForwardStats* stats);
+
+  Device& device_;
+  Communicator& comm_;
+  ModelDims model_;
+  float scale_;
+  KvLayout layout_;
+  int rank_;
+  MlaProjections& projections_;
+  void* workspace_;
+  // The step.
+  int64_t num_tokens_ = 0;  // Tp
+  int num_prefills_ = 0, max_query_len_ = 0;
+  int64_t local_rows_ = 0, max_chunk_keys_ = 0;
+  double causal_flops_ = 0;
+  std::vector<ChunkSteps> chunks_;
+  // Host copies of the cu_seqlens arrays (the kernels check them without a copy back).
+  std::vector<int32_t> cu_q_host_, cu_k_host_;
+  ScratchBuffer cu_seqlens_q_, local_slots_, reorganize_index_, cu_seqlens_k_, empty_lse_;
+  ScratchBuffer q_, k_new_, v_new_;
+  ScratchBuffer out_new_, lse_new_, out_context_, lse_context_, out_chunk_, lse_chunk_;
+  ScratchBuffer chunk_rows_, k_chunk_, v_chunk_;
+};
+
+}  // namespace dcp

@@ -1,0 +1,239 @@
+#include "runtime/engine.h"
+
+#include <cstddef>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "runtime/input_checks.h"
+
+namespace dcp {
+
+DcpEngine::DcpEngine(const DcpOptions& options, Communicator& comm, Device& device)
+    : options_(options),
+      comm_(comm),
+      device_(device),
+      heads_(options.model.num_heads / options.dcp.world_size),
+      projections_(device, options.model, options.model.num_heads / options.dcp.world_size) {}
+
+absl::StatusOr<std::unique_ptr<DcpEngine>> DcpEngine::Create(const DcpOptions& options,
+                                                             Communicator& comm,
+                                                             Device& device) {
+  DCP_RETURN_IF_ERROR(ValidateConfigs(options.model, options.dcp, options.scheduler,
+                                      options.attention));
+  DCP_CHECK_ARG(options.dcp.world_size == comm.world_size() && options.dcp.rank == comm.rank(),
+                "dcp.world_size/rank (%d, %d) disagree with the communicator (%d, %d)",
+                options.dcp.world_size, options.dcp.rank, comm.world_size(), comm.rank());
+  DCP_CHECK_ARG(options.attention.kv_cache_dtype == KvCacheDType::kBF16,
+                "attention.kv_cache_dtype %s: the FP8 cache kernels exist (cache write, gather, "
+                "sparse MQA) but the engine does not use them yet; run with bf16",
+                kv_cache_dtype_name(options.attention.kv_cache_dtype));
+  auto engine = std::unique_ptr<DcpEngine>(new DcpEngine(options, comm, device));
+  DcpEngine& e = *engine;
+  const ModelDims& m = options.model;
+  const int width = m.latent_width();
+  const KvLayout layout{options.dcp.world_size, options.dcp.interleave};
+
+  // Prefill backend and workspace.
+  DCP_ASSIGN_OR_RETURN(e.planner_.dense_mha_available,
+                       ResolvePrefillBackend(options.attention,
+                                             device.SelectPrefillBackend(
+                                                 options.attention.prefill_backend, e.heads_,
+                                                 m.qk_head_dim(), m.v_head_dim)));
+  e.planner_.scheduler = options.scheduler;
+  e.planner_.attention = options.attention;
+  e.planner_.layout = layout;
+  DCP_ASSIGN_OR_RETURN(
+      e.planner_.workspace,
+      ComputeWorkspaceSize({options.scheduler.block_size, options.scheduler.max_num_seqs,
+                            options.scheduler.max_model_len, options.attention.index_topk,
+                            options.dcp.world_size, options.dcp.interleave, width,
+                            options.workspace_rows_override}));
+  if (e.planner_.dense_mha_available) {
+    DCP_ASSIGN_OR_RETURN(e.workspace_,
+                         device.Allocate(size_t(e.planner_.workspace.total_rows) * width *
+                                         dtype_size(device.storage_dtype())));
+  }
+  e.sparse_ = std::make_unique<SparseRoute>(device, comm, m, m.scale(), options.dcp.combine,
+                                            layout, options.dcp.rank, e.projections_);
+  e.dense_ = std::make_unique<DenseRoute>(device, comm, m, m.scale(), layout, options.dcp.rank,
+                                          e.projections_, e.workspace_.data());
+  return engine;
+}
+
+absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTables& tables,
+                             int topk_width) {
+  planned_ = false;
+  const KvLayout& layout = planner_.layout;
+  const int rank = options_.dcp.rank;
+  absl::Status local = ValidateBatch(batch, options_.scheduler);
+  if (local.ok()) local = CheckStepTables(batch, tables, layout, rank);
+  if (local.ok() && tables.block_size != options_.scheduler.block_size) {
+    local = DCP_ERROR(InvalidArgument, "block tables of %d-row blocks, the scheduler's are %d",
+                      tables.block_size, options_.scheduler.block_size);
+  }
+  if (local.ok() && (topk_width < 0 || topk_width > (1 << 20))) {
+    local = DCP_ERROR(InvalidArgument, "top-k width %d outside [0, 2^20]", topk_width);
+  }
+  if (local.ok() && topk_width == 0) {
+    local = CheckLengthsWithoutTopk(batch, options_.attention.index_topk);
+  }
+  DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, local));
+
+  const bool damage = damage_next_plan_;
+  damage_next_plan_ = false;
+  DCP_ASSIGN_OR_RETURN(plan_, ExchangePlan(comm_, batch, planner_, damage));
+
+  // Device metadata of the step, uploaded once; buffers sized for every layer's Run.
+  auto prepare = [&]() -> absl::Status {
+    const int64_t t = plan_.num_tokens;
+    const ModelDims& m = options_.model;
+    const size_t element = dtype_size(device_.storage_dtype());
+    std::vector<int32_t> perm(t), write_slots(t, -1);
+    absl::flat_hash_set<int32_t> written;
+    for (const PlannedRequest& r : plan_.requests) {
+      const int32_t* row = tables.row(r.batch_index);
+      for (int i = 0; i < r.query_len; ++i) {
+        perm[r.token_begin + i] = static_cast<int32_t>(r.caller_token_begin + i);
+        const int64_t slot = TokenSlot(row, tables.block_size, layout, rank, r.context_len() + i);
+        DCP_CHECK_ARG(slot < 0 || written.insert(static_cast<int32_t>(slot)).second,
+                      "request id %d: new token %d maps to slot %d, which another new token of "
+                      "the step writes too (block tables overlap)",
+                      r.request_id, r.context_len() + i, slot);
+        write_slots[r.caller_token_begin + i] = static_cast<int32_t>(slot);
+      }
+    }
+    DCP_RETURN_IF_ERROR(Upload(device_, perm_, perm).status());
+    DCP_RETURN_IF_ERROR(Upload(device_, write_slots_, write_slots).status());
+    DCP_RETURN_IF_ERROR(q_nope_exec_.Reserve(device_, size_t(t) * heads_ * m.qk_nope_head_dim *
+                                                          element).status());
+    DCP_RETURN_IF_ERROR(q_rope_exec_.Reserve(device_, size_t(t) * heads_ * m.qk_rope_head_dim *
+                                                          element).status());
+    DCP_RETURN_IF_ERROR(
+        kv_new_exec_.Reserve(device_, size_t(t) * m.latent_width() * element).status());
+    if (topk_width > 0) {
+      DCP_RETURN_IF_ERROR(topk_exec_.Reserve(device_, size_t(t) * topk_width * 4).status());
+    }
+    DCP_RETURN_IF_ERROR(out_exec_.Reserve(device_, size_t(t) * heads_ * m.v_head_dim * 4).status());
+    DCP_RETURN_IF_ERROR(lse_exec_.Reserve(device_, size_t(t) * heads_ * 4).status());
+    const int64_t mqa_tokens = plan_.route == Route::kDenseMha ? plan_.num_decode_tokens : t;
+    DCP_RETURN_IF_ERROR(sparse_->Prepare(plan_, tables, mqa_tokens, topk_width));
+    if (plan_.route == Route::kDenseMha) DCP_RETURN_IF_ERROR(dense_->Prepare(plan_, tables));
+    // Uploads are ordered before every later launch on the device's stream; waiting here
+    // keeps the host vectors' lifetime out of the question on every device.
+    return device_.Synchronize();
+  };
+  DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, prepare()));
+  topk_width_ = topk_width;
+  min_cache_blocks_ = tables.num_blocks;
+  planned_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status DcpEngine::CheckRunArguments(const LayerWeightsView& weights,
+                                          const KvCacheView& cache,
+                                          const LayerTensors& tensors) const {
+  DCP_CHECK_ARG(planned_, "Run before a successful Plan of the step");
+  const int width = options_.model.latent_width();
+  DCP_CHECK_ARG(cache.data != nullptr, "the KV cache has no data pointer");
+  DCP_CHECK_ARG(cache.dtype == device_.storage_dtype(),
+                "the KV cache holds %s rows, this rank's device stores %s",
+                dtype_name(cache.dtype), dtype_name(device_.storage_dtype()));
+  DCP_CHECK_ARG(cache.block_size == options_.scheduler.block_size,
+                "the KV cache has %d-row blocks, the scheduler's are %d", cache.block_size,
+                options_.scheduler.block_size);
+  DCP_CHECK_ARG(cache.row_stride >= width, "the KV cache's row stride %d is below a row's %d "
+                "elements", cache.row_stride, width);
+  DCP_CHECK_ARG(cache.num_blocks >= min_cache_blocks_,
+                "the KV cache has %d blocks, the step's block tables address %d",
+                cache.num_blocks, min_cache_blocks_);
+  DCP_CHECK_ARG(cache.num_slots() <= std::numeric_limits<int32_t>::max(),
+                "KV cache of %d slots exceeds the int32 slot range", cache.num_slots());
+  DCP_CHECK_ARG(weights.w_uk != nullptr && weights.w_uv != nullptr, "the layer has no weights");
+  const bool any_tokens = plan_.num_tokens > 0;
+  DCP_CHECK_ARG(!any_tokens || (tensors.q_nope && tensors.q_rope && tensors.kv_new &&
+                                tensors.out && tensors.lse),
+                "a layer tensor (q_nope, q_rope, kv_new, out, lse) has no data pointer");
+  DCP_CHECK_ARG((tensors.topk != nullptr) == (topk_width_ > 0 && any_tokens) || !any_tokens,
+                "the step was planned %s a top-k but the layer has %s",
+                topk_width_ > 0 ? "with" : "without", tensors.topk ? "one" : "none");
+  return absl::OkStatus();
+}
+
+absl::Status DcpEngine::Run(const LayerWeightsView& weights, const KvCacheView& cache,
+                            const LayerTensors& tensors, void* stream) {
+  DCP_RETURN_IF_ERROR(CheckRunArguments(weights, cache, tensors));
+  ForwardStats* stats = collect_stats_ ? &stats_ : nullptr;
+  stats_ = ForwardStats{};
+  stats_.route = plan_.route;
+  stats_.num_decodes = plan_.num_decodes;
+  stats_.num_prefills = plan_.num_prefills;
+  stats_.num_chunks = static_cast<int>(plan_.chunks.size());
+  stats_.num_tokens = plan_.num_tokens;
+  const int64_t t = plan_.num_tokens;
+  if (t == 0) return absl::OkStatus();
+  DCP_RETURN_IF_ERROR(device_.SetStream(stream));
+  absl::Status status = [&]() -> absl::Status {
+    const ModelDims& m = options_.model;
+    const int hl = heads_, dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim;
+    const int dv = m.v_head_dim, width = m.latent_width();
+    const DType storage = device_.storage_dtype();
+    const size_t element = dtype_size(storage);
+    const PhaseTimer total;
+    PhaseTimer timer;
+    projections_.Bind(weights.w_uk, weights.w_uv);
+
+    // The new tokens' rows into the cache (those this rank owns), then every input in
+    // execution order (decodes first).
+    DCP_RETURN_IF_ERROR(device_.ScatterRows({tensors.kv_new, write_slots_.as<int32_t>(),
+                                             cache.data, storage, t, cache.num_slots(), width,
+                                             width, cache.row_stride}));
+    const int32_t* perm = perm_.as<int32_t>();
+    auto reorder = [&](const void* src, ScratchBuffer& exec, DType dtype,
+                       int row) -> absl::StatusOr<void*> {
+      DCP_ASSIGN_OR_RETURN(void* dst, exec.Get(size_t(t) * row * dtype_size(dtype)));
+      DCP_RETURN_IF_ERROR(device_.GatherRows({src, perm, dst, dtype, t, t, row, row, row}));
+      return dst;
+    };
+    DCP_ASSIGN_OR_RETURN(void* q_nope, reorder(tensors.q_nope, q_nope_exec_, storage, hl * dn));
+    DCP_ASSIGN_OR_RETURN(void* q_rope, reorder(tensors.q_rope, q_rope_exec_, storage, hl * dr));
+    DCP_ASSIGN_OR_RETURN(void* kv_exec, reorder(tensors.kv_new, kv_new_exec_, storage, width));
+    const int32_t* topk = nullptr;
+    if (topk_width_ > 0) {
+      DCP_ASSIGN_OR_RETURN(void* exec,
+                           reorder(tensors.topk, topk_exec_, DType::kI32, topk_width_));
+      topk = static_cast<const int32_t*>(exec);
+    }
+    DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::cache_write_s));
+
+    DCP_ASSIGN_OR_RETURN(void* out_data, out_exec_.Get(size_t(t) * hl * dv * 4));
+    DCP_ASSIGN_OR_RETURN(void* lse_data, lse_exec_.Get(size_t(t) * hl * 4));
+    auto* out_exec = static_cast<float*>(out_data);
+    auto* lse_exec = static_cast<float*>(lse_data);
+    DCP_RETURN_IF_ERROR(sparse_->Run(cache, {q_nope, q_rope, topk}, out_exec, lse_exec, stats));
+    if (plan_.route == Route::kDenseMha) {
+      const size_t first = static_cast<size_t>(plan_.num_decode_tokens);
+      const DenseRouteInputs prefill{
+          static_cast<std::byte*>(q_nope) + first * hl * dn * element,
+          static_cast<std::byte*>(q_rope) + first * hl * dr * element,
+          static_cast<std::byte*>(kv_exec) + first * width * element};
+      DCP_RETURN_IF_ERROR(dense_->Run(cache, prefill, out_exec + first * hl * dv,
+                                      lse_exec + first * hl, stats));
+    }
+    // Back to the caller's order, into the caller's buffers.
+    DCP_RETURN_IF_ERROR(device_.ScatterRows(
+        {out_exec, perm, tensors.out, DType::kF32, t, t, hl * dv, hl * dv, hl * dv}));
+    DCP_RETURN_IF_ERROR(
+        device_.ScatterRows({lse_exec, perm, tensors.lse, DType::kF32, t, t, hl, hl, hl}));
+    if (stats) {
+      DCP_RETURN_IF_ERROR(device_.Synchronize());
+      stats_.total_s = total.Elapsed();
+    }
+    return absl::OkStatus();
+  }();
+  const absl::Status restored = device_.SetStream(nullptr);
+  return status.ok() ? restored : status;
+}
+
+}  // namespace dcp

@@ -1,0 +1,115 @@
+// The per-layer engine API (DESIGN.md section 10): plan once per step, run every layer on the
+// engine's stream over the engine's paged KV cache.
+//
+//   auto engine = dcp::DcpEngine::Create(options, comm, device);        // once per rank
+//   per step:  engine->Plan(batch, tables);        // host, collective: rank 0 plans, every
+//                                                  // rank checks; metadata uploaded once
+//   per layer: engine->Run(weights, cache, inputs, outputs, stream);   // launches only
+//
+// Plan is collective (every rank, same batch) and may allocate and exchange host messages. Run
+// enqueues kernels and collectives on `stream` and returns: no host synchronisation, no
+// allocation, no host collective (unless stats are on). A step's plan stays valid until the
+// next Plan; every layer of the step runs against it.
+//
+// Errors. Plan's errors (bad batch, bad tables, a plan that differs between ranks) come back
+// on every rank. Run checks its arguments on the host (shapes, dtypes, the cache against the
+// plan) and returns InvalidArgument before enqueueing anything; such errors are the caller's
+// on every rank alike. A collective that fails or times out surfaces through the communicator
+// (collectives/communicator.h): that rank's Run returns the error and its peers see it as
+// DeadlineExceeded after dcp.comm_timeout_s, or as the communicator's error on their next call.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "collectives/communicator.h"
+#include "runtime/batch.h"
+#include "runtime/config.h"
+#include "runtime/dense_route.h"
+#include "runtime/device.h"
+#include "runtime/forward_stats.h"
+#include "runtime/kv_cache.h"
+#include "runtime/layer_io.h"
+#include "runtime/mla_projections.h"
+#include "runtime/plan.h"
+#include "runtime/planner.h"
+#include "runtime/scratch.h"
+#include "runtime/sparse_route.h"
+#include "runtime/step.h"
+
+namespace dcp {
+
+// Weights of one layer for Run: device memory in the rank's storage dtype.
+struct LayerWeightsView {
+  const void* w_uk = nullptr;  // [H/W, Dn, R]
+  const void* w_uv = nullptr;  // [H/W, R, Dv]
+};
+
+// One layer's tensors for Run, in the batch's (caller) token order, device memory:
+struct LayerTensors {
+  const void* q_nope = nullptr;  // [T, H/W, Dn] storage dtype
+  const void* q_rope = nullptr;  // [T, H/W, Dr] storage dtype
+  const void* kv_new = nullptr;  // [T, R + Dr] storage dtype, the same on every rank
+  const int32_t* topk = nullptr; // [T, K] request-local positions, -1 = none; nullptr iff the
+                                 // step was planned with topk_width 0 (every causal key)
+  float* out = nullptr;          // [T, H/W, Dv] F32
+  float* lse = nullptr;          // [T, H/W] F32, natural log, -inf where no key was selected
+};
+
+class DcpEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<DcpEngine>> Create(const DcpOptions& options,
+                                                           Communicator& comm, Device& device);
+
+  // Plans a step: `batch` (caller order; the token order of every layer's tensors), this
+  // rank's block tables (rows in batch order), and the layers' top-k width (0: no top-k, every
+  // causal key, which needs every seq_len <= index_topk). Collective.
+  absl::Status Plan(absl::Span<const BatchRequest> batch, const StepTables& tables,
+                    int topk_width);
+  // Runs one layer of the planned step: writes the new tokens this rank owns into `cache`,
+  // attention by the planned route, outputs for this rank's heads. `stream` is the CUDA stream
+  // (cudaStream_t) to enqueue on; nullptr = the device's own.
+  absl::Status Run(const LayerWeightsView& weights, const KvCacheView& cache,
+                   const LayerTensors& tensors, void* stream = nullptr);
+
+  // With stats on, Run times its phases (waiting for the device at each boundary) into
+  // last_stats(); off by default.
+  void set_collect_stats(bool on) { collect_stats_ = on; }
+  const ForwardStats& last_stats() const { return stats_; }
+  const dcp::Plan& plan() const { return plan_; }
+  bool dense_mha_available() const { return planner_.dense_mha_available; }
+  const PlannerConfig& planner() const { return planner_; }
+  int heads() const { return heads_; }
+  void DamageNextPlanForTesting() { damage_next_plan_ = true; }
+
+ private:
+  DcpEngine(const DcpOptions& options, Communicator& comm, Device& device);
+  absl::Status CheckRunArguments(const LayerWeightsView& weights, const KvCacheView& cache,
+                                 const LayerTensors& tensors) const;
+
+  DcpOptions options_;
+  Communicator& comm_;
+  Device& device_;
+  int heads_ = 0;
+  PlannerConfig planner_;
+  MlaProjections projections_;
+  Buffer workspace_;  // [S + S/W, R + Dr] of the storage dtype: local region, then all-gather
+  std::unique_ptr<SparseRoute> sparse_;
+  std::unique_ptr<DenseRoute> dense_;
+  // The planned step.
+  dcp::Plan plan_;
+  bool planned_ = false;
+  int topk_width_ = 0;
+  int64_t min_cache_blocks_ = 0;  // the tables' block count: a layer's cache holds at least
+  ScratchBuffer write_slots_, perm_;
+  ScratchBuffer q_nope_exec_, q_rope_exec_, kv_new_exec_, topk_exec_, out_exec_, lse_exec_;
+  bool collect_stats_ = false;
+  ForwardStats stats_;
+  bool damage_next_plan_ = false;
+};
+
+}  // namespace dcp

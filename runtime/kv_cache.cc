@@ -1,0 +1,83 @@
+#include "runtime/kv_cache.h"
+
+#include <limits>
+#include <vector>
+
+#include "core/status.h"
+
+namespace dcp {
+
+KvCache::KvCache(Device& device, int64_t num_blocks, int block_size, int row_width,
+                 KvLayout layout, int rank)
+    : device_(device),
+      tables_(static_cast<int>(num_blocks), block_size, layout, rank),
+      storage_(device.storage_dtype()),
+      row_width_(row_width),
+      num_slots_(num_blocks * block_size) {}
+
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(Device& device, int64_t num_blocks,
+                                                         int block_size, int row_width,
+                                                         KvLayout layout, int rank) {
+  DCP_CHECK_ARG(num_blocks >= 1 && block_size >= 1, "KV cache of %d blocks of %d rows",
+                num_blocks, block_size);
+  DCP_CHECK_ARG(num_blocks * block_size <= std::numeric_limits<int32_t>::max(),
+                "KV cache of %d slots exceeds the int32 slot range; lower "
+                "scheduler.num_kv_blocks or max_num_seqs",
+                num_blocks * block_size);
+  auto cache = std::unique_ptr<KvCache>(
+      new KvCache(device, num_blocks, block_size, row_width, layout, rank));
+  const size_t bytes = size_t(cache->num_slots_) * row_width * dtype_size(cache->storage_);
+  DCP_ASSIGN_OR_RETURN(cache->rows_, device.Allocate(bytes));
+  DCP_RETURN_IF_ERROR(device.Memset(cache->rows_.data(), 0, bytes));
+  return cache;
+}
+
+absl::Status KvCache::AddRequest(int64_t request_id) {
+  DCP_RETURN_IF_ERROR(tables_.AddRequest(request_id, 0));
+  cached_[request_id] = 0;
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::FreeRequest(int64_t request_id) {
+  DCP_RETURN_IF_ERROR(tables_.FreeRequest(request_id));
+  cached_.erase(request_id);
+  return absl::OkStatus();
+}
+
+int64_t KvCache::cached_tokens(int64_t request_id) const {
+  auto it = cached_.find(request_id);
+  return it == cached_.end() ? -1 : it->second;
+}
+
+absl::Status KvCache::Scatter(const void* rows, const std::vector<int32_t>& slots) {
+  DCP_ASSIGN_OR_RETURN(int32_t* index, Upload(device_, slots_, slots));
+  const int64_t n = static_cast<int64_t>(slots.size());
+  return device_.ScatterRows({rows, index, rows_.data(), storage_, n, num_slots_, row_width_,
+                              row_width_, row_width_});
+}
+
+absl::Status KvCache::Load(int64_t request_id, int64_t num_tokens, const TensorView& local_rows) {
+  DCP_RETURN_IF_ERROR(tables_.Grow(request_id, num_tokens));
+  DCP_ASSIGN_OR_RETURN(void* staged, Stage(device_, staged_, local_rows, storage_));
+  DCP_ASSIGN_OR_RETURN(auto table, tables_.table(request_id));
+  const int64_t rows = local_rows.shape.empty() ? 0 : local_rows.shape[0];
+  std::vector<int32_t> slots(rows);
+  for (int64_t j = 0; j < rows; ++j) {
+    slots[j] = static_cast<int32_t>(slot_of_local_row(table.data(), tables_.block_size(), j));
+  }
+  DCP_RETURN_IF_ERROR(Scatter(staged, slots));
+  DCP_RETURN_IF_ERROR(device_.Synchronize());
+  cached_[request_id] = num_tokens;
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::Grow(absl::Span<const BatchRequest> batch) {
+  for (const BatchRequest& r : batch) DCP_RETURN_IF_ERROR(tables_.Grow(r.request_id, r.seq_len));
+  return absl::OkStatus();
+}
+
+void KvCache::CommitLengths(absl::Span<const BatchRequest> batch) {
+  for (const BatchRequest& r : batch) cached_[r.request_id] = r.seq_len;
+}
+
+}  // namespace dcp

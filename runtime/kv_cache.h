@@ -1,0 +1,81 @@
+// The rank's paged KV cache when dcp owns it (the launcher and the tests): block tables on the
+// host (the same on every rank, runtime/block_tables.h), rows on the rank's Device, and each
+// request's cached length. The routes read it through view() and table().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/dtype.h"
+#include "core/kv_layout.h"
+#include "core/tensor.h"
+#include "runtime/block_tables.h"
+#include "runtime/device.h"
+#include "runtime/batch.h"
+#include "runtime/scratch.h"
+
+namespace dcp {
+
+// One layer's paged KV cache as the kernels address it: block b holds slots [b*B, (b+1)*B),
+// slot s is the row at data + s * row_stride elements. Engine-owned memory on the rank's device
+// (host memory on CPU ranks); dcp reads and writes it in place.
+struct KvCacheView {
+  void* data = nullptr;     // [num_blocks * block_size, row_stride] of dtype
+  DType dtype = DType::kF32;  // the rank's storage dtype (Device::storage_dtype)
+  int64_t num_blocks = 0;
+  int block_size = 0;       // B rows per block
+  int64_t row_stride = 0;   // elements from one row to the next, >= R + Dr
+  int64_t num_slots() const { return num_blocks * block_size; }
+};
+
+class KvCache {
+ public:
+  // num_blocks blocks of block_size rows, zeroed, in `device`'s storage dtype.
+  static absl::StatusOr<std::unique_ptr<KvCache>> Create(Device& device, int64_t num_blocks,
+                                                         int block_size, int row_width,
+                                                         KvLayout layout, int rank);
+
+  absl::Status AddRequest(int64_t request_id);
+  absl::Status FreeRequest(int64_t request_id);
+  // Places the request's first num_tokens tokens: local_rows [local_length(num_tokens), width]
+  // in local order (already checked by the caller).
+  absl::Status Load(int64_t request_id, int64_t num_tokens, const TensorView& local_rows);
+  // Once a step ran: each request's cached length becomes its seq_len.
+  void CommitLengths(absl::Span<const BatchRequest> batch);
+
+  bool has_request(int64_t request_id) const { return cached_.contains(request_id); }
+  // Tokens cached for the request; -1 when it is not registered.
+  int64_t cached_tokens(int64_t request_id) const;
+  absl::StatusOr<absl::Span<const int32_t>> table(int64_t request_id) const {
+    return tables_.table(request_id);
+  }
+  KvCacheView view() const {
+    return {rows_.data(), storage_, num_slots_ / tables_.block_size(), tables_.block_size(),
+            row_width_};
+  }
+  const BlockTables& tables() const { return tables_; }
+  // Grows each request of the batch to its seq_len (blocks for the new tokens).
+  absl::Status Grow(absl::Span<const BatchRequest> batch);
+  const KvLayout& layout() const { return tables_.layout(); }
+  int rank() const { return tables_.rank(); }
+
+ private:
+  KvCache(Device& device, int64_t num_blocks, int block_size, int row_width, KvLayout layout,
+          int rank);
+  absl::Status Scatter(const void* rows, const std::vector<int32_t>& slots);
+
+  Device& device_;
+  BlockTables tables_;
+  DType storage_;
+  int row_width_;
+  int64_t num_slots_;
+  Buffer rows_;  // [num_slots, row_width] of storage_
+  absl::flat_hash_map<int64_t, int64_t> cached_;  // request id -> cached tokens
+  ScratchBuffer slots_, staged_;
+};
+
+}  // namespace dcp

@@ -1,0 +1,72 @@
+// The MLA projections of this rank's heads (DESIGN.md section 3), each one batched GEMM over
+// the heads on the rank's Device, in its storage dtype:
+//   Absorb:     q'[t][h] = [w_uk[h]^T q_nope[t][h] | q_rope[t][h]]          (sparse route)
+//   UpProject:  k[t][h] = [w_uk[h] kv_c[t] | k_pe[t]], v[t][h] = w_uv[h]^T kv_c[t]  (dense)
+//   ProjectOut: out[t][h] = w_uv[h]^T o_lat[t][h]                           (sparse route)
+// The weights are the caller's (device memory, storage dtype), bound per layer with Bind.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+#include "runtime/config.h"
+#include "runtime/device.h"
+#include "runtime/scratch.h"
+
+namespace dcp {
+
+class MlaProjections {
+ public:
+  MlaProjections(Device& device, const ModelDims& model, int heads)
+      : device_(device), model_(model), heads_(heads), storage_(device.storage_dtype()) {}
+
+  // At plan time: UpProject will see at most `max_rows` rows (uploads the k_pe broadcast index).
+  absl::Status Prepare(int64_t max_rows);
+  // The layer's weights: w_uk [Hl, Dn, R], w_uv [Hl, R, Dv], storage dtype, on the device.
+  void Bind(const void* w_uk, const void* w_uv) {
+    w_uk_ = w_uk;
+    w_uv_ = w_uv;
+  }
+
+  // q_nope [T, Hl, Dn], q_rope [T, Hl, Dr] -> q_latent [T, Hl, R + Dr].
+  absl::Status Absorb(const void* q_nope, const void* q_rope, int64_t num_tokens,
+                      void* q_latent);
+  // rows [n, R + Dr] -> k [n, Hl, Dn + Dr], v [n, Hl, Dv].
+  absl::Status UpProject(const void* rows, int64_t n, void* k, void* v);
+  // o_lat [T, Hl, R] of the storage dtype -> out [T, Hl, Dv] F32.
+  absl::Status ProjectOut(const void* o_lat, int64_t num_tokens, float* out);
+
+  int heads() const { return heads_; }
+
+ private:
+  // One GEMM per head, batched over the heads: C[h] [m, n] = A[h] [m, k] @ W[h], W[h] the
+  // head's weight matrix (stored [k, n], or [n, k] and transposed when trans_weights). A[h]
+  // starts at a + h * stride_a, C[h] at c + h * stride_c (elements); A and the weights are in
+  // the storage dtype.
+  struct HeadGemmArgs {
+    const void* a;
+    int64_t lda, stride_a;
+    const void* weights;  // [Hl, k, n] (or [Hl, n, k] with trans_weights)
+    bool trans_weights;
+    void* c;
+    DType c_dtype;
+    int64_t ldc, stride_c;
+    int64_t m;
+    int n, k;
+  };
+  absl::Status HeadGemm(const HeadGemmArgs& args);
+
+  Device& device_;
+  ModelDims model_;
+  int heads_;
+  DType storage_;
+  const void* w_uk_ = nullptr;  // [Hl, Dn, R] of storage_
+  const void* w_uv_ = nullptr;  // [Hl, R, Dv] of storage_
+  ScratchBuffer rope_index_;    // i / Hl for i < broadcast_rows_: the k_pe broadcast's gather
+  int64_t broadcast_rows_ = 0;
+};
+
+}  // namespace dcp

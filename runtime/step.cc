@@ -1,0 +1,35 @@
+#include "runtime/step.h"
+
+#include "core/status.h"
+
+namespace dcp {
+
+absl::Status CheckStepTables(absl::Span<const BatchRequest> batch, const StepTables& tables,
+                             const KvLayout& layout, int rank) {
+  DCP_CHECK_ARG(batch.empty() || tables.data != nullptr, "the step has no block tables");
+  DCP_CHECK_ARG(tables.block_size >= 1 && tables.num_blocks >= 1,
+                "block tables of %d blocks of %d rows", tables.num_blocks, tables.block_size);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int64_t rows = layout.local_length(batch[i].seq_len, rank);
+    const int64_t needed = (rows + tables.block_size - 1) / tables.block_size;
+    DCP_CHECK_ARG(needed <= tables.stride,
+                  "request id %d needs %d blocks on rank %d for seq_len %d, but the block table "
+                  "rows hold %d",
+                  batch[i].request_id, needed, rank, batch[i].seq_len, tables.stride);
+    const int32_t* row = tables.row(static_cast<int64_t>(i));
+    for (int64_t b = 0; b < needed; ++b) {
+      DCP_CHECK_ARG(row[b] >= 0 && row[b] < tables.num_blocks,
+                    "request id %d: block table entry %d is %d, outside the cache's %d blocks",
+                    batch[i].request_id, b, row[b], tables.num_blocks);
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t TokenSlot(const int32_t* row, int block_size, const KvLayout& layout, int rank,
+                  int64_t g) {
+  if (layout.owner(g) != rank) return -1;
+  return slot_of_local_row(row, block_size, layout.local_index(g));
+}
+
+}  // namespace dcp

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The dense-prefill backends on the GPU machine in one call (docs/dense_prefill_cudnn.md):
+# builds only what they need, runs their GPU tests (DCP_REQUIRE_GPU=1: cuDNN must load), then
+# dcp_bench kernels (dense_mha native vs cudnn, both models' sizes) and routes (the dense route
+# on the issue's shapes), and the torch peers of both. Logs and CSVs go to $OUT.
+#   DCP_DENSE_STEPS="tests kernels routes peers" (default all), DCP_DENSE_DEADLINE (s, 330)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+# Everything is written to a work folder and packed into $OUT/dense_prefill.tar.gz at the end
+# (the device tool returns few files); the summary is copied beside it.
+final="${OUT:-/tmp/dense-prefill-out}"
+out=/tmp/dense-prefill-work
+rm -rf "$out" && mkdir -p "$out" "$final"
+pack() { tar czf "$final/dense_prefill.tar.gz" -C "$out" . ; cp "$out/summary.txt" "$final/"; }
+trap pack EXIT
+started=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - started ))s"; }
+deadline="${DCP_DENSE_DEADLINE:-330}"
+left() { local l=$(( deadline - ($(date +%s) - started) - ${1:-0} )); (( l < 5 )) && l=5; echo $l; }
+steps="${DCP_DENSE_STEPS:-tests kernels routes peers}"
+has_step() { [[ " $steps " == *" $1 "* ]]; }
+summary="$out/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export PYTHONUNBUFFERED=1
+
+prefix=/tmp/dcp-prefix
+rm -rf "$prefix" && mkdir -p "$prefix"
+for deb in .debs/*.deb; do dpkg -x "$deb" "$prefix"; done
+if ! find /usr /usr/local -path '*cmake/GTest/GTestConfig.cmake' 2>/dev/null | grep -q .; then
+  for deb in .debs/fallback/*.deb; do dpkg -x "$deb" "$prefix"; done
+fi
+export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+# cuDNN: the system's libcudnn.so.9 first; torch's nvidia-cudnn package as a fallback.
+python_cudnn=$(python3 -c 'import nvidia.cudnn, os; print(nvidia.cudnn.__path__[0])' 2>/dev/null)
+[ -n "$python_cudnn" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$python_cudnn/lib"
+note "cuDNN libraries: $(ldconfig -p | grep -o 'libcudnn.so.9 ' | head -1)$(python3 -c 'import nvidia.cudnn, os; print(" python headers", os.path.join(nvidia.cudnn.__path__[0], "include"))' 2>&1 | tail -1)"
+
+build=/tmp/build-dense
+echo "== configure + build ($(elapsed))"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
+    -DCMAKE_CXX_FLAGS="-include cstdint" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+grep -E "prefill_backend cudnn" "$out/build.log" | tee -a "$summary"
+ninja -C "$build" -k 0 attention_cuda_test worker_multirank_test dcp_bench >>"$out/build.log" 2>&1 \
+    || { grep -E "error|FAILED" "$out/build.log" | head -30; note "build: FAILED"; }
+note "build done ($(elapsed))"
+
+if has_step tests; then
+  echo "== tests ($(elapsed))"
+  DCP_REQUIRE_GPU=1 timeout "$(left 200)" "$build/tests/cuda/attention_cuda_test" \
+      --gtest_filter='*DensePrefill*:*DenseMha*:*CudnnSdpa*' >"$out/test_attention.log" 2>&1
+  note "attention_cuda_test (dense + cudnn): exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_attention.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$out/test_attention.log" | head -20 | tee -a "$summary"
+  for np in 1 2; do
+    DCP_REQUIRE_GPU=1 DCP_TEST_DEVICE=cuda timeout "$(left 170)" mpirun --allow-run-as-root \
+        --oversubscribe --bind-to none -np $np --mca pml ob1 --mca btl self,vader,tcp \
+        "$build/tests/multirank/worker_multirank_test" \
+        --gtest_filter='*Vllm*:*SeedCases*:*RandomMixed*:*ChunkCount*' >"$out/test_worker_np$np.log" 2>&1
+    note "worker cuda np $np: exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_worker_np$np.log" | head -2 | tr '\n' ' ')"
+  done
+fi
+
+bench="$build/launch/bench/dcp_bench"
+kernel_batches="q16,q64,q256,q512,q1k,q2k,q8k,2q2k,4q1k,4q2k,8q512,16q64,16q1k,64q512,16q64s128,64q64s128,4q512s2k"
+if has_step kernels; then
+  echo "== kernels ($(elapsed))"
+  for dims in deepseek glm5; do
+    heads=16,128; [ "$dims" = glm5 ] && heads=16,64
+    timeout "$(left 110)" "$bench" --mode kernels --device cuda --dims $dims --heads $heads \
+        --prefill_backend native,cudnn,auto --only dense_mha --batches "$kernel_batches" \
+        -w 3 -n 10 --csv "$out/kernels_$dims.csv" >"$out/kernels_$dims.log" 2>&1
+    note "kernels $dims: exit $? ($(elapsed))"
+  done
+fi
+if has_step routes; then
+  echo "== routes ($(elapsed))"
+  for backend in cudnn native; do
+    timeout "$(left 60)" "$bench" --mode routes --device cuda --dims deepseek --heads 128 \
+        --prefill_backend $backend --batches 2q2k,4q1k,8q512,q1k,4q512s2k -w 2 -n 5 --check 0 \
+        --csv "$out/routes_128_$backend.csv" >"$out/routes_128_$backend.log" 2>&1
+    timeout "$(left 50)" "$bench" --mode routes --device cuda --dims deepseek --heads 16 \
+        --prefill_backend $backend --batches 4q2k,q2k -w 2 -n 5 --check 0 \
+        --csv "$out/routes_16_$backend.csv" >"$out/routes_16_$backend.log" 2>&1
+    note "routes $backend: exit $? ($(elapsed))"
+  done
+fi
+if has_step peers; then
+  echo "== torch peers ($(elapsed))"
+  for dims in deepseek glm5; do
+    [ -f "$out/kernels_$dims.csv" ] || continue
+    timeout "$(left 25)" python3 scripts/peer_torch.py --kernels "$out/kernels_$dims.csv" \
+        --dims $dims -w 2 -n 5 --out "$out/peers_kernels_$dims.csv" >"$out/peers_$dims.log" 2>&1
+    note "peers kernels $dims: exit $? ($(elapsed))"
+  done
+  for f in "$out"/routes_128_cudnn.csv "$out"/routes_16_cudnn.csv; do
+    [ -f "$f" ] || continue
+    timeout "$(left 5)" python3 scripts/peer_torch.py --routes "$f" -w 2 -n 5 \
+        --out "${f%.csv}_peers.csv" >>"$out/peers_routes.log" 2>&1
+    note "peers routes $(basename "$f"): exit $? ($(elapsed))"
+  done
+fi
+note "done ($(elapsed))"

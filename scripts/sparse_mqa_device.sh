@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Build, test, sanitize and time the sparse MQA kernels ON the GPU machine, in one short call
+# (docs/sparse_mqa_sm90.md): a smaller sibling of scripts/device_test.sh that builds only
+# attention_cuda_test and dcp_bench.
+#   1. unpacks the carried .debs into a prefix (as device_test.sh), configures for sm_90a and
+#      builds the two targets with ninja;
+#   2. runs the sparse MQA, top-k -> slots and merge tests with DCP_REQUIRE_GPU=1;
+#   3. dcp_bench --mode kernels: ceilings, the sparse MQA shapes (both kernels, splits), and the
+#      kernels of one default batch;
+#   4. the worker's multi-rank suite on CUDA ranks at np 1 and 2;
+#   5. compute-sanitizer memcheck and racecheck on the small sparse MQA cases.
+# Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
+# Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
+# "build test sanitize bench"), DCP_TEST_FILTER, DCP_BENCH_ARGS (appended).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+root=$(pwd)
+out="${OUT:-/tmp/dcp-device-out}"
+mkdir -p "$out"
+stages="${DCP_STAGES:-build test bench worker sanitize}"
+has_stage() { [[ " $stages " == *" $1 "* ]]; }
+debs="${DCP_DEBS:-.debs}"
+build="${DCP_BUILD_DIR:-/tmp/build-sparse-mqa}"
+prefix=/tmp/dcp-prefix
+summary="$out/summary.txt"
+: >"$summary"
+started=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - started ))s"; }
+note() { echo "$*" | tee -a "$summary"; }
+failures=0
+
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$summary"
+
+if [ ! -d "$prefix/usr" ]; then
+  mkdir -p "$prefix"
+  for deb in "$debs"/*.deb; do dpkg -x "$deb" "$prefix"; done
+  if ! find /usr /usr/local -path '*cmake/GTest/GTestConfig.cmake' 2>/dev/null | grep -q .; then
+    for deb in "$debs"/fallback/*.deb; do dpkg -x "$deb" "$prefix"; done
+  fi
+fi
+export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+if has_stage build; then
+  if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
+      -DCMAKE_CXX_FLAGS="-include cstdint" >"$out/build.log" 2>&1; then
+    tail -30 "$out/build.log"
+    note "configure: FAILED"
+    exit 1
+  fi
+  if ! ninja -C "$build" -j "$(nproc)" attention_cuda_test dcp_bench worker_multirank_test \
+      >>"$out/build.log" 2>&1; then
+    grep -E "error|FAILED" "$out/build.log" | head -30 | tee -a "$summary"
+    note "build: FAILED ($(elapsed))"
+    exit 1
+  fi
+  grep -A2 "SparseMqaSm90Kernel" "$out/build.log" | grep -E "spill|Used" | head -2 | tee -a "$summary"
+  note "build: ok ($(elapsed))"
+fi
+test_exe="$build/tests/cuda/attention_cuda_test"
+
+hung=0
+if has_stage test; then
+  # A small case first, under a short cap: a kernel that hangs stops the call here.
+  DCP_REQUIRE_GPU=1 timeout 30 "$test_exe" --gtest_color=no \
+      --gtest_filter='SparseMqaCudaTest.SmallSplitsAndCounts' >"$out/smoke.log" 2>&1
+  code=$?
+  [ "$code" -eq 124 ] && hung=1
+  note "smoke: exit $code ($(elapsed))"
+  grep -E "Failure|Expected|Which is|error|FAILED" "$out/smoke.log" | head -20 | tee -a "$summary"
+fi
+if has_stage test; then
+  # After a hang, the mma.sync kernel's tests alone.
+  [ "$hung" -eq 1 ] && export DCP_TEST_MQA_KERNELS=1
+  DCP_REQUIRE_GPU=1 timeout 120 "$test_exe" --gtest_color=no \
+      --gtest_filter="${DCP_TEST_FILTER:-SparseMqa*:TopkToSlots*:MergeStates*}" \
+      >"$out/test.log" 2>&1
+  code=$?
+  [ "$code" -eq 0 ] || failures=$((failures + 1))
+  note "test: exit $code ($(elapsed)) $(grep -E '^\[  PASSED|^\[  FAILED' "$out/test.log" | tr '\n' ' ')"
+  grep -E "Failure|Expected|Which is|error|FAILED" "$out/test.log" | head -30 | tee -a "$summary"
+fi
+
+if has_stage bench && [ "$hung" -eq 0 ]; then
+  # shellcheck disable=SC2086
+  timeout 100 mpirun --allow-run-as-root --bind-to none -np 1 "$build/launch/bench/dcp_bench" --mode kernels --device cuda --dims deepseek \
+      --heads 128 --batches q1k -w 3 -n 20 -b 1M -e 1M --csv "$out/kernels.csv" \
+      ${DCP_BENCH_ARGS:-} >"$out/bench.txt" 2>&1
+  note "bench: exit $? ($(elapsed))"
+  grep -E "copy_ceiling|gemm_ceiling|sparse_mqa" "$out/bench.txt" | cut -c1-200 | tee -a "$summary"
+fi
+if has_stage worker && [ "$hung" -eq 0 ]; then
+  # The worker's multi-rank equivalence suite on CUDA ranks (compacted slots, split-KV).
+  for np in 1 2; do
+    DCP_TEST_DEVICE=cuda timeout 60 mpirun --allow-run-as-root --oversubscribe --bind-to none \
+        -np "$np" "$build/tests/multirank/worker_multirank_test" --gtest_color=no \
+        >"$out/one.log" 2>&1
+    code=$?
+    [ "$code" -eq 0 ] || failures=$((failures + 1))
+    note "worker np $np: exit $code ($(elapsed)) $(grep -E '^\[  FAILED' "$out/one.log" | head -3 | tr '\n' ' ')"
+    { echo "=== np $np (exit $code)"; cat "$out/one.log"; } >>"$out/worker.log"
+    rm -f "$out/one.log"
+  done
+fi
+
+if has_stage sanitize && [ "$hung" -eq 0 ]; then
+  small='SparseMqaCudaTest.SmallSplits*:SparseMqaCudaTest.OneKey*:SparseMqaCudaTest.NoWorkspace*:TopkToSlotsCudaTest.*'
+  for tool in memcheck racecheck; do
+    DCP_REQUIRE_GPU=1 timeout 70 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$test_exe" --gtest_filter="$small" >"$out/one.log" 2>&1
+    code=$?
+    [ "$code" -eq 0 ] || failures=$((failures + 1))
+    note "$tool: exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/one.log" | tail -1)"
+    { echo "=== $tool (exit $code)"; cat "$out/one.log"; } >>"$out/sanitize.log"
+    rm -f "$out/one.log"
+  done
+fi
+
+note "failures: $failures ($(elapsed))"
+exit $(( failures > 0 ? 1 : 0 ))
