@@ -63,7 +63,7 @@ struct DenseMhaParams {
 // every query head. Token t attends over the cache rows indices[t][0..topk) that are in
 // [0, num_slots) (-1 and anything else out of range is skipped; the checked entry points reject
 // out-of-range values before this runs). The value of row j is its first v_dim columns (kv_c).
-// kv_format kFp8DsMla: the cache holds 656-byte fp8_ds_mla rows (runtime/kv_cache_format.h),
+// kv_format kFp8DsMla: the cache holds 656-byte fp8_ds_mla rows (core/kv_cache_format.h),
 // dequantized on the way in (head_dim 576 / v_dim 512 only), kv_row_stride counts bytes and must
 // be 656, and dtype is that of q alone.
 struct SparseMqaParams {

@@ -107,12 +107,26 @@ absl::Status DenseRoute::ChunkKeys(const KvCacheView& cache, const ChunkSteps& c
   std::byte* gathered_region =
       world > 1 ? local_region + size_t(local_rows) * width * element : local_region;
 
-  // Gather this rank's rows of every segment into the local region (padding: zero rows).
+  // Gather this rank's rows of every segment into the local region (padding: zero rows);
+  // fp8_ds_mla rows are dequantized to the storage dtype on the way.
   PhaseTimer timer;
-  DCP_RETURN_IF_ERROR(device_.GatherRows({cache.data,
-                                          local_slots_.as<int32_t>() + chunk.slots_offset,
-                                          local_region, storage, local_rows, cache.num_slots(),
-                                          width, cache.row_stride, width}));
+  if (cache.format == KvCacheDType::kFp8DsMla) {
+    Fp8DsMlaGatherParams p;
+    p.cache = static_cast<const uint8_t*>(cache.data);
+    p.index = local_slots_.as<int32_t>() + chunk.slots_offset;
+    p.dst = local_region;
+    p.dst_dtype = storage;
+    p.num_rows = local_rows;
+    p.num_src_rows = cache.num_slots();
+    p.cache_row_bytes = cache.row_stride;
+    p.dst_row_stride = width;
+    DCP_RETURN_IF_ERROR(device_.GatherFp8DsMlaRows(p));
+  } else {
+    DCP_RETURN_IF_ERROR(device_.GatherRows({cache.data,
+                                            local_slots_.as<int32_t>() + chunk.slots_offset,
+                                            local_region, storage, local_rows, cache.num_slots(),
+                                            width, cache.row_stride, width}));
+  }
   if (world > 1) {
     if (stats) DCP_RETURN_IF_ERROR(device_.Synchronize());  // the all-gather's own time, below
     PhaseTimer comm_timer;

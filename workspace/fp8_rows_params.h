@@ -1,4 +1,4 @@
-// Parameters of the kernels that write and read fp8_ds_mla cache rows (runtime/kv_cache_format.h
+// Parameters of the kernels that write and read fp8_ds_mla cache rows (core/kv_cache_format.h
 // has the 656-byte layout). Flat POD structs like workspace_params.h: pointers are host memory for
 // the CPU functions (workspace/cpu/fp8_rows_cpu.h) and device memory for the CUDA launchers
 // (workspace/cuda/fp8_rows_cuda.h), index arrays included.

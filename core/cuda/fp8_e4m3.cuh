@@ -1,4 +1,4 @@
-// Device-side FP8 E4M3 (FN) conversions of the fp8_ds_mla kernels (runtime/kv_cache_format.h
+// Device-side FP8 E4M3 (FN) conversions of the fp8_ds_mla kernels (core/kv_cache_format.h
 // has the format and the host twins): the cache write (workspace/cuda) and the readers
 // (workspace/cuda gather, attention/cuda sparse MQA).
 #pragma once

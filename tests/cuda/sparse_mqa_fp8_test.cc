@@ -28,6 +28,7 @@ struct Fp8Case {
   double skip_fraction = 0.0, out_of_range_fraction = 0.0;
   bool integer = false;  // integer q, kv_c (exactly quantized) and k_pe, scale 1: exact logits
   int empty_tokens = 0;  // leading tokens whose rows are all -1
+  int num_splits = 0;    // > 1: split-KV forced, with a workspace (0: the launcher's choice)
 };
 
 struct Fp8Data {
@@ -114,10 +115,16 @@ class SparseMqaFp8CudaTest : public GpuTest {
     DeviceArray<float> out(out_size), lse(lse_size), out_bf16(out_size), lse_bf16(lse_size);
     out.Poison(), lse.Poison(), out_bf16.Poison(), lse_bf16.Poison();
     SparseMqaParams p = Params(c, d, q.get(), cache.get(), indices.get(), out.get(), lse.get());
+    p.num_splits = c.num_splits;
+    const int64_t split_bytes = cuda::SparseMqaWorkspaceBytes(p, std::max(c.num_splits, 1));
+    DeviceArray<uint8_t> workspace(size_t(std::max<int64_t>(split_bytes, 16)));
+    if (split_bytes > 0) p.workspace = workspace.get(), p.workspace_bytes = split_bytes;
     absl::Status status = cuda::SparseMqa(p, nullptr);
     ASSERT_TRUE(status.ok()) << status;
-    // The bf16 kernel over the bf16-rounded dequantized rows.
+    // The bf16 mma.sync kernel (the one that reads fp8 rows; kernel 0 picks it for them) over
+    // the bf16-rounded dequantized rows, with the same splits.
     SparseMqaParams b = p;
+    b.kernel = 1;
     b.kv_format = KvCacheDType::kBF16;
     b.kv_cache = kv_bf16.get(), b.kv_row_stride = kWidth;
     b.out = out_bf16.get(), b.lse = lse_bf16.get();
@@ -221,6 +228,17 @@ TEST_F(SparseMqaFp8CudaTest, ExactHugeLogits) {
   RunAndCheck(c);
 }
 
+// Split-KV over fp8 rows: the partials and the LSE merge as for bf16 rows.
+TEST_F(SparseMqaFp8CudaTest, SplitKvMatchesTheBf16Kernel) {
+  Fp8Case c;
+  c.tokens = 2, c.heads = 16, c.topk = 1000, c.slots = 1200, c.skip_fraction = 0.05;
+  for (int splits : {2, 5}) {
+    SCOPED_TRACE(splits);
+    c.num_splits = splits;
+    RunAndCheck(c);
+  }
+}
+
 TEST_F(SparseMqaFp8CudaTest, BadInputIsAClearError) {
   Fp8Case c;
   c.tokens = 1, c.heads = 8, c.topk = 4, c.slots = 4;
@@ -241,6 +259,12 @@ TEST_F(SparseMqaFp8CudaTest, BadInputIsAClearError) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("aligned"), std::string::npos) << status.message();
   p.kv_cache = cache.get();
+  p.kernel = 2;  // the wgmma kernel does not read fp8 rows
+  status = cuda::SparseMqa(p, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("does not read fp8_ds_mla rows"), std::string::npos)
+      << status.message();
+  p.kernel = 0;
   p.kv_format = static_cast<KvCacheDType>(3);
   status = cuda::SparseMqa(p, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);

@@ -1,5 +1,5 @@
 // An independent host model of the fp8_ds_mla cache row (FORMATS.md "KV cache formats"), written
-// from the format's text and sharing no code with runtime/kv_cache_format.h or the kernels: the
+// from the format's text and sharing no code with core/kv_cache_format.h or the kernels: the
 // E4M3 encoder picks the nearest of the 253 finite codes by value (ties to the even code), not
 // by bit manipulation; the decoder evaluates the code's definition in double.
 #pragma once

@@ -1,4 +1,4 @@
-// The fp8_ds_mla format as code (runtime/kv_cache_format.h) and the CPU cache write / gather
+// The fp8_ds_mla format as code (core/kv_cache_format.h) and the CPU cache write / gather
 // (workspace/cpu/fp8_rows_cpu.h) against the independent host model of tests/reference:
 // bit-exact rows for random tiles, all-zero tiles, negative zeros, float subnormals, huge
 // values and wide dynamic ranges; the E4M3 encoder on values past 448 and on every rounding

@@ -1,7 +1,7 @@
 // CPU fp8_ds_mla cache write and gather (workspace/fp8_rows_params.h): the quantizing cache
 // write of CPU ranks (float32 input; BF16 accepted too) and the workspace gather that
 // dequantizes cached rows into the up-projection's input type (F32 or BF16). Bit-exact with the
-// format of runtime/kv_cache_format.h.
+// format of core/kv_cache_format.h.
 #pragma once
 
 #include "absl/status/status.h"
