@@ -158,6 +158,9 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   }
   if (kernel == 2) {
     DCP_RETURN_IF_ERROR((LaunchSparseMqaSm90<576, 512>(params, split, stream)));
+  } else if (params.kv_format == KvCacheDType::kFp8DsMla) {
+    DCP_RETURN_IF_ERROR(
+        (LaunchSparseMqa<576, 512, KvCacheDType::kFp8DsMla>(params, split, stream)));
   } else {
     DCP_RETURN_IF_ERROR((LaunchSparseMqa<576, 512>(params, split, stream)));
   }
