@@ -40,4 +40,15 @@ absl::Status AgreeOnStatus(Communicator& comm, const absl::Status& local) {
   return absl::Status(static_cast<absl::StatusCode>(codes[first_failed]), message);
 }
 
+absl::Status CheckAllToAllVArgs(int world_size, absl::Span<const size_t> send_counts,
+                                absl::Span<const size_t> send_displs,
+                                absl::Span<const size_t> recv_counts,
+                                absl::Span<const size_t> recv_displs) {
+  const size_t world = static_cast<size_t>(world_size);
+  DCP_CHECK_ARG(send_counts.size() == world && send_displs.size() == world &&
+                    recv_counts.size() == world && recv_displs.size() == world,
+                "AllToAllV: counts and displacements must have %d entries", world_size);
+  return absl::OkStatus();
+}
+
 }  // namespace dcp

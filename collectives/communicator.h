@@ -112,6 +112,12 @@ class Communicator {
 // therefore never leaves its peers waiting in a later collective.
 absl::Status AgreeOnStatus(Communicator& comm, const absl::Status& local);
 
+// The argument check every AllToAllV shares: four spans of `world_size` entries each.
+absl::Status CheckAllToAllVArgs(int world_size, absl::Span<const size_t> send_counts,
+                                absl::Span<const size_t> send_displs,
+                                absl::Span<const size_t> recv_counts,
+                                absl::Span<const size_t> recv_displs);
+
 // Typed conveniences over the untyped calls, checking buffer sizes.
 template <typename T>
 absl::Status AllGather(Communicator& comm, absl::Span<const T> send, absl::Span<T> recv) {

@@ -210,10 +210,8 @@ absl::Status MpiCommunicator::AllToAllV(const void* send, absl::Span<const size_
                                         absl::Span<const size_t> recv_counts,
                                         absl::Span<const size_t> recv_displs, DType dtype) {
   DCP_RETURN_IF_ERROR(CheckUsable("AllToAllV"));
-  const size_t world = size_t(world_size_);
-  DCP_CHECK_ARG(send_counts.size() == world && send_displs.size() == world &&
-                    recv_counts.size() == world && recv_displs.size() == world,
-                "AllToAllV: counts and displacements must have %d entries", world_size_);
+  DCP_RETURN_IF_ERROR(
+      CheckAllToAllVArgs(world_size_, send_counts, send_displs, recv_counts, recv_displs));
   std::vector<int> sc, sd, rc, rd;
   DCP_RETURN_IF_ERROR(ToInts(send_counts, "AllToAllV", &sc));
   DCP_RETURN_IF_ERROR(ToInts(send_displs, "AllToAllV", &sd));

@@ -101,6 +101,8 @@ absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTab
         write_slots[r.caller_token_begin + i] = static_cast<int32_t>(slot);
       }
     }
+    identity_order_ = true;
+    for (int64_t e = 0; e < t; ++e) identity_order_ = identity_order_ && perm[e] == e;
     DCP_RETURN_IF_ERROR(Upload(device_, perm_, perm).status());
     DCP_RETURN_IF_ERROR(Upload(device_, write_slots_, write_slots).status());
     DCP_RETURN_IF_ERROR(q_nope_exec_.Reserve(device_, size_t(t) * heads_ * m.qk_nope_head_dim *
@@ -181,8 +183,8 @@ absl::Status DcpEngine::Run(const LayerWeightsView& weights, const KvCacheView& 
   stats_.num_tokens = plan_.num_tokens;
   const int64_t t = plan_.num_tokens;
   if (t == 0) return absl::OkStatus();
-  DCP_RETURN_IF_ERROR(device_.SetStream(stream));
-  absl::Status status = [&]() -> absl::Status {
+  if (!stream_bound_ || stream != bound_stream_) DCP_RETURN_IF_ERROR(BindStream(stream));
+  return [&]() -> absl::Status {
     const ModelDims& m = options_.model;
     const int hl = heads_, dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim;
     const int dv = m.v_head_dim, width = m.latent_width();
@@ -213,51 +215,72 @@ absl::Status DcpEngine::Run(const LayerWeightsView& weights, const KvCacheView& 
                                                cache.data, storage, t, cache.num_slots(), width,
                                                width, cache.row_stride}));
     }
+    // Inputs in execution order (decodes first): as given when the caller's batch already is
+    // (an engine's usually is), else gathered.
     const int32_t* perm = perm_.as<int32_t>();
     auto reorder = [&](const void* src, ScratchBuffer& exec, DType dtype,
-                       int row) -> absl::StatusOr<void*> {
+                       int row) -> absl::StatusOr<const void*> {
+      if (identity_order_) return src;
       DCP_ASSIGN_OR_RETURN(void* dst, exec.Get(size_t(t) * row * dtype_size(dtype)));
       DCP_RETURN_IF_ERROR(device_.GatherRows({src, perm, dst, dtype, t, t, row, row, row}));
-      return dst;
+      return static_cast<const void*>(dst);
     };
-    DCP_ASSIGN_OR_RETURN(void* q_nope, reorder(tensors.q_nope, q_nope_exec_, storage, hl * dn));
-    DCP_ASSIGN_OR_RETURN(void* q_rope, reorder(tensors.q_rope, q_rope_exec_, storage, hl * dr));
-    DCP_ASSIGN_OR_RETURN(void* kv_exec, reorder(tensors.kv_new, kv_new_exec_, storage, width));
+    DCP_ASSIGN_OR_RETURN(const void* q_nope,
+                         reorder(tensors.q_nope, q_nope_exec_, storage, hl * dn));
+    DCP_ASSIGN_OR_RETURN(const void* q_rope,
+                         reorder(tensors.q_rope, q_rope_exec_, storage, hl * dr));
+    DCP_ASSIGN_OR_RETURN(const void* kv_exec,
+                         reorder(tensors.kv_new, kv_new_exec_, storage, width));
     const int32_t* topk = nullptr;
     if (topk_width_ > 0) {
-      DCP_ASSIGN_OR_RETURN(void* exec,
+      DCP_ASSIGN_OR_RETURN(const void* exec,
                            reorder(tensors.topk, topk_exec_, DType::kI32, topk_width_));
       topk = static_cast<const int32_t*>(exec);
     }
     DCP_RETURN_IF_ERROR(EndPhase(device_, stats, timer, &ForwardStats::cache_write_s));
 
-    DCP_ASSIGN_OR_RETURN(void* out_data, out_exec_.Get(size_t(t) * hl * dv * 4));
-    DCP_ASSIGN_OR_RETURN(void* lse_data, lse_exec_.Get(size_t(t) * hl * 4));
-    auto* out_exec = static_cast<float*>(out_data);
-    auto* lse_exec = static_cast<float*>(lse_data);
+    float* out_exec = tensors.out;
+    float* lse_exec = tensors.lse;
+    if (!identity_order_) {
+      DCP_ASSIGN_OR_RETURN(void* out_data, out_exec_.Get(size_t(t) * hl * dv * 4));
+      DCP_ASSIGN_OR_RETURN(void* lse_data, lse_exec_.Get(size_t(t) * hl * 4));
+      out_exec = static_cast<float*>(out_data);
+      lse_exec = static_cast<float*>(lse_data);
+    }
     DCP_RETURN_IF_ERROR(sparse_->Run(cache, {q_nope, q_rope, topk}, out_exec, lse_exec, stats));
     if (plan_.route == Route::kDenseMha) {
       const size_t first = static_cast<size_t>(plan_.num_decode_tokens);
       const DenseRouteInputs prefill{
-          static_cast<std::byte*>(q_nope) + first * hl * dn * element,
-          static_cast<std::byte*>(q_rope) + first * hl * dr * element,
-          static_cast<std::byte*>(kv_exec) + first * width * element};
+          static_cast<const std::byte*>(q_nope) + first * hl * dn * element,
+          static_cast<const std::byte*>(q_rope) + first * hl * dr * element,
+          static_cast<const std::byte*>(kv_exec) + first * width * element};
       DCP_RETURN_IF_ERROR(dense_->Run(cache, prefill, out_exec + first * hl * dv,
                                       lse_exec + first * hl, stats));
     }
     // Back to the caller's order, into the caller's buffers.
-    DCP_RETURN_IF_ERROR(device_.ScatterRows(
-        {out_exec, perm, tensors.out, DType::kF32, t, t, hl * dv, hl * dv, hl * dv}));
-    DCP_RETURN_IF_ERROR(
-        device_.ScatterRows({lse_exec, perm, tensors.lse, DType::kF32, t, t, hl, hl, hl}));
+    if (!identity_order_) {
+      DCP_RETURN_IF_ERROR(device_.ScatterRows(
+          {out_exec, perm, tensors.out, DType::kF32, t, t, hl * dv, hl * dv, hl * dv}));
+      DCP_RETURN_IF_ERROR(
+          device_.ScatterRows({lse_exec, perm, tensors.lse, DType::kF32, t, t, hl, hl, hl}));
+    }
     if (stats) {
       DCP_RETURN_IF_ERROR(device_.Synchronize());
       stats_.total_s = total.Elapsed();
     }
     return absl::OkStatus();
   }();
-  const absl::Status restored = device_.SetStream(nullptr);
-  return status.ok() ? restored : status;
+}
+
+absl::Status DcpEngine::BindStream(void* stream) {
+  // The device enqueues on the stream; the collectives too, completing in stream order when a
+  // stream is given (the device's own stream keeps today's host completion).
+  DCP_RETURN_IF_ERROR(device_.SetStream(stream));
+  DCP_RETURN_IF_ERROR(
+      comm_.BindStream(stream, stream != nullptr ? Completion::kStream : Completion::kHost));
+  bound_stream_ = stream;
+  stream_bound_ = true;
+  return absl::OkStatus();
 }
 
 }  // namespace dcp

@@ -72,9 +72,14 @@ class DcpEngine {
                     int topk_width);
   // Runs one layer of the planned step: writes the new tokens this rank owns into `cache`,
   // attention by the planned route, outputs for this rank's heads. `stream` is the CUDA stream
-  // (cudaStream_t) to enqueue on; nullptr = the device's own.
+  // (cudaStream_t) to enqueue on; nullptr = the device's own, with collectives that complete
+  // on the host. A stream other than the last one is bound first (BindStream), which must not
+  // happen during a graph capture: run once eagerly on the stream before capturing.
   absl::Status Run(const LayerWeightsView& weights, const KvCacheView& cache,
                    const LayerTensors& tensors, void* stream = nullptr);
+  // Binds the device and the communicator to `stream` (collectives then complete in stream
+  // order: no host wait, capturable). Not during a capture.
+  absl::Status BindStream(void* stream);
 
   // With stats on, Run times its phases (waiting for the device at each boundary) into
   // last_stats(); off by default.
@@ -104,9 +109,12 @@ class DcpEngine {
   dcp::Plan plan_;
   bool planned_ = false;
   int topk_width_ = 0;
+  bool identity_order_ = false;  // the caller's token order is the execution order
   int64_t min_cache_blocks_ = 0;  // the tables' block count: a layer's cache holds at least
   ScratchBuffer write_slots_, perm_;
   ScratchBuffer q_nope_exec_, q_rope_exec_, kv_new_exec_, topk_exec_, out_exec_, lse_exec_;
+  void* bound_stream_ = nullptr;
+  bool stream_bound_ = false;
   bool collect_stats_ = false;
   ForwardStats stats_;
   bool damage_next_plan_ = false;

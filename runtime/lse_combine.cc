@@ -9,6 +9,7 @@ absl::Status LseCombine::Prepare(int64_t tx, int hl, int dim) {
   if (world == 1) return absl::OkStatus();
   const size_t part_count = size_t(tx) * hl * dim, lse_count = size_t(tx) * hl;
   if (backend_ == CombineBackend::kAllGatherReduceScatter) {
+    DCP_RETURN_IF_ERROR(comm_.ReserveReduceScatter(part_count, DType::kF32));
     DCP_RETURN_IF_ERROR(lse_all_.Reserve(device_, lse_count * world * world * 4).status());
     return lse_total_.Reserve(device_, lse_count * world * 4).status();
   }

@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 out="${OUT:-/tmp/dcp-device-out}"
 mkdir -p "$out"
-stages="${DCP_STAGES:-build test sanitize bench run}"  # also: worker
+stages="${DCP_STAGES:-build test sanitize bench engine run}"  # also: worker
 jobs="${DCP_JOBS:-$(nproc)}"
 build="$root/build-gpu"
 prefix=/tmp/dcp-prefix
@@ -135,6 +135,23 @@ if has_stage bench; then
     note "bench: exit $?"
   else
     note "bench: cuda_kernel_bench not built"
+  fi
+fi
+
+# 5b. The engine layer's latency (dcp_bench --mode engine): decode and small prefill batches at
+# the DeepSeek-V3.2 dims, one rank over NCCL: host time in Run, eager and graph-replayed layer.
+if has_stage engine; then
+  echo "== engine layer bench ($(elapsed))"
+  bench="$build/launch/bench/dcp_bench"
+  if [ -x "$bench" ]; then
+    timeout 240 mpirun -np 1 "$bench" --mode engine --device cuda --comm nccl --dims deepseek \
+        --heads 16,128 --index_topk 2048 -w 3 -n 50 \
+        --batches "${DCP_ENGINE_BATCHES:-q1s4k,64q1s4k,q1s16k,4q512}" \
+        --csv "$out/engine.csv" >"$out/engine.txt" 2>&1
+    note "engine bench: exit $?"
+    grep -E "^ +[0-9a-z]+ " "$out/engine.txt" | head -20 | tee -a "$summary"
+  else
+    note "engine bench: dcp_bench not built"
   fi
 fi
 

@@ -105,9 +105,8 @@ absl::Status HostStagedCommunicator::AllToAllV(const void* send,
                                                absl::Span<const size_t> recv_displs,
                                                DType dtype) {
   const size_t world = size_t(world_size());
-  DCP_CHECK_ARG(send_counts.size() == world && send_displs.size() == world &&
-                    recv_counts.size() == world && recv_displs.size() == world,
-                "AllToAllV: counts and displacements must have %d entries", world_size());
+  DCP_RETURN_IF_ERROR(
+      CheckAllToAllVArgs(world_size(), send_counts, send_displs, recv_counts, recv_displs));
   // The extent of each side: the furthest element any block touches.
   size_t send_extent = 0, recv_extent = 0;
   for (size_t r = 0; r < world; ++r) {

@@ -611,10 +611,8 @@ absl::Status NcclCommunicator::AllToAllV(const void* send, absl::Span<const size
                                          absl::Span<const size_t> recv_counts,
                                          absl::Span<const size_t> recv_displs, DType dtype) {
   DCP_RETURN_IF_ERROR(CheckUsable());
-  const size_t world = size_t(world_size_);
-  DCP_CHECK_ARG(send_counts.size() == world && send_displs.size() == world &&
-                    recv_counts.size() == world && recv_displs.size() == world,
-                "AllToAllV: counts and displacements must have %d entries", world_size_);
+  DCP_RETURN_IF_ERROR(
+      CheckAllToAllVArgs(world_size_, send_counts, send_displs, recv_counts, recv_displs));
   DCP_CHECK_ARG(send_counts[rank_] == recv_counts[rank_],
                 "AllToAllV: own block sizes differ (send %d, recv %d)", send_counts[rank_],
                 recv_counts[rank_]);

@@ -66,6 +66,8 @@ absl::StatusOr<ModeResult> RunMode(BenchEnv& env) {
       return RunKernels(env);
     case Mode::kCollectives:
       return RunCollectives(env);
+    case Mode::kEngine:
+      return RunEngine(env);
   }
   return DCP_ERROR(Internal, "unknown mode");
 }

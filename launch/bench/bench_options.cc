@@ -96,7 +96,7 @@ Setter StringListFlag(std::vector<std::string> BenchOptions::*field) {
 
 const std::vector<Flag>& Flags() {
   static const std::vector<Flag>* flags = new std::vector<Flag>{
-      {nullptr, "mode", "routes|kernels|collectives", "what to measure (default routes)",
+      {nullptr, "mode", "routes|kernels|collectives|engine", "what to measure (default routes)",
        [](BenchOptions& o, const std::string& v) -> absl::Status {
          if (v == "routes")
            o.mode = Mode::kRoutes;
@@ -104,8 +104,10 @@ const std::vector<Flag>& Flags() {
            o.mode = Mode::kKernels;
          else if (v == "collectives")
            o.mode = Mode::kCollectives;
+         else if (v == "engine")
+           o.mode = Mode::kEngine;
          else
-           return BadValue("mode", v, "expected routes, kernels or collectives");
+           return BadValue("mode", v, "expected routes, kernels, collectives or engine");
          return absl::OkStatus();
        }},
       {nullptr, "device", "cpu|cuda", "the ranks' device (default cpu)",
@@ -233,6 +235,8 @@ const char* mode_name(Mode mode) {
       return "kernels";
     case Mode::kCollectives:
       return "collectives";
+    case Mode::kEngine:
+      return "engine";
   }
   return "?";
 }

@@ -13,7 +13,7 @@
 
 namespace dcp::bench {
 
-enum class Mode { kRoutes, kKernels, kCollectives };
+enum class Mode { kRoutes, kKernels, kCollectives, kEngine };
 const char* mode_name(Mode mode);
 
 struct BenchOptions {

@@ -14,5 +14,7 @@ absl::StatusOr<ModeResult> RunRoutes(BenchEnv& env);
 absl::StatusOr<ModeResult> RunKernels(BenchEnv& env);
 // collectives_mode.cc: workspace fill and the two combines over a size sweep.
 absl::StatusOr<ModeResult> RunCollectives(BenchEnv& env);
+// engine_mode.cc: one layer through DcpEngine::Run, host time, eager and graph-replayed.
+absl::StatusOr<ModeResult> RunEngine(BenchEnv& env);
 
 }  // namespace dcp::bench

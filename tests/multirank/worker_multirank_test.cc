@@ -16,6 +16,7 @@
 #include "collectives/communicator.h"
 #include "runtime/dcp.h"
 #include "runtime/engine.h"
+#include "runtime/scratch.h"
 #include "tests/multirank/multirank_test.h"
 #include "tests/reference/fp8_ds_mla_reference.h"
 #include "tests/reference/mla_reference.h"
@@ -851,6 +852,317 @@ TEST_F(WorkerTest, BadInputFailsOnEveryRankWithOneMessage) {
     const RankRun run = RunRank(mpi_comm(), s, dims, p);
     EXPECT_TRUE(run.status.ok()) << run.status;
   }
+}
+
+// ---- The engine layer (runtime/engine.h) over an engine-owned paged cache ----------------
+
+// One step of an engine-driven run: the problem it must answer and the rows its requests have
+// cached when it starts (the rest were written by earlier steps, or are its new tokens).
+struct EngineStep {
+  Scenario scenario;
+  Problem problem;
+};
+
+struct EngineRun {
+  absl::Status status;
+  std::vector<RankRun> steps;
+};
+
+// Drives DcpEngine directly, as an engine would: the paged cache and the block tables are the
+// test's (random block ids per rank; request 1 shares request 0's full prefix blocks when
+// `shared_prefix` > 0, and the problem gives both the same prefix rows). The cache starts with
+// the context of the first step; every step writes its new tokens; later steps may shorten a
+// request (a rejected draft: rows past the new seq_len are stale and must not be read).
+EngineRun RunEngineSteps(MpiCommunicator& mpi, const std::vector<EngineStep>& steps, const Dims& d,
+                         int shared_prefix, uint64_t seed, bool damage_cache = false) {
+  const int world = mpi.world_size(), rank = mpi.rank();
+  const int hl = d.heads / world, width = d.r + d.dr;
+  const Scenario& s0 = steps.front().scenario;
+  EngineRun result;
+  DcpOptions options;
+  options.model.num_heads = d.heads;
+  options.model.kv_lora_rank = d.r;
+  options.model.qk_nope_head_dim = d.dn;
+  options.model.qk_rope_head_dim = d.dr;
+  options.model.v_head_dim = d.dv;
+  options.dcp.world_size = world;
+  options.dcp.rank = rank;
+  options.dcp.interleave = s0.interleave;
+  options.dcp.combine = s0.combine;
+  options.dcp.comm_timeout_s = 60;
+  options.scheduler.block_size = s0.block_size;
+  options.scheduler.max_num_seqs = s0.max_num_seqs;
+  options.scheduler.max_model_len = s0.max_model_len;
+  options.attention.index_topk = s0.index_topk;
+  options.attention.force_mqa = s0.force_mqa;
+  options.workspace_rows_override = s0.workspace_rows;
+
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Communicator> device_comm;
+  Communicator* comm = &mpi;
+  if (!UseCuda()) {
+    device = MakeCpuDevice(DType::kF32);
+  } else {
+#if DCP_WITH_CUDA
+    int count = 0;
+    cudaGetDeviceCount(&count);
+    auto cuda = CudaDevice::Create(rank % std::max(count, 1));
+    if (!cuda.ok()) return {cuda.status(), {}};
+    auto made = MakeCudaCommunicator(mpi, "auto", 60.0, (*cuda)->stream());
+    if (!made.ok()) return {made.status(), {}};
+    device = std::move(cuda).value();
+    device_comm = std::move(made).value();
+    comm = device_comm.get();
+#else
+    return {absl::FailedPreconditionError("DCP_TEST_DEVICE=cuda in a build without CUDA"), {}};
+#endif
+  }
+  auto made_engine = DcpEngine::Create(options, *comm, *device);
+  if (!made_engine.ok()) return {made_engine.status(), {}};
+  DcpEngine& engine = **made_engine;
+  const DType storage = device->storage_dtype();
+  const KvLayout layout{world, s0.interleave};
+
+  // Block tables of this rank: enough blocks for each request's longest seq_len over the steps,
+  // ids drawn from a random permutation; request 1 starts with request 0's full prefix blocks.
+  const size_t b = s0.seq_lens.size();
+  std::vector<int> longest(b, 0);
+  for (const EngineStep& step : steps) {
+    for (size_t i = 0; i < b; ++i) longest[i] = std::max(longest[i], step.scenario.seq_lens[i]);
+  }
+  const int block = s0.block_size;
+  int64_t blocks_needed = 0, max_blocks = 1;
+  for (size_t i = 0; i < b; ++i) {
+    const int64_t n = (layout.local_length(longest[i], rank) + block - 1) / block;
+    blocks_needed += n;
+    max_blocks = std::max(max_blocks, n);
+  }
+  const int64_t num_blocks = blocks_needed + 3;  // some never used
+  std::vector<int32_t> ids(num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::mt19937_64 rng(Mix(seed + 7919 * rank));
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<int32_t> tables(b * max_blocks, -1);
+  size_t next = 0;
+  const int64_t shared_blocks =
+      shared_prefix > 0 ? layout.local_length(shared_prefix, rank) / block : 0;
+  for (size_t i = 0; i < b; ++i) {
+    const int64_t n = (layout.local_length(longest[i], rank) + block - 1) / block;
+    for (int64_t k = 0; k < n; ++k) {
+      tables[i * max_blocks + k] =
+          i == 1 && k < shared_blocks ? tables[k] : ids[next++];
+    }
+  }
+  StepTables step_tables{tables.data(), max_blocks, num_blocks, block};
+
+  // The cache, filled with every request's cached context of the first step (this rank's rows).
+  const Problem& p0 = steps.front().problem;
+  std::vector<float> image(size_t(num_blocks) * block * width, 0.0f);
+  for (size_t i = 0; i < b; ++i) {
+    const int context = s0.seq_lens[i] - s0.query_lens[i];
+    for (int g = 0; g < context; ++g) {
+      if (layout.owner(g) != rank) continue;
+      const int64_t j = layout.local_index(g);
+      const int64_t slot = int64_t(tables[i * max_blocks + j / block]) * block + j % block;
+      for (int c = 0; c < d.r; ++c) {
+        image[slot * width + c] = float(p0.whole.kv_c[(p0.row_begin[i] + g) * d.r + c]);
+      }
+      for (int c = 0; c < d.dr; ++c) {
+        image[slot * width + d.r + c] = float(p0.whole.k_pe[(p0.row_begin[i] + g) * d.dr + c]);
+      }
+    }
+  }
+  auto stage = [&](ScratchBuffer& buffer, const void* data, DType dtype,
+                   std::vector<int64_t> shape, DType to) -> absl::StatusOr<void*> {
+    return Stage(*device, buffer, TensorView{data, dtype, std::move(shape)}, to);
+  };
+  ScratchBuffer cache_buffer, w_uk_buffer, w_uv_buffer;
+  auto cache_data = stage(cache_buffer, image.data(), DType::kF32,
+                          {num_blocks * block, width}, storage);
+  if (!cache_data.ok()) return {cache_data.status(), {}};
+  KvCacheView cache{*cache_data, storage, num_blocks, block, width};
+  if (damage_cache) cache.row_stride = width - 1;
+  const auto& w = p0.whole;
+  std::vector<float> w_uk(size_t(hl) * d.dn * d.r), w_uv(size_t(hl) * d.r * d.dv);
+  for (size_t i = 0; i < w_uk.size(); ++i) w_uk[i] = float(w.w_uk[size_t(rank) * hl * d.dn * d.r + i]);
+  for (size_t i = 0; i < w_uv.size(); ++i) w_uv[i] = float(w.w_uv[size_t(rank) * hl * d.r * d.dv + i]);
+  auto uk = stage(w_uk_buffer, w_uk.data(), DType::kF32, {hl, d.dn, d.r}, storage);
+  auto uv = stage(w_uv_buffer, w_uv.data(), DType::kF32, {hl, d.r, d.dv}, storage);
+  if (!uk.ok() || !uv.ok()) return {uk.ok() ? uv.status() : uk.status(), {}};
+
+  for (const EngineStep& step : steps) {
+    const Scenario& s = step.scenario;
+    const Problem& p = step.problem;
+    std::vector<BatchRequest> batch;
+    std::vector<float> q_nope, q_rope, kv_new;
+    std::vector<int32_t> topk;
+    for (size_t i = 0; i < b; ++i) {
+      batch.push_back({int64_t(i) + 100, s.seq_lens[i], s.query_lens[i]});
+      for (int q = 0; q < s.query_lens[i]; ++q) {
+        const int64_t token = p.token_begin[i] + q;
+        for (int h = rank * hl; h < (rank + 1) * hl; ++h) {
+          for (int c = 0; c < d.dn; ++c) q_nope.push_back(float(p.whole.q_nope[(token * d.heads + h) * d.dn + c]));
+          for (int c = 0; c < d.dr; ++c) q_rope.push_back(float(p.whole.q_rope[(token * d.heads + h) * d.dr + c]));
+        }
+        const int64_t r = p.row_begin[i] + s.seq_lens[i] - s.query_lens[i] + q;
+        for (int c = 0; c < d.r; ++c) kv_new.push_back(float(p.whole.kv_c[r * d.r + c]));
+        for (int c = 0; c < d.dr; ++c) kv_new.push_back(float(p.whole.k_pe[r * d.dr + c]));
+        if (s.give_topk) {
+          topk.insert(topk.end(), p.whole.topk.begin() + token * s.index_topk,
+                      p.whole.topk.begin() + (token + 1) * s.index_topk);
+        }
+      }
+    }
+    const int64_t t = p.token_begin.back();
+    absl::Status planned = engine.Plan(batch, step_tables, s.give_topk ? s.index_topk : 0);
+    if (!planned.ok()) return {planned, result.steps};
+    ScratchBuffer qn, qr, kn, tk, ob, lb;
+    auto d_q_nope = stage(qn, q_nope.data(), DType::kF32, {t, hl, d.dn}, storage);
+    auto d_q_rope = stage(qr, q_rope.data(), DType::kF32, {t, hl, d.dr}, storage);
+    auto d_kv_new = stage(kn, kv_new.data(), DType::kF32, {t, width}, storage);
+    absl::StatusOr<void*> d_topk = nullptr;
+    if (s.give_topk) d_topk = stage(tk, topk.data(), DType::kI32, {t, s.index_topk}, DType::kI32);
+    auto d_out = ob.Reserve(*device, size_t(t) * hl * d.dv * 4 + 4);
+    auto d_lse = lb.Reserve(*device, size_t(t) * hl * 4 + 4);
+    for (const absl::Status& st : {d_q_nope.status(), d_q_rope.status(), d_kv_new.status(),
+                                   d_topk.status(), d_out.status(), d_lse.status()}) {
+      if (!st.ok()) return {st, result.steps};
+    }
+    LayerTensors tensors{*d_q_nope, *d_q_rope, *d_kv_new, static_cast<const int32_t*>(*d_topk),
+                         static_cast<float*>(*d_out), static_cast<float*>(*d_lse)};
+    RankRun run;
+    run.status = engine.Run({*uk, *uv}, cache, tensors);
+    if (run.status.ok()) run.status = device->Synchronize();
+    run.out.assign(size_t(t) * hl * d.dv, std::nanf(""));
+    run.lse.assign(size_t(t) * hl, std::nanf(""));
+    if (run.status.ok()) run.status = device->CopyToHost(run.out.data(), *d_out, run.out.size() * 4);
+    if (run.status.ok()) run.status = device->CopyToHost(run.lse.data(), *d_lse, run.lse.size() * 4);
+    run.stats.route = engine.plan().route;
+    const bool ok = run.status.ok();
+    result.steps.push_back(std::move(run));
+    if (!ok) return {result.steps.back().status, result.steps};
+  }
+  return result;
+}
+
+// A second problem that continues `first` after a rollback: request `i` keeps only
+// `keep` tokens (the rest were rejected drafts), then decodes one fresh token at position
+// `keep`; every other request decodes one token after its whole sequence.
+EngineStep RollbackStep(const EngineStep& first, const Dims& d, size_t rolled, int keep,
+                        uint64_t seed) {
+  EngineStep next;
+  next.scenario = first.scenario;
+  const Scenario& s1 = first.scenario;
+  const size_t b = s1.seq_lens.size();
+  for (size_t i = 0; i < b; ++i) {
+    next.scenario.seq_lens[i] = (i == rolled ? keep : s1.seq_lens[i]) + 1;
+    next.scenario.query_lens[i] = 1;
+  }
+  next.scenario.give_topk = false;
+  next.problem = BuildProblem(next.scenario, d, seed);  // fresh queries and new rows
+  // Same layer: the first step's weights. The kept rows are the first step's; the new token's
+  // row is fresh.
+  auto& w = next.problem.whole;
+  w.w_uk = first.problem.whole.w_uk;
+  w.w_uv = first.problem.whole.w_uv;
+  for (size_t i = 0; i < b; ++i) {
+    const int kept = next.scenario.seq_lens[i] - 1;
+    for (int g = 0; g < kept; ++g) {
+      const int64_t from = first.problem.row_begin[i] + g, to = next.problem.row_begin[i] + g;
+      std::copy_n(first.problem.whole.kv_c.begin() + from * d.r, d.r, w.kv_c.begin() + to * d.r);
+      std::copy_n(first.problem.whole.k_pe.begin() + from * d.dr, d.dr, w.k_pe.begin() + to * d.dr);
+    }
+  }
+  return next;
+}
+
+// Plan/Run over an engine-owned paged cache: random, non-contiguous block ids, two requests
+// sharing prefix blocks, both routes, both combines, several context chunks; then a second
+// step after a rollback (one request shortened by rejected drafts) is still exact.
+TEST_F(WorkerTest, EngineOverAnExternalPagedCacheMatchesTheReference) {
+  const uint64_t seed = SharedSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Dims dims = TestDims(UseCuda() ? 8 : 4 * world());
+  for (bool force_mqa : {false, true}) {
+    for (CombineBackend combine :
+         {CombineBackend::kAllGatherReduceScatter, CombineBackend::kAllToAll}) {
+      SCOPED_TRACE(::testing::Message() << "force_mqa " << force_mqa << " combine "
+                                        << combine_backend_name(combine));
+      EngineStep first;
+      Scenario& s = first.scenario;
+      s.seq_lens = {100, 90, 7, 40};
+      s.query_lens = {20, 26, 1, 1};  // two extends sharing a 64-token prefix, two decodes
+      s.index_topk = 128;
+      s.interleave = 2;
+      s.combine = combine;
+      s.force_mqa = force_mqa;
+      s.workspace_rows = 32;  // several context chunks
+      first.problem = BuildProblem(s, dims, seed + force_mqa);
+      const int prefix = 64;
+      auto& w = first.problem.whole;
+      for (int g = 0; g < prefix; ++g) {  // request 1's first rows are request 0's
+        std::copy_n(w.kv_c.begin() + (first.problem.row_begin[0] + g) * dims.r, dims.r,
+                    w.kv_c.begin() + (first.problem.row_begin[1] + g) * dims.r);
+        std::copy_n(w.k_pe.begin() + (first.problem.row_begin[0] + g) * dims.dr, dims.dr,
+                    w.k_pe.begin() + (first.problem.row_begin[1] + g) * dims.dr);
+      }
+      const EngineStep second = RollbackStep(first, dims, /*rolled=*/0, /*keep=*/90, seed + 3);
+      const EngineRun run = RunEngineSteps(mpi_comm(), {first, second}, dims, prefix, seed);
+      ASSERT_TRUE(run.status.ok()) << run.status;
+      ASSERT_EQ(run.steps.size(), 2u);
+      {
+        SCOPED_TRACE("first step");
+        ExpectMatchesReference(run.steps[0], first.problem, dims, world(), rank());
+        EXPECT_EQ(run.steps[0].stats.route, force_mqa ? Route::kSparseMqa : Route::kDenseMha);
+      }
+      SCOPED_TRACE("second step, after the rollback");
+      ExpectMatchesReference(run.steps[1], second.problem, dims, world(), rank());
+    }
+  }
+}
+
+// Bad engine input: a block table entry outside the cache, a new token's slot written twice,
+// a cache whose row stride is too small, Run before Plan: a clear error, on every rank.
+TEST_F(WorkerTest, EngineRejectsBadTablesAndCaches) {
+  const uint64_t seed = SharedSeed();
+  const Dims dims = TestDims(UseCuda() ? 8 : 4 * world());
+  EngineStep step;
+  step.scenario.seq_lens = {40, 9};
+  step.scenario.query_lens = {8, 1};
+  step.problem = BuildProblem(step.scenario, dims, seed);
+  const EngineRun bad_stride = RunEngineSteps(mpi_comm(), {step}, dims, 0, seed, true);
+  EXPECT_EQ(bad_stride.status.code(), absl::StatusCode::kInvalidArgument) << bad_stride.status;
+  EXPECT_NE(bad_stride.status.message().find("row stride"), std::string::npos)
+      << bad_stride.status;
+
+  // Tables checked in Plan, agreed: only rank 0's table is wrong, every rank fails with it.
+  DcpOptions options;
+  options.model.num_heads = dims.heads;
+  options.model.kv_lora_rank = dims.r;
+  options.model.qk_nope_head_dim = dims.dn;
+  options.model.qk_rope_head_dim = dims.dr;
+  options.model.v_head_dim = dims.dv;
+  options.dcp.world_size = world();
+  options.dcp.rank = rank();
+  options.attention.index_topk = 64;
+  options.scheduler.block_size = 16;
+  auto device = MakeCpuDevice(DType::kF32);  // the table checks are host code on every device
+  auto engine = DcpEngine::Create(options, mpi_comm(), *device);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<BatchRequest> batch = {{1, 40, 8}, {2, 9, 1}};
+  std::vector<int32_t> tables = {0, 1, 2, 3, 4, 5, 6, 7};  // rows of 4 blocks
+  if (rank() == 0) tables[0] = 99;                           // outside the cache's 8 blocks
+  absl::Status planned = (*engine)->Plan(batch, {tables.data(), 4, 8, 16}, 0);
+  EXPECT_EQ(planned.code(), absl::StatusCode::kInvalidArgument) << planned;
+  EXPECT_NE(planned.message().find("outside the cache's 8 blocks"), std::string::npos) << planned;
+  const absl::Status run_unplanned = (*engine)->Run({nullptr, nullptr}, {}, {});
+  EXPECT_NE(run_unplanned.message().find("before a successful Plan"), std::string::npos)
+      << run_unplanned;
+  // Two new tokens written to one slot (both requests' tables name the same block).
+  tables = {0, 1, 2, 3, 0, 5, 6, 7};
+  planned = (*engine)->Plan({{1, 8, 8}, {2, 8, 8}}, {tables.data(), 4, 8, 16}, 0);
+  EXPECT_EQ(planned.code(), absl::StatusCode::kInvalidArgument) << planned;
+  EXPECT_NE(planned.message().find("block tables overlap"), std::string::npos) << planned;
 }
 
 }  // namespace

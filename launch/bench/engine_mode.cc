@@ -1,0 +1,154 @@
+// dcp_bench --mode engine: one attention layer the way an engine runs it (runtime/engine.h):
+// the step planned once, then DcpEngine::Run per layer on a stream, eager and replayed from a
+// CUDA graph, over an engine-owned paged cache. Per batch and head count: the host time inside
+// Run (what a layer costs the CPU), the eager layer time and the graph-replayed layer time.
+// Contents are synthetic (zeros, and a top-k of the newest keys): timing only.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "launch/bench/bench_data.h"
+#include "launch/bench/engine_timing.h"
+#include "launch/bench/modes.h"
+#include "runtime/engine.h"
+#include "runtime/scratch.h"
+
+namespace dcp::bench {
+namespace {
+
+std::vector<Column> EngineColumns(const BenchEnv& env) {
+  std::vector<Column> columns = env.MetaColumns();
+  const std::vector<Column> own = {
+      {"batch", "batch"},         {"requests", "reqs"},      {"tokens", "tokens"},
+      {"max_seq_len", "max_kv"},  {"heads_per_rank", "H/W"}, {"route", "route"},
+      {"host_us", "host us"},     {"eager_us", "eager us"},  {"graph_us", "graph us"},
+      {"status", "status"}};
+  columns.insert(columns.end(), own.begin(), own.end());
+  return columns;
+}
+
+// One (batch, heads) point: an engine of its own, the step planned, the layer timed.
+absl::StatusOr<LayerTimes> TimeEngineLayer(BenchEnv& env, const BatchShape& shape, int heads,
+                                           Route* route) {
+  ModelDims m = env.dims;
+  m.num_heads = heads * env.world_size;
+  const int width = m.latent_width(), block = env.options.block_size;
+  const int64_t t = shape.num_tokens;
+  const int topk_width = env.options.index_topk;
+  DcpOptions options;
+  options.model = m;
+  options.dcp.world_size = env.world_size;
+  options.dcp.rank = env.rank;
+  options.dcp.interleave = env.options.interleave;
+  options.dcp.comm_timeout_s = env.options.timeout_s;
+  DCP_RETURN_IF_ERROR(ParseCombineBackend(env.options.combine, &options.dcp.combine));
+  options.scheduler.max_num_seqs = static_cast<int>(shape.requests.size());
+  options.scheduler.max_model_len = shape.max_seq_len;
+  options.scheduler.block_size = block;
+  options.attention.index_topk = topk_width;
+  DCP_ASSIGN_OR_RETURN(auto engine, DcpEngine::Create(options, *env.comm, *env.device));
+
+  // The engine's paged cache: each request its own consecutive blocks on this rank.
+  const KvLayout layout{env.world_size, env.options.interleave};
+  std::vector<BatchRequest> batch;
+  int64_t max_blocks = 1, num_blocks = 0;
+  for (size_t i = 0; i < shape.requests.size(); ++i) {
+    const auto& r = shape.requests[i];
+    batch.push_back({static_cast<int64_t>(i), r.seq_len, r.query_len});
+    const int64_t n = (layout.local_length(r.seq_len, env.rank) + block - 1) / block;
+    max_blocks = std::max(max_blocks, n);
+    num_blocks += n;
+  }
+  std::vector<int32_t> tables(batch.size() * max_blocks, -1);
+  int32_t next = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int64_t n = (layout.local_length(batch[i].seq_len, env.rank) + block - 1) / block;
+    for (int64_t k = 0; k < n; ++k) tables[i * max_blocks + k] = next++;
+  }
+  num_blocks = std::max<int64_t>(num_blocks, 1);
+  const StepTables step_tables{tables.data(), max_blocks, num_blocks, block};
+  // Top-k: the newest min(K, position + 1) keys of each token, -1 after.
+  std::vector<int32_t> topk(size_t(t) * topk_width, -1);
+  int64_t token = 0;
+  for (const BatchRequest& r : batch) {
+    for (int q = 0; q < r.query_len; ++q, ++token) {
+      const int position = r.seq_len - r.query_len + q;
+      const int keys = std::min(topk_width, position + 1);
+      for (int k = 0; k < keys; ++k) topk[token * topk_width + k] = position - k;
+    }
+  }
+  DCP_RETURN_IF_ERROR(engine->Plan(batch, step_tables, topk_width));
+  *route = engine->plan().route;
+
+  Device& device = *env.device;
+  const DType storage = device.storage_dtype();
+  const size_t element = dtype_size(storage);
+  const int hl = heads;
+  ScratchBuffer cache, w_uk, w_uv, q_nope, q_rope, kv_new, topk_d, out, lse;
+  auto zeroed = [&](ScratchBuffer& b, size_t bytes) -> absl::StatusOr<void*> {
+    DCP_ASSIGN_OR_RETURN(void* data, b.Reserve(device, bytes));
+    DCP_RETURN_IF_ERROR(device.Memset(data, 0, bytes));
+    return data;
+  };
+  DCP_ASSIGN_OR_RETURN(void* cache_d, zeroed(cache, size_t(num_blocks) * block * width * element));
+  DCP_ASSIGN_OR_RETURN(void* w_uk_d, zeroed(w_uk, size_t(hl) * m.qk_nope_head_dim * m.kv_lora_rank * element));
+  DCP_ASSIGN_OR_RETURN(void* w_uv_d, zeroed(w_uv, size_t(hl) * m.kv_lora_rank * m.v_head_dim * element));
+  DCP_ASSIGN_OR_RETURN(void* q_nope_d, zeroed(q_nope, size_t(t) * hl * m.qk_nope_head_dim * element));
+  DCP_ASSIGN_OR_RETURN(void* q_rope_d, zeroed(q_rope, size_t(t) * hl * m.qk_rope_head_dim * element));
+  DCP_ASSIGN_OR_RETURN(void* kv_new_d, zeroed(kv_new, size_t(t) * width * element));
+  DCP_ASSIGN_OR_RETURN(void* out_d, zeroed(out, size_t(t) * hl * m.v_head_dim * 4));
+  DCP_ASSIGN_OR_RETURN(void* lse_d, zeroed(lse, size_t(t) * hl * 4));
+  DCP_ASSIGN_OR_RETURN(int32_t* topk_ptr, Upload(device, topk_d, topk));
+  DCP_RETURN_IF_ERROR(device.Synchronize());
+  const LayerWeightsView weights{w_uk_d, w_uv_d};
+  const KvCacheView cache_view{cache_d, storage, num_blocks, block, width};
+  const LayerTensors tensors{q_nope_d, q_rope_d, kv_new_d, topk_ptr,
+                             static_cast<float*>(out_d), static_cast<float*>(lse_d)};
+  DcpEngine& e = *engine;
+  Communicator& comm = *env.comm;
+  // Graphs need collectives that complete in stream order (NCCL); with host-staged ones the
+  // layer is timed eagerly only.
+  const bool graph = env.on_gpu() && comm.name().find("nccl") != std::string::npos;
+  return TimeLayer(
+      env.on_gpu(), graph, env.options.warmup_iters, env.options.iters,
+      [&](void* stream) { return e.Run(weights, cache_view, tensors, stream); },
+      [&]() { return comm.WatchStream("dcp_bench engine graph"); },
+      [&]() { return e.BindStream(nullptr); });
+}
+
+}  // namespace
+
+absl::StatusOr<ModeResult> RunEngine(BenchEnv& env) {
+  const BenchOptions& o = env.options;
+  ModeResult result;
+  ResultTable table(EngineColumns(env));
+  DCP_RETURN_IF_ERROR(AgreeOnStatus(*env.bootstrap, env.Stream(&table, "")));
+  for (const std::string& spec : o.BatchList()) {
+    DCP_ASSIGN_OR_RETURN(BatchShape shape, ParseShape(spec));
+    for (int heads : o.heads) {
+      Route route = Route::kSparseMqa;
+      absl::StatusOr<LayerTimes> times = TimeEngineLayer(env, shape, heads, &route);
+      const absl::Status agreed = AgreeOnStatus(*env.bootstrap, times.status());
+      std::vector<std::string> row = env.MetaCells();
+      const std::vector<std::string> cells = {
+          shape.spec, FormatInt(shape.requests.size()), FormatInt(shape.num_tokens),
+          FormatInt(shape.max_seq_len), FormatInt(heads), route_name(route),
+          agreed.ok() ? FormatFixed(times->host_us, 1) : "-",
+          agreed.ok() ? FormatFixed(times->eager_us, 1) : "-",
+          agreed.ok() && times->graph_us >= 0 ? FormatFixed(times->graph_us, 1) : "-",
+          agreed.ok() ? "ok" : std::string(agreed.message())};
+      row.insert(row.end(), cells.begin(), cells.end());
+      if (!agreed.ok()) ++result.num_failed;
+      table.AddRow(std::move(row));
+    }
+  }
+  table.AddNote("host us: time inside DcpEngine::Run on the host per layer (enqueue); eager us: "
+                "wall time per layer of Runs back to back on one stream; graph us: the layer "
+                "captured once in a CUDA graph, replays back to back (NCCL only).");
+  result.tables.push_back({"", std::move(table)});
+  return result;
+}
+
+}  // namespace dcp::bench

@@ -1,0 +1,85 @@
+#include "launch/bench/engine_timing.h"
+
+#include <chrono>
+
+#include "core/status.h"
+
+#if DCP_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda/cuda_status.h"
+#endif
+
+namespace dcp::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point start) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+absl::StatusOr<LayerTimes> TimeLayer(bool on_gpu, bool graph_on, int warmup, int iters,
+                                     const std::function<absl::Status(void* stream)>& run,
+                                     const std::function<absl::Status()>& watch,
+                                     const std::function<absl::Status()>& release) {
+  LayerTimes times;
+  iters = iters < 1 ? 1 : iters;
+  if (!on_gpu) {
+    for (int i = 0; i < warmup; ++i) DCP_RETURN_IF_ERROR(run(nullptr));
+    const auto start = Clock::now();
+    for (int i = 0; i < iters; ++i) DCP_RETURN_IF_ERROR(run(nullptr));
+    times.eager_us = times.host_us = Since(start) / iters;
+    return times;
+  }
+#if DCP_WITH_CUDA
+  cudaStream_t stream = nullptr;
+  DCP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto timed = [&]() -> absl::Status {
+    for (int i = 0; i < warmup + 1; ++i) DCP_RETURN_IF_ERROR(run(stream));
+    DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    double host = 0;
+    auto start = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      const auto call = Clock::now();
+      DCP_RETURN_IF_ERROR(run(stream));
+      host += Since(call);
+    }
+    DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    times.eager_us = Since(start) / iters;
+    times.host_us = host / iters;
+    if (!graph_on) return absl::OkStatus();
+
+    cudaGraph_t graph = nullptr;
+    DCP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const absl::Status captured = run(stream);
+    DCP_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    DCP_RETURN_IF_ERROR(captured);
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    DCP_CUDA_CHECK(instantiated);
+    for (int i = 0; i < warmup + 1; ++i) DCP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    start = Clock::now();
+    for (int i = 0; i < iters; ++i) DCP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    DCP_RETURN_IF_ERROR(watch());
+    DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    times.graph_us = Since(start) / iters;
+    cudaGraphExecDestroy(exec);
+    return absl::OkStatus();
+  };
+  absl::Status status = timed();
+  cudaStreamSynchronize(stream);
+  const absl::Status released = release();
+  if (status.ok()) status = released;
+  cudaStreamDestroy(stream);
+  DCP_RETURN_IF_ERROR(status);
+  return times;
+#else
+  return DCP_ERROR(Unimplemented, "a GPU device in a build without CUDA");
+#endif
+}
+
+}  // namespace dcp::bench

@@ -1,0 +1,28 @@
+// Timing of one DcpEngine layer the way an engine runs it (launch/bench/engine_mode.cc): eager
+// Runs back to back on a stream, and the same layer captured once in a CUDA graph and replayed.
+#pragma once
+
+#include <functional>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace dcp::bench {
+
+struct LayerTimes {
+  double host_us = 0;   // time inside Run on the host (enqueue), per layer
+  double eager_us = 0;  // wall time per layer, eager Runs back to back, device drained at the end
+  double graph_us = -1; // wall time per layer, graph replays back to back; -1 where not run
+};
+
+// `run(stream)` enqueues one layer on `stream`; `watch()` puts replayed work under the
+// communicator's deadline; `release()` rebinds what `run` bound away from the stream before it
+// is destroyed. CUDA builds make a stream of their own (nullptr on CPU ranks, which time eager
+// Runs only). `graph` false, or a layer that cannot be captured (collectives that complete on
+// the host), leaves graph_us at -1.
+absl::StatusOr<LayerTimes> TimeLayer(bool on_gpu, bool graph, int warmup, int iters,
+                                     const std::function<absl::Status(void* stream)>& run,
+                                     const std::function<absl::Status()>& watch,
+                                     const std::function<absl::Status()>& release);
+
+}  // namespace dcp::bench
