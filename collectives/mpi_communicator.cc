@@ -80,8 +80,8 @@ MpiCommunicator::~MpiCommunicator() {
 
 absl::Status MpiCommunicator::CheckUsable(const char* what) const {
   if (broken_) {
-    return DCP_ERROR(FailedPrecondition, "%s on a broken MPI communicator (%s)", what,
-                     broken_reason_);
+    // Unavailable, not FailedPrecondition: the group failed, the caller's input did not.
+    return DCP_ERROR(Unavailable, "%s on a broken MPI communicator (%s)", what, broken_reason_);
   }
   return absl::OkStatus();
 }

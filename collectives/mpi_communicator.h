@@ -27,6 +27,9 @@ class MpiCommunicator final : public Communicator {
   MemorySpace memory_space() const override { return MemorySpace::kHost; }
   std::string name() const override { return "mpi"; }
   MPI_Comm mpi_comm() const { return comm_; }
+  // The deadline of every later call (a launcher waits longer for work one rank does alone).
+  double timeout_s() const { return timeout_s_; }
+  void set_timeout_s(double timeout_s) { timeout_s_ = timeout_s; }
 
   absl::Status AllGather(const void* send, void* recv, size_t count, DType dtype) override;
   absl::Status AllGatherV(const void* send, size_t send_count, void* recv,

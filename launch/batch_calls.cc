@@ -4,23 +4,29 @@
 
 namespace dcp::launch {
 
+namespace {
+std::vector<int64_t> RequestIds(const RankBatch& batch) {
+  std::vector<int64_t> ids;
+  ids.reserve(batch.requests.size());
+  for (const BatchRequest& request : batch.requests) ids.push_back(request.request_id);
+  return ids;
+}
+}  // namespace
+
 absl::Status AddRequests(DcpContext& context, const RankBatch& batch) {
-  for (const BatchRequest& request : batch.requests) {
-    DCP_RETURN_IF_ERROR(context.AddRequest(request.request_id));
-  }
-  return absl::OkStatus();
+  return context.AddRequests(RequestIds(batch));
 }
 
 absl::Status LoadContext(DcpContext& context, const RankBatch& batch, const ModelDims& model) {
   const int64_t width = model.latent_width();
+  std::vector<CachedKv> cached(batch.requests.size());
   for (size_t i = 0; i < batch.requests.size(); ++i) {
     const BatchRequest& request = batch.requests[i];
     const std::vector<float>& rows = batch.cached_rows[i];
-    const TensorView view{rows.data(), DType::kF32, {int64_t(rows.size()) / width, width}};
-    DCP_RETURN_IF_ERROR(
-        context.LoadCachedKv(request.request_id, request.seq_len - request.query_len, view));
+    cached[i] = {request.request_id, request.seq_len - request.query_len,
+                 TensorView{rows.data(), DType::kF32, {int64_t(rows.size()) / width, width}}};
   }
-  return absl::OkStatus();
+  return context.LoadCachedKv(cached);
 }
 
 absl::Status ForwardBatch(DcpContext& context, const RankBatch& batch, const ModelDims& model,
@@ -35,10 +41,7 @@ absl::Status ForwardBatch(DcpContext& context, const RankBatch& batch, const Mod
 }
 
 absl::Status FreeRequests(DcpContext& context, const RankBatch& batch) {
-  for (const BatchRequest& request : batch.requests) {
-    DCP_RETURN_IF_ERROR(context.FreeRequest(request.request_id));
-  }
-  return absl::OkStatus();
+  return context.FreeRequests(RequestIds(batch));
 }
 
 }  // namespace dcp::launch

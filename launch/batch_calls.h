@@ -1,6 +1,7 @@
 // The DcpContext calls one batch takes, shared by the group's run and the single-rank
 // reference: register the requests, place their cached rows, run the layer, free them.
-// Each call is collective on the context's communicator (runtime/dcp.h).
+// Each call is collective on the context's communicator (runtime/dcp.h) and agrees once for
+// the whole batch, whatever its number of requests.
 #pragma once
 
 #include <vector>

@@ -29,7 +29,8 @@ absl::StatusOr<bool> ReadNumber(std::string_view term, size_t* pos, int64_t* val
     ++*pos;
   }
   if (*pos == begin) return false;
-  if (*pos < term.size() && term[*pos] == 'k') {
+  // `k` multiplies, unless it starts the `kv` marker (`q1kv1k`: one token over 1024).
+  if (*pos < term.size() && term[*pos] == 'k' && term.substr(*pos, 2) != "kv") {
     number *= 1024;
     ++*pos;
     if (number > kMaxValue) {
@@ -43,8 +44,9 @@ absl::StatusOr<bool> ReadNumber(std::string_view term, size_t* pos, int64_t* val
 absl::Status ParseTerm(std::string_view term, std::vector<RequestShape>* requests) {
   const auto bad = [&](std::string_view why) {
     return DCP_ERROR(InvalidArgument,
-                     "bad batch term '%s': %s (grammar: [count]q<qlen>[s<seqlen>], k = x1024, "
-                     "e.g. q2k, 8q1s1k, 16q64s128)",
+                     "bad batch term '%s': %s (grammar: [count]q<qlen>[kv<kvlen>], k = x1024, "
+                     "'_' joins terms, ',' separates batches, e.g. q2k, 8q1kv1k, "
+                     "2q2k_32q1kv1k)",
                      term, why);
   };
   size_t pos = 0;
@@ -57,10 +59,11 @@ absl::Status ParseTerm(std::string_view term, std::vector<RequestShape>* request
   DCP_ASSIGN_OR_RETURN(bool has_query, ReadNumber(term, &pos, &query_len));
   if (!has_query) return bad("expected a query length after 'q'");
   int64_t seq_len = query_len;
-  if (pos < term.size() && term[pos] == 's') {
-    ++pos;
+  if (term.substr(pos, 2) == "kv" || term.substr(pos, 1) == "s") {
+    const std::string_view marker = term[pos] == 's' ? "s" : "kv";
+    pos += marker.size();
     DCP_ASSIGN_OR_RETURN(bool has_seq, ReadNumber(term, &pos, &seq_len));
-    if (!has_seq) return bad("expected a sequence length after 's'");
+    if (!has_seq) return bad(absl::StrFormat("expected a KV length after '%s'", marker));
   }
   if (pos != term.size()) {
     return bad(absl::StrFormat("unexpected '%s'", term.substr(pos)));
@@ -78,13 +81,40 @@ absl::Status ParseTerm(std::string_view term, std::vector<RequestShape>* request
 
 }  // namespace
 
+// The old form (';' between batches, ',' between terms) in the new spelling.
+std::string NewSpelling(std::string_view old_form) {
+  std::string text(old_form);
+  for (char& c : text) {
+    if (c == ',') c = '_';
+    else if (c == ';') c = ',';
+  }
+  text.erase(std::remove(text.begin(), text.end(), ' '), text.end());
+  return text;
+}
+
+absl::Status RefuseOldForm(std::string_view text) {
+  return DCP_ERROR(InvalidArgument,
+                   "batch spec '%s' uses the old form (';' between batches, ',' between terms); "
+                   "the grammar is vLLM's: '_' joins the terms of one batch, ',' separates "
+                   "batches: write '%s'",
+                   text, NewSpelling(text));
+}
+
 absl::StatusOr<std::vector<RequestShape>> ParseBatchSpec(std::string_view spec) {
   std::vector<RequestShape> requests;
   const absl::string_view text(spec.data(), spec.size());
   if (absl::StripAsciiWhitespace(text).empty()) {
-    return DCP_ERROR(InvalidArgument, "empty batch spec (expected e.g. q2k, 8q1s1k, 16q64s128)");
+    return DCP_ERROR(InvalidArgument,
+                     "empty batch spec (expected e.g. q2k, 8q1kv1k, 2q2k_32q1kv1k)");
   }
-  for (absl::string_view piece : absl::StrSplit(text, absl::ByAnyChar(",_"))) {
+  if (text.find(';') != absl::string_view::npos) return RefuseOldForm(spec);
+  if (text.find(',') != absl::string_view::npos) {
+    return DCP_ERROR(InvalidArgument,
+                     "batch spec '%s' holds several batches (',' separates batches; '_' joins "
+                     "the terms of one)",
+                     spec);
+  }
+  for (absl::string_view piece : absl::StrSplit(text, '_')) {
     piece = absl::StripAsciiWhitespace(piece);
     const std::string_view term(piece.data(), piece.size());
     if (term.empty()) {
@@ -93,6 +123,24 @@ absl::StatusOr<std::vector<RequestShape>> ParseBatchSpec(std::string_view spec) 
     DCP_RETURN_IF_ERROR(ParseTerm(term, &requests));
   }
   return requests;
+}
+
+absl::StatusOr<std::vector<std::string>> SplitBatchList(std::string_view list) {
+  const absl::string_view text(list.data(), list.size());
+  if (text.find(';') != absl::string_view::npos) return RefuseOldForm(list);
+  std::vector<std::string> specs;
+  for (absl::string_view piece : absl::StrSplit(text, ',')) {
+    piece = absl::StripAsciiWhitespace(piece);
+    if (piece.empty()) {
+      return DCP_ERROR(InvalidArgument,
+                       "batch list '%s' has an empty batch (',' separates batches, e.g. "
+                       "q2k,8q1kv1k)",
+                       list);
+    }
+    DCP_RETURN_IF_ERROR(ParseBatchSpec(std::string_view(piece.data(), piece.size())).status());
+    specs.emplace_back(piece);
+  }
+  return specs;
 }
 
 std::string DescribeBatch(const std::vector<RequestShape>& requests, int decode_threshold) {

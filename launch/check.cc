@@ -76,6 +76,8 @@ absl::StatusOr<std::unique_ptr<Reference>> Reference::Create(const DcpOptions& o
                                                              const RankWeights& weights) {
   std::unique_ptr<Reference> reference(new Reference());
   reference->options_ = options;
+  // A world of one holds every rank's share of the KV pool.
+  reference->options_.scheduler.num_kv_blocks *= options.dcp.world_size;
   reference->options_.dcp.world_size = 1;
   reference->options_.dcp.rank = 0;
   reference->weights_ = weights;

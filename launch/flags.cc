@@ -13,16 +13,18 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "core/status.h"
+#include "launch/batch_spec.h"
 
 ABSL_FLAG(std::string, config, "", "YAML config (sections model, scheduler, dcp, attention, run)");
 ABSL_FLAG(std::string, batch, "",
-          "batch spec(s), e.g. q2k, 8q1s1k, 16q64s128; several batches separated by ';'");
+          "batch spec(s), vLLM's grammar: '_' joins the terms of one batch, ',' separates "
+          "batches, e.g. q2k,8q1kv1k,2q2k_32q1kv1k");
 ABSL_FLAG(std::string, problem, "", "problem file (safetensors, FORMATS.md) to run instead");
 ABSL_FLAG(std::string, output, "", "result file (safetensors): out, lse and the route");
 ABSL_FLAG(std::string, model, "small", "model preset: small (CPU-sized), deepseek_v32 or glm5");
 ABSL_FLAG(int, num_heads, 16, "query heads H of the whole group (divisible by the ranks)");
 ABSL_FLAG(std::string, device, "cpu", "rank device: cpu or cuda");
-ABSL_FLAG(std::string, comm, "mpi",
+ABSL_FLAG(std::string, comm, "auto",
           "collectives: mpi, nccl (needs --device cuda) or auto (nccl when every rank has its "
           "own GPU)");
 ABSL_FLAG(std::string, combine, "ag_rs", "sparse MQA combine: ag_rs or a2a");
@@ -83,6 +85,10 @@ absl::StatusOr<CommandLine> ParseCommandLine(int argc, const char* const* argv) 
     std::string_view arg = argv[i];
     if (arg == "--help" || arg == "-help" || arg == "-h" || arg == "--helpfull") {
       result.help = true;
+      continue;
+    }
+    if (arg == "--version") {
+      result.version = true;
       continue;
     }
     if (arg.size() < 2 || arg[0] != '-' || arg == "--") {
@@ -147,14 +153,12 @@ absl::Status ApplyFlags(const CommandLine& command_line, RunConfig* config) {
 
   // --batch and --problem replace each other's value from the file.
   if (given("batch")) {
-    config->run.batches.clear();
-    for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_batch), ';')) {
-      spec = absl::StripAsciiWhitespace(spec);
-      if (!spec.empty()) config->run.batches.emplace_back(spec);
+    const std::string list = absl::GetFlag(FLAGS_batch);
+    if (absl::StripAsciiWhitespace(list).empty()) {
+      return DCP_ERROR(InvalidArgument,
+                       "--batch is empty (expected e.g. q2k, 8q1kv1k, q2k,2q2k_32q1kv1k)");
     }
-    if (config->run.batches.empty()) {
-      return DCP_ERROR(InvalidArgument, "--batch is empty (expected e.g. q2k, 8q1s1k, 16q64s128)");
-    }
+    DCP_ASSIGN_OR_RETURN(config->run.batches, SplitBatchList(list));
     if (!given("problem")) config->run.problem.clear();
     config->explicit_keys.insert("run.batches");
   }
@@ -214,7 +218,7 @@ std::string UsageText(const char* program) {
       "usage: mpirun -np W ", program,
       " [--config FILE] [--batch SPEC | --problem FILE] "
       "[flags]\n\nRuns one DCP attention layer over the MPI world; flags override the config "
-      "file.\n\nflags:\n");
+      "file.\n\nflags:\n  --version  print the version and the git commit of the build\n");
   for (const char* name : kFlagNames) {
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     std::string shown = absl::StrReplaceAll(name, {{"_", "-"}});

@@ -15,6 +15,7 @@ namespace dcp::launch {
 struct CommandLine {
   std::set<std::string> given;  // flag names (underscore form) present on the command line
   bool help = false;
+  bool version = false;  // --version
   std::string config_path() const;
 };
 

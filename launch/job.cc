@@ -1,5 +1,7 @@
 #include "launch/job.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -12,28 +14,45 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "launch/batch_calls.h"
 #include "launch/batch_spec.h"
 #include "launch/bootstrap.h"
 #include "launch/check.h"
 #include "launch/distribute.h"
 #include "launch/flags.h"
+#include "launch/limits.h"
+#include "launch/liveness.h"
 #include "launch/problem.h"
 #include "launch/rank_batch.h"
 #include "launch/result_file.h"
 #include "launch/run_config.h"
 #include "launch/summary.h"
 #include "launch/synthetic.h"
+#include "launch/version.h"
 #include "runtime/dcp.h"
+#include "core/kv_layout.h"
 #include "core/status.h"
 
 namespace dcp::launch {
 namespace {
 
-// The launcher's own traffic (config, problem scatter, result gather, agreement) waits this
-// long: rank 0 may spend minutes reading a problem or running the reference while the others
-// wait. The DcpContext's collectives use dcp.comm_timeout_s.
+// The launcher's own traffic waits this long until the workload is loaded: rank 0 may spend
+// minutes reading a problem file while the others wait. From then on every collective of the
+// launcher and of the DcpContext honours dcp.comm_timeout_s, except the peers' wait for work
+// rank 0 does alone (the --check reference, writing --output), which keeps this bound on the
+// waiting ranks (rank 0 itself waits comm_timeout_s).
 constexpr double kBootstrapTimeoutS = 3600.0;
+// How long a rank that ends the job waits for its peers to answer the liveness probe.
+constexpr double kLivenessWaitS = 1.0;
+
+// Errors that mean the group itself failed (a peer stopped, died or never joined): no
+// agreement can follow, so the rank that sees one ends the job at once.
+bool IsGroupFailure(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kDeadlineExceeded ||
+         status.code() == absl::StatusCode::kUnavailable;
+}
 
 int ExitCodeFor(const absl::Status& status) {
   switch (status.code()) {
@@ -88,6 +107,10 @@ class Job {
   bool is_root() const { return process_.rank == 0; }
   // AgreeOnStatus over the bootstrap communicator; a communicator that cannot agree aborts.
   absl::Status Agree(const absl::Status& local);
+  // Agree after a step that rank 0 did alone (its peers idle): they wait kBootstrapTimeoutS.
+  absl::Status AgreeAfterRootWork(const absl::Status& local);
+  // Ends the job on every rank with kExitRuntimeError after a group failure.
+  [[noreturn]] void Fatal(const absl::Status& status);
 
   absl::Status Configure(int argc, char** argv);
   absl::Status LoadWorkload();
@@ -109,6 +132,7 @@ class Job {
 
   ProcessInfo process_;
   std::unique_ptr<MpiCommunicator> bootstrap_;
+  std::unique_ptr<LivenessProbe> liveness_;  // names the rank that stalled the job
   RunConfig config_;
   CommandLine command_line_;
   std::optional<Problem> problem_;  // rank 0, problem mode
@@ -127,16 +151,44 @@ class Job {
   bool check_failed_ = false;
 };
 
+void Job::Fatal(const absl::Status& status) {
+  std::string culprits;
+  if (liveness_ != nullptr) {
+    const std::vector<int> silent = liveness_->Silent(kLivenessWaitS);
+    if (!silent.empty()) {
+      culprits = absl::StrFormat("; rank%s %s did not answer a liveness probe within %g s "
+                                 "(stopped, hung or dead)",
+                                 silent.size() > 1 ? "s" : "", absl::StrJoin(silent, ", "),
+                                 kLivenessWaitS);
+    }
+  }
+  std::fprintf(stderr,
+               "dcp_run: rank %d: fatal: %s (collective timeout %.3g s)%s; ending the job on "
+               "every rank with exit %d\n",
+               process_.rank, std::string(status.message()).c_str(), bootstrap_->timeout_s(),
+               culprits.c_str(), kExitRuntimeError);
+  std::fflush(stderr);
+  bootstrap_->Abort(kExitRuntimeError);
+}
+
 absl::Status Job::Agree(const absl::Status& local) {
+  // A peer that did not arrive in time will not arrive for the agreement either: waiting for
+  // it again would double the time the job takes to end.
+  if (IsGroupFailure(local)) Fatal(local);
   absl::Status shared = AgreeOnStatus(*bootstrap_, local);
   if (shared.ok()) return shared;
+  if (IsGroupFailure(shared)) Fatal(shared);
   // Every rank now holds the same error, unless the communicator itself failed (a peer died or
   // timed out): then this barrier fails at once, and the only way out is to end the job.
-  if (absl::Status alive = bootstrap_->Barrier(); !alive.ok()) {
-    std::fprintf(stderr, "dcp_run: rank %d: fatal: %s\n", process_.rank,
-                 std::string(shared.message()).c_str());
-    bootstrap_->Abort(kExitRuntimeError);
-  }
+  if (absl::Status alive = bootstrap_->Barrier(); !alive.ok()) Fatal(shared);
+  return shared;
+}
+
+absl::Status Job::AgreeAfterRootWork(const absl::Status& local) {
+  const double timeout_s = bootstrap_->timeout_s();
+  if (!is_root()) bootstrap_->set_timeout_s(kBootstrapTimeoutS);
+  absl::Status shared = Agree(local);
+  bootstrap_->set_timeout_s(timeout_s);
   return shared;
 }
 
@@ -150,17 +202,34 @@ absl::Status Job::Run(int argc, char** argv) {
     }
     bootstrap_ = std::move(bootstrap).value();
   }
+  {
+    absl::StatusOr<std::unique_ptr<LivenessProbe>> probe = LivenessProbe::Create(MPI_COMM_WORLD);
+    if (probe.ok()) liveness_ = std::move(probe).value();  // without it: no rank named
+  }
   DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return Configure(argc, argv); })));
   if (command_line_.help) {
     if (is_root()) std::fputs(UsageText("dcp_run").c_str(), stdout);
     return absl::OkStatus();
   }
+  if (command_line_.version) {
+    if (is_root()) std::printf("%s\n", VersionLine("dcp_run").c_str());
+    return absl::OkStatus();
+  }
   DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return LoadWorkload(); })));
   DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return FitConfig(); })));
+  // Bootstrap is over: from here a peer that does not arrive within comm_timeout_s ends the job.
+  bootstrap_->set_timeout_s(config_.dcp.comm_timeout_s);
   DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return StartGroup(); })));
   if (config_.run.print_plan) return Agree(PrintPlan());
-  if (config_.run.check) DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return StartReference(); })));
+  if (config_.run.check) {
+    DCP_RETURN_IF_ERROR(AgreeAfterRootWork(Guarded([&] { return StartReference(); })));
+  }
   if (is_root() && !config_.run.json) std::fputs(FormatHeader(Describe()).c_str(), stdout);
+  // Test hook: each rank states its pid once the group runs (the stalled-rank test stops one).
+  if (std::getenv("DCP_RUN_REPORT_PID") != nullptr) {
+    std::fprintf(stderr, "[dcp_run rank %d pid %d running]\n", process_.rank, int(::getpid()));
+    std::fflush(stderr);
+  }
   for (int index = 0; index < int(batches_.size()); ++index) {
     DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return RunBatch(index); })));
   }
@@ -183,12 +252,13 @@ void Job::Release() {
   context_.reset();
   comm_.reset();
   device_.reset();
+  liveness_.reset();
   bootstrap_.reset();
 }
 
 absl::Status Job::Configure(int argc, char** argv) {
   DCP_ASSIGN_OR_RETURN(command_line_, ParseCommandLine(argc, argv));
-  if (command_line_.help) return absl::OkStatus();
+  if (command_line_.help || command_line_.version) return absl::OkStatus();
   const std::string path = command_line_.config_path();
   if (!path.empty()) {
     std::string text;
@@ -253,6 +323,8 @@ absl::Status Job::FitConfig() {
   }
   config_.dcp.world_size = world;
   config_.dcp.rank = process_.rank;
+  // Every value that sizes memory against its stated ceiling (before limits grow to fit).
+  DCP_RETURN_IF_ERROR(CheckCeilings(config_, batches_));
 
   // Limits the user left at their defaults grow to fit the batches; explicit ones are checked.
   int64_t max_seq_len = 0, max_requests = 0;
@@ -280,8 +352,39 @@ absl::Status Job::FitConfig() {
     }
     scheduler.max_num_seqs = int(max_requests);
   }
+  // The per-rank KV pool: what the largest batch needs, unless set. The worker's default (N
+  // full sequences of max_model_len) grows with max_num_seqs, which grows to fit the batch:
+  // 10,000 decodes over 64 tokens would reserve 13 GB for 4096-token sequences.
+  if (!config_.is_explicit("scheduler.num_kv_blocks") && scheduler.num_kv_blocks == 0 &&
+      scheduler.block_size > 0 && config_.dcp.interleave > 0) {  // else ValidateConfigs fails
+    const KvLayout layout{world, config_.dcp.interleave};
+    int64_t needed = 1;
+    for (const std::vector<RequestShape>& batch : batches_) {
+      int64_t blocks = 0;
+      for (const RequestShape& r : batch) {
+        blocks += (layout.local_length(r.seq_len, 0) + scheduler.block_size - 1) /
+                  scheduler.block_size;
+      }
+      needed = std::max(needed, blocks);
+    }
+    DCP_CHECK_ARG(needed <= kMaxKvBlocks,
+                  "the largest batch needs %d KV blocks per rank, more than the ceiling of %d "
+                  "(raise --block-size or split the batch)",
+                  needed, kMaxKvBlocks);
+    scheduler.num_kv_blocks = int(needed);
+  }
+  // The whole run against the memory of this node, before anything of it is allocated.
   DCP_RETURN_IF_ERROR(
       ValidateConfigs(config_.model, config_.dcp, config_.scheduler, config_.attention));
+  {
+    // A problem file is already in rank 0's memory (LoadProblem checked that it fits).
+    RunConfig root_view = config_, other_view = config_;
+    root_view.dcp.rank = 0;
+    other_view.dcp.rank = world > 1 ? 1 : 0;
+    DCP_RETURN_IF_ERROR(CheckMemory(EstimateRankMemory(root_view, batches_, 0),
+                                    EstimateRankMemory(other_view, batches_, 0),
+                                    process_.local_size, AvailableHostMemory()));
+  }
   if (!problem_mode()) {
     synthetic_ = std::make_unique<SyntheticWorkload>(config_.model, config_.attention.index_topk,
                                                      config_.run.seed);
@@ -368,18 +471,20 @@ absl::Status Job::RunBatch(int index) {
                         ? std::move(problem_batch_)
                         : synthetic_->Batch(batches_[index], index, first_request_id, my_view());
 
-  // Request bookkeeping fails locally (no agreement inside DcpContext): agree before Forward.
-  DCP_RETURN_IF_ERROR(Agree(AddRequests(*context_, batch)));
+  // Each DcpContext call agrees across the group by itself (once per batch of requests), so an
+  // error comes back on every rank alike and no launcher agreement is needed per iteration; a
+  // rank that stops makes the others' calls time out (DeadlineExceeded), which ends the job.
+  DCP_RETURN_IF_ERROR(AddRequests(*context_, batch));
   StatsAccumulator stats;
   std::vector<float> out, lse;
   const int total = run.warmup + run.iters;
   for (int i = 0; i < total; ++i) {
-    DCP_RETURN_IF_ERROR(Agree(LoadContext(*context_, batch, model)));
+    DCP_RETURN_IF_ERROR(LoadContext(*context_, batch, model));
     DCP_RETURN_IF_ERROR(ForwardBatch(*context_, batch, model, heads_per_rank(), &out, &lse));
     if (i >= run.warmup) stats.Add(context_->last_stats());
     Progress(index, i + 1, total);
   }
-  DCP_RETURN_IF_ERROR(Agree(FreeRequests(*context_, batch)));
+  DCP_RETURN_IF_ERROR(FreeRequests(*context_, batch));
 
   std::vector<float> all_out, all_lse;
   DCP_RETURN_IF_ERROR(GatherOutputs(*bootstrap_, batch.num_tokens(), heads_per_rank(),
@@ -400,7 +505,7 @@ absl::Status Job::RunBatch(int index) {
                                       model.v_head_dim, tolerance);
       }
     }
-    DCP_RETURN_IF_ERROR(Agree(checked));
+    DCP_RETURN_IF_ERROR(AgreeAfterRootWork(checked));
     int32_t passed = is_root() ? int32_t(report.check->passed) : 0;
     DCP_RETURN_IF_ERROR(bootstrap_->HostBroadcast(&passed, sizeof(passed), 0));
     if (!passed) check_failed_ = true;
@@ -415,7 +520,7 @@ absl::Status Job::RunBatch(int index) {
           run.output, batch.num_tokens(), model.num_heads, model.v_head_dim, all_out, all_lse,
           {last.route, process_.world_size, config_.dcp.interleave, last.num_chunks});
     }
-    DCP_RETURN_IF_ERROR(Agree(written));
+    DCP_RETURN_IF_ERROR(AgreeAfterRootWork(written));
   }
   if (is_root()) {
     if (!run.json) {

@@ -17,8 +17,12 @@ struct ResultMetadata {
   int chunks = 0;
 };
 
-// Fails when `path` cannot be created (its folder is missing or not writable, or it names a
-// folder); checked before any work so that a bad --output costs nothing.
+// Fails when `path` cannot be written the way WriteResultFile writes it, checked before any
+// work so that a bad --output costs nothing: its folder is missing or not writable, the name
+// or the temporary name beside it is too long (the temporary file is created and removed to
+// be sure), or `path` exists and is not a regular file. A FIFO, a device or a socket is
+// refused (the atomic rename would replace it with a regular file), and so is a symbolic link
+// (the rename would replace the link, not write through it): give the link's target instead.
 absl::Status CheckOutputWritable(const std::string& path);
 
 // Written atomically (temporary file + rename): `path` appears only when complete.

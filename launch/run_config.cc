@@ -2,10 +2,12 @@
 
 #include <functional>
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
+#include "launch/batch_spec.h"
 #include "yaml-cpp/yaml.h"
 
 namespace dcp::launch {
@@ -108,18 +110,28 @@ const std::map<std::string, std::vector<Key>>& Schema() {
       {"run",
        {Key{"batches",
             [](const YAML::Node& node, const std::string& where, RunConfig* config) {
+              // A list of batch specs, or one string; either may list several batches
+              // (',' between them, '_' joining the terms of one).
               config->run.batches.clear();
+              std::vector<std::string> lists;
               if (node.IsScalar()) {
-                config->run.batches.push_back(node.Scalar());
-                return absl::OkStatus();
-              }
-              if (!node.IsSequence()) {
+                lists.push_back(node.Scalar());
+              } else if (node.IsSequence()) {
+                for (const YAML::Node& item : node) {
+                  DCP_ASSIGN_OR_RETURN(std::string spec,
+                                       Scalar<std::string>(item, where, "a list of batch specs"));
+                  lists.push_back(spec);
+                }
+              } else {
                 return DCP_ERROR(InvalidArgument, "%s must be a list of batch specs", where);
               }
-              for (const YAML::Node& item : node) {
-                DCP_ASSIGN_OR_RETURN(std::string spec,
-                                     Scalar<std::string>(item, where, "a list of batch specs"));
-                config->run.batches.push_back(spec);
+              for (const std::string& list : lists) {
+                absl::StatusOr<std::vector<std::string>> specs = SplitBatchList(list);
+                if (!specs.ok()) {
+                  return DCP_ERROR(InvalidArgument, "%s: %s", where, specs.status().message());
+                }
+                config->run.batches.insert(config->run.batches.end(), specs->begin(),
+                                           specs->end());
               }
               return absl::OkStatus();
             }},
@@ -136,6 +148,17 @@ const std::map<std::string, std::vector<Key>>& Schema() {
         Field("json", &RunConfig::run, &RunSection::json, "true or false")}},
   };
   return *schema;
+}
+
+// A mapping key as a name: only a plain scalar is one (`? [a, b]` is a key too in YAML).
+absl::StatusOr<std::string> KeyName(std::string_view source, const YAML::Node& key,
+                                    std::string_view what) {
+  if (!key.IsScalar()) {
+    return DCP_ERROR(InvalidArgument, "%s: expected %s, got a %s as a key",
+                     Where(source, key, ""), what,
+                     key.IsSequence() ? "list" : key.IsMap() ? "map" : "null");
+  }
+  return key.Scalar();
 }
 
 }  // namespace
@@ -168,24 +191,39 @@ absl::Status ApplyYamlConfig(std::string_view text, std::string_view source, Run
                      "model, scheduler, dcp, attention, run");
   }
   const auto& schema = Schema();
-  // Sections in schema order: the model preset applies before the dims of the same file.
+  // Every key of the file once, as a plain name: yaml-cpp keeps a repeated key (the first one
+  // wins on lookup) and accepts any node as a key, so both are checked here.
+  std::set<std::string> sections_seen;
   for (auto it = root.begin(); it != root.end(); ++it) {
-    const std::string section = it->first.as<std::string>();
+    DCP_ASSIGN_OR_RETURN(const std::string section, KeyName(source, it->first, "a section name"));
     if (!schema.contains(section)) {
       return DCP_ERROR(InvalidArgument,
                        "%s: unknown section '%s' (known: model, scheduler, dcp, attention, run)",
+                       Where(source, it->first, ""), section);
+    }
+    if (!sections_seen.insert(section).second) {
+      return DCP_ERROR(InvalidArgument,
+                       "%s: section '%s' appears twice (merge the two into one)",
                        Where(source, it->first, ""), section);
     }
     if (!it->second.IsMap() && !it->second.IsNull()) {
       return DCP_ERROR(InvalidArgument, "%s: section '%s' must be a map",
                        Where(source, it->first, ""), section);
     }
+    std::set<std::string> keys_seen;
+    for (auto key = it->second.begin(); it->second.IsMap() && key != it->second.end(); ++key) {
+      DCP_ASSIGN_OR_RETURN(const std::string name, KeyName(source, key->first, "a key name"));
+      if (!keys_seen.insert(name).second) {
+        return DCP_ERROR(InvalidArgument, "%s: key '%s.%s' appears twice",
+                         Where(source, key->first, ""), section, name);
+      }
+    }
   }
   for (const auto& [section, keys] : schema) {
     const YAML::Node node = root[section];
     if (!node || node.IsNull()) continue;
     for (auto it = node.begin(); it != node.end(); ++it) {
-      const std::string key = it->first.as<std::string>();
+      const std::string key = it->first.Scalar();
       bool found = false;
       for (const Key& k : keys) found = found || key == k.name;
       if (!found) {
@@ -219,7 +257,7 @@ absl::Status ValidateRunSection(const RunConfig& config) {
   DCP_CHECK_ARG(run.warmup >= 0, "--warmup must be >= 0, got %d", run.warmup);
   DCP_CHECK_ARG(run.tolerance >= 0, "--tolerance must be >= 0, got %g", run.tolerance);
   DCP_CHECK_ARG(!(run.problem.empty() && run.batches.empty()),
-                "nothing to run: give --batch (e.g. 8q1s1k) or --problem FILE, or a config "
+                "nothing to run: give --batch (e.g. 8q1kv1k) or --problem FILE, or a config "
                 "whose run section lists batches");
   DCP_CHECK_ARG(run.problem.empty() || run.batches.empty(), "give --batch or --problem, not both");
   DCP_CHECK_ARG(run.output.empty() || !run.problem.empty() || run.batches.size() == 1,

@@ -22,7 +22,7 @@ struct RunSection {
   std::string problem;               // problem file (exclusive with batches)
   std::string output;                // result file
   std::string device = "cpu";        // cpu | cuda
-  std::string comm = "mpi";          // mpi | nccl | auto (CUDA: nccl when every rank has a GPU)
+  std::string comm = "auto";         // auto | mpi | nccl (auto: nccl when every CUDA rank has a GPU)
   uint64_t seed = 0;
   int iters = 1;           // Forward calls per batch (timed: all of them)
   int warmup = 0;          // untimed Forward calls before them

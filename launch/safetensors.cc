@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -69,9 +70,31 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string_view bytes, std::st
   }
   const std::string_view header_text = bytes.substr(8, header_length);
   const std::string_view data = bytes.substr(8 + header_length);
-  nlohmann::json header = nlohmann::json::parse(header_text, nullptr, /*allow_exceptions=*/false);
+  // JSON keeps the last of two equal keys; a header naming a tensor (or a metadata key) twice
+  // is ambiguous, so the parser's callback records the first repeated key of any object.
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  const nlohmann::json::parser_callback_t watch_keys =
+      [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        using Event = nlohmann::json::parse_event_t;
+        if (event == Event::object_start) {
+          open_objects.emplace_back();
+        } else if (event == Event::object_end && !open_objects.empty()) {
+          open_objects.pop_back();
+        } else if (event == Event::key && !open_objects.empty() && duplicate.empty() &&
+                   !open_objects.back().insert(parsed.get<std::string>()).second) {
+          duplicate = parsed.get<std::string>();
+        }
+        return true;
+      };
+  nlohmann::json header =
+      nlohmann::json::parse(header_text, watch_keys, /*allow_exceptions=*/false);
   if (header.is_discarded() || !header.is_object()) {
     return DCP_ERROR(InvalidArgument, "%s: bad safetensors header: not a JSON object", name);
+  }
+  if (!duplicate.empty()) {
+    return DCP_ERROR(InvalidArgument, "%s: bad safetensors header: key '%s' appears twice",
+                     name, duplicate);
   }
 
   SafetensorsFile file;
@@ -243,9 +266,13 @@ absl::StatusOr<std::string> SerializeSafetensors(const SafetensorsFile& file) {
   return image;
 }
 
+std::string TemporaryPathFor(const std::string& path) {
+  return absl::StrCat(path, ".tmp.", ::getpid());
+}
+
 absl::Status WriteSafetensors(const std::string& path, const SafetensorsFile& file) {
   DCP_ASSIGN_OR_RETURN(std::string image, SerializeSafetensors(file));
-  const std::string temp = absl::StrCat(path, ".tmp.", ::getpid());
+  const std::string temp = TemporaryPathFor(path);
   std::FILE* out = std::fopen(temp.c_str(), "wb");
   if (out == nullptr) {
     return DCP_ERROR(InvalidArgument, "cannot write '%s': %s", path, std::strerror(errno));

@@ -52,6 +52,9 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string_view bytes, std::st
 
 // The file image: tensors in name order, header padded with spaces to a multiple of 8 bytes.
 absl::StatusOr<std::string> SerializeSafetensors(const SafetensorsFile& file);
+// The temporary file WriteSafetensors writes beside `path` before renaming it over `path`.
+std::string TemporaryPathFor(const std::string& path);
+
 // Writes `path` atomically: a temporary file beside it, renamed over `path` only when every
 // byte was written; on error nothing is left at `path` (an older file there stays untouched).
 absl::Status WriteSafetensors(const std::string& path, const SafetensorsFile& file);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
+#include "launch/version.h"
 
 namespace dcp::launch {
 namespace {
@@ -206,7 +207,11 @@ nlohmann::json RunJson(const RunDescription& run, const std::vector<BatchReport>
   const ModelDims& m = run.model;
   nlohmann::json batches = nlohmann::json::array();
   for (const BatchReport& r : reports) batches.push_back(ReportJson(r));
-  return {{"world_size", run.world_size},
+  return {{"format_version", kOutputFormatVersion},
+          {"version", ProjectVersion()},
+          {"commit", GitCommit()},
+          {"timestamp", TimestampUtc()},
+          {"world_size", run.world_size},
           {"device", run.device},
           {"comm", run.comm},
           {"combine", run.combine},

@@ -26,6 +26,28 @@ absl::Status DcpContext::LoadCachedKv(int64_t request_id, int64_t num_tokens,
                                       const TensorView& local_rows) {
   return AgreeOnStatus(worker_->comm(), worker_->LoadCachedKv(request_id, num_tokens, local_rows));
 }
+absl::Status DcpContext::AddRequests(absl::Span<const int64_t> request_ids) {
+  absl::Status local = absl::OkStatus();
+  for (size_t i = 0; i < request_ids.size() && local.ok(); ++i) {
+    local = worker_->AddRequest(request_ids[i]);
+  }
+  return AgreeOnStatus(worker_->comm(), local);
+}
+absl::Status DcpContext::FreeRequests(absl::Span<const int64_t> request_ids) {
+  absl::Status local = absl::OkStatus();
+  for (size_t i = 0; i < request_ids.size() && local.ok(); ++i) {
+    local = worker_->FreeRequest(request_ids[i]);
+  }
+  return AgreeOnStatus(worker_->comm(), local);
+}
+absl::Status DcpContext::LoadCachedKv(absl::Span<const CachedKv> requests) {
+  absl::Status local = absl::OkStatus();
+  for (size_t i = 0; i < requests.size() && local.ok(); ++i) {
+    local = worker_->LoadCachedKv(requests[i].request_id, requests[i].num_tokens,
+                                  requests[i].local_rows);
+  }
+  return AgreeOnStatus(worker_->comm(), local);
+}
 absl::Status DcpContext::Forward(absl::Span<const BatchRequest> batch, const BatchInputs& inputs,
                                  const BatchOutputs& outputs) {
   return worker_->Forward(batch, inputs, outputs);

@@ -32,6 +32,13 @@ namespace dcp {
 
 class Worker;
 
+// One request's cached rows for DcpContext::LoadCachedKv over many requests.
+struct CachedKv {
+  int64_t request_id = 0;
+  int64_t num_tokens = 0;  // cached tokens of the request
+  TensorView local_rows;   // [local_length(num_tokens, rank), R + Dr], this rank's rows
+};
+
 class DcpContext {
  public:
   static absl::StatusOr<std::unique_ptr<DcpContext>> Create(const DcpOptions& options,
@@ -46,6 +53,12 @@ class DcpContext {
   // local_rows are this rank's rows of them, [local_length(num_tokens, rank), R + Dr] in local
   // order. Replaces whatever was cached.
   absl::Status LoadCachedKv(int64_t request_id, int64_t num_tokens, const TensorView& local_rows);
+  // The same three calls for many requests at once, with one agreement across the ranks for
+  // the whole batch (the single forms agree once per request). They stop at the first request
+  // that fails; that error comes back on every rank.
+  absl::Status AddRequests(absl::Span<const int64_t> request_ids);
+  absl::Status FreeRequests(absl::Span<const int64_t> request_ids);
+  absl::Status LoadCachedKv(absl::Span<const CachedKv> requests);
 
   // One attention layer: writes the new tokens this rank owns into its cache, plans (rank 0),
   // runs the planned route and writes outputs for this rank's heads. Each request's cached

@@ -117,23 +117,23 @@ run_bench() {
 # 2-4. dcp_bench.
 if has_step routes; then
   # shellcheck disable=SC2086
-  run_bench routes "$(budget 200 190)" 1 --mode routes --dims deepseek --heads 16,32,64,128 \
+  run_bench routes "$(budget 200 190)" 1 --mode routes --model deepseek_v32 --heads 16,32,64,128 \
       --max_tokens 16384 -w 1 -n 3 --csv "$work/routes.csv" ${DCP_ROUTES_ARGS:-}
   [ -f "$work/routes_crossover.csv" ] && tee -a "$summary" <"$work/routes_crossover.csv"
 fi
 if has_step kernels; then
   # shellcheck disable=SC2086
-  run_bench kernels "$(budget 80 120)" 1 --mode kernels --dims deepseek --heads 16,32,64,128 \
+  run_bench kernels "$(budget 80 120)" 1 --mode kernels --model deepseek_v32 --heads 16,32,64,128 \
       -w 2 -n 10 -b 1M -e 256M -f 4 --csv "$work/kernels.csv" ${DCP_KERNELS_ARGS:-}
 fi
 if has_step collectives; then
   # shellcheck disable=SC2086
-  run_bench collectives "$(budget 45 90)" "$gpus" --mode collectives --dims deepseek \
+  run_bench collectives "$(budget 45 90)" "$gpus" --mode collectives --model deepseek_v32 \
       --heads 128 --comm auto -w 2 -n 10 -b 1M -e 256M -f 4 --csv "$work/collectives.csv" \
       ${DCP_COLLECTIVES_ARGS:-}
   if (( gpus == 1 )); then
     # shellcheck disable=SC2086
-    run_bench collectives_np2_mpi "$(budget 45 75)" 2 --mode collectives --dims deepseek \
+    run_bench collectives_np2_mpi "$(budget 45 75)" 2 --mode collectives --model deepseek_v32 \
         --heads 64 --comm mpi -w 1 -n 5 -b 1M -e 64M -f 4 \
         --csv "$work/collectives_np2_mpi.csv" ${DCP_COLLECTIVES_ARGS:-}
   fi

@@ -69,9 +69,9 @@ bench="$build/launch/bench/dcp_bench"
 kernel_batches="q16,q64,q256,q512,q1k,q2k,q8k,2q2k,4q1k,4q2k,8q512,16q64,16q1k,64q512,16q64s128,64q64s128,4q512s2k"
 if has_step kernels; then
   echo "== kernels ($(elapsed))"
-  for dims in deepseek glm5; do
+  for dims in deepseek_v32 glm5; do
     heads=16,128; [ "$dims" = glm5 ] && heads=16,64
-    timeout "$(left 110)" "$bench" --mode kernels --device cuda --dims $dims --heads $heads \
+    timeout "$(left 110)" "$bench" --mode kernels --device cuda --model $dims --heads $heads \
         --prefill_backend native,cudnn,auto --only dense_mha --batches "$kernel_batches" \
         -w 3 -n 10 --csv "$out/kernels_$dims.csv" >"$out/kernels_$dims.log" 2>&1
     note "kernels $dims: exit $? ($(elapsed))"
@@ -80,10 +80,10 @@ fi
 if has_step routes; then
   echo "== routes ($(elapsed))"
   for backend in cudnn native; do
-    timeout "$(left 60)" "$bench" --mode routes --device cuda --dims deepseek --heads 128 \
+    timeout "$(left 60)" "$bench" --mode routes --device cuda --model deepseek_v32 --heads 128 \
         --prefill_backend $backend --batches 2q2k,4q1k,8q512,q1k,4q512s2k -w 2 -n 5 --check 0 \
         --csv "$out/routes_128_$backend.csv" >"$out/routes_128_$backend.log" 2>&1
-    timeout "$(left 50)" "$bench" --mode routes --device cuda --dims deepseek --heads 16 \
+    timeout "$(left 50)" "$bench" --mode routes --device cuda --model deepseek_v32 --heads 16 \
         --prefill_backend $backend --batches 4q2k,q2k -w 2 -n 5 --check 0 \
         --csv "$out/routes_16_$backend.csv" >"$out/routes_16_$backend.log" 2>&1
     note "routes $backend: exit $? ($(elapsed))"
@@ -91,7 +91,7 @@ if has_step routes; then
 fi
 if has_step peers; then
   echo "== torch peers ($(elapsed))"
-  for dims in deepseek glm5; do
+  for dims in deepseek_v32 glm5; do
     [ -f "$out/kernels_$dims.csv" ] || continue
     timeout "$(left 25)" python3 scripts/peer_torch.py --kernels "$out/kernels_$dims.csv" \
         --dims $dims -w 2 -n 5 --out "$out/peers_kernels_$dims.csv" >"$out/peers_$dims.log" 2>&1

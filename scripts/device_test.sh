@@ -144,7 +144,7 @@ if has_stage engine; then
   echo "== engine layer bench ($(elapsed))"
   bench="$build/launch/bench/dcp_bench"
   if [ -x "$bench" ]; then
-    timeout 240 mpirun -np 1 "$bench" --mode engine --device cuda --comm nccl --dims deepseek \
+    timeout 240 mpirun -np 1 "$bench" --mode engine --device cuda --comm nccl --model deepseek_v32 \
         --heads 16,128 --index_topk 2048 -w 3 -n 50 \
         --batches "${DCP_ENGINE_BATCHES:-q1s4k,64q1s4k,q1s16k,4q512}" \
         --csv "$out/engine.csv" >"$out/engine.txt" 2>&1
@@ -156,7 +156,7 @@ if has_stage engine; then
 fi
 
 # 6. dcp_run --device cuda --check at the DeepSeek-V3.2 dims (H 128, R 512, Dn 128, Dr 64,
-# Dv 128, K 2048): '4q1s4k,q512' takes both routes in one batch (the 512-token prefill is
+# Dv 128, K 2048): '4q1kv4k_q512' takes both routes in one batch (the 512-token prefill is
 # within K: dense MHA; the decodes over 4096 tokens: sparse MQA with top-2048). The check's
 # reference runs on rank 0's CPU, so the batch stays small. np 1 uses NCCL (a world of one);
 # np > 1 shares the one GPU: --comm nccl must fail clearly, --comm mpi (host staging) must run.
@@ -164,7 +164,7 @@ if has_stage run; then
   echo "== dcp_run --device cuda --check ($(elapsed))"
   run="$build/launch/dcp_run"
   if [ -x "$run" ]; then
-    batch="${DCP_RUN_BATCH:-4q1s4k,q512}"
+    batch="${DCP_RUN_BATCH:-4q1kv4k_q512}"
     while read -r np comm combine; do
       [ -n "$np" ] || continue
       log="$out/one_dcp_run.log"

@@ -37,7 +37,7 @@ import sys
 DENSE_PEERS = ("sdpa_cudnn", "sdpa_flash")
 DENSE_KERNELS = ("dense_mha", "dense_mha_native", "dense_mha_cudnn")
 # Per-head sizes of the models (--dims): qk, v, latent width, kv_lora_rank, qk_nope.
-DIMS = {"deepseek": (192, 128, 576, 512, 128), "glm5": (256, 256, 576, 512, 192)}
+DIMS = {"deepseek_v32": (192, 128, 576, 512, 128), "glm5": (256, 256, 576, 512, 192)}
 SPARSE_PEERS = ("torch_gather_bmm",)
 OUT_COLUMNS = [
     "source", "op", "batch", "num_seqs", "query_len", "seq_len", "heads", "topk", "flops",
@@ -270,9 +270,9 @@ def main():
     parser.add_argument("--routes", help="dcp_bench --mode routes CSV")
     parser.add_argument("--kernels", help="dcp_bench --mode kernels CSV")
     parser.add_argument("--out", help="output CSV (default: peers.csv next to the first input)")
-    parser.add_argument("--dims", default="deepseek", choices=sorted(DIMS),
+    parser.add_argument("--dims", default="deepseek_v32", choices=sorted(DIMS),
                         help="only rows of these dims, and the peers at their sizes (default "
-                             "deepseek: qk 192 / v 128 / latent 576; glm5: qk 256 / v 256)")
+                             "deepseek_v32: qk 192 / v 128 / latent 576; glm5: qk 256 / v 256)")
     parser.add_argument("-w", "--warmup", type=int, default=2, help="warm-up runs (default 2)")
     parser.add_argument("-n", "--iters", type=int, default=10, help="timed runs (default 10)")
     parser.add_argument("--heads", default="",

@@ -43,6 +43,7 @@ packages=(
   openmpi-bin libopenmpi-dev libucx-dev ucx-utils
   libabsl-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
   nlohmann-json3-dev libyaml-cpp-dev
+  clang  # scripts/sanitize.sh and the libFuzzer targets (tests/fuzz)
 )
 
 missing=()

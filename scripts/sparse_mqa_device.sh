@@ -85,7 +85,7 @@ fi
 
 if has_stage bench && [ "$hung" -eq 0 ]; then
   # shellcheck disable=SC2086
-  timeout 100 mpirun --allow-run-as-root --bind-to none -np 1 "$build/launch/bench/dcp_bench" --mode kernels --device cuda --dims deepseek \
+  timeout 100 mpirun --allow-run-as-root --bind-to none -np 1 "$build/launch/bench/dcp_bench" --mode kernels --device cuda --model deepseek_v32 \
       --heads 128 --batches q1k -w 3 -n 20 -b 1M -e 1M --csv "$out/kernels.csv" \
       ${DCP_BENCH_ARGS:-} >"$out/bench.txt" 2>&1
   note "bench: exit $? ($(elapsed))"

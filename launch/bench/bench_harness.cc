@@ -10,15 +10,23 @@
 #include "launch/bench/step_clock.h"
 #include "collectives/mpi_status.h"
 #include "core/status.h"
+#include "launch/version.h"
 
 namespace dcp::bench {
 
 std::vector<Column> BenchEnv::MetaColumns() const {
-  return {{"mode", ""}, {"device", ""}, {"comm", ""}, {"world", ""}, {"dims", ""}};
+  return {{"format_version", ""}, {"commit", ""}, {"timestamp", ""}, {"mode", ""},
+          {"device", ""},         {"comm", ""},   {"world", ""},     {"dims", ""}};
 }
 
 std::vector<std::string> BenchEnv::MetaCells() const {
-  return {mode_name(options.mode), device->name(), comm->name(), FormatInt(world_size),
+  return {FormatInt(launch::kOutputFormatVersion),
+          launch::GitCommit(),
+          started_at,
+          mode_name(options.mode),
+          device->name(),
+          comm->name(),
+          FormatInt(world_size),
           options.dims};
 }
 
@@ -36,10 +44,11 @@ std::string CsvPath(const std::string& csv, const std::string& suffix) {
 }
 
 absl::StatusOr<ModelDims> DimsByName(const std::string& name) {
-  if (name == "deepseek") return ModelDims::DeepSeekV32();
+  if (name == "deepseek_v32") return ModelDims::DeepSeekV32();
   if (name == "glm5") return ModelDims::Glm5();
   if (name == "small") return ModelDims{};
-  return DCP_ERROR(InvalidArgument, "--dims must be deepseek, glm5 or small, got '%s'", name);
+  return DCP_ERROR(InvalidArgument, "--model must be deepseek_v32, glm5 or small, got '%s'",
+                   name);
 }
 
 absl::StatusOr<StepTimes> TimeSteps(BenchEnv& env, int num_steps,

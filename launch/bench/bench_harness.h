@@ -25,7 +25,8 @@ struct BenchEnv {
   MpiCommunicator* bootstrap = nullptr;  // host control plane: agreement, timing reductions
   Device* device = nullptr;
   Communicator* comm = nullptr;  // the data plane the layer runs on
-  ModelDims dims;                // --dims; num_heads is set per run from --heads
+  ModelDims dims;                // --model; num_heads is set per run from --heads
+  std::string started_at;        // UTC timestamp of the run's start (rank 0's), in every CSV row
 
   bool root() const { return rank == 0; }
   bool on_gpu() const { return device->memory_space() == MemorySpace::kDevice; }
@@ -41,7 +42,7 @@ struct BenchEnv {
 // suffix + ".csv" ("out/routes.csv" + "crossover" -> "out/routes_crossover.csv").
 std::string CsvPath(const std::string& csv, const std::string& suffix);
 
-// The model dimensions named by --dims.
+// The model dimensions named by --model.
 absl::StatusOr<ModelDims> DimsByName(const std::string& name);
 
 // One result table of a mode; `suffix` names its CSV (FILE, or FILE's stem + "_suffix.csv").

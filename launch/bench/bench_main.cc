@@ -1,5 +1,5 @@
 // dcp_bench: benchmarks of the DCP attention layer, run under mpirun like dcp_run.
-//   mpirun -np 2 dcp_bench --mode routes --dims small --heads 4 --batches q64,4q64 -n 5
+//   mpirun -np 2 dcp_bench --mode routes --model small --heads 4 --batches q64,4q64 -n 5
 // Rank 0 prints the tables (and writes --csv); every rank exits with the same status:
 // 0 ok, 1 a measurement failed or #wrong > 0, 2 a bad command line.
 #include <mpi.h>
@@ -20,6 +20,7 @@
 #include "launch/bootstrap.h"
 #include "collectives/mpi_status.h"
 #include "core/status.h"
+#include "launch/version.h"
 
 namespace dcp::bench {
 namespace {
@@ -47,12 +48,14 @@ absl::Status PrintRanks(const BenchEnv& env) {
 void PrintHeader(const BenchEnv& env) {
   const BenchOptions& o = env.options;
   const ModelDims& d = env.dims;
+  std::printf("# %s, started %s\n", launch::VersionLine("dcp_bench").c_str(),
+              env.started_at.c_str());
   std::printf("# dcp_bench --mode %s: %d ranks, device %s (%s storage), comm %s\n",
               mode_name(o.mode), env.world_size, o.device.c_str(),
               std::string(dtype_name(env.device->storage_dtype())).c_str(),
               env.comm->name().c_str());
   std::printf(
-      "# dims %s: R %d, Dn %d, Dr %d, Dv %d; K %d, block %d, interleave %d; "
+      "# model %s: R %d, Dn %d, Dr %d, Dv %d; K %d, block %d, interleave %d; "
       "warm-up %d, iters %d, check %d\n",
       o.dims.c_str(), d.kv_lora_rank, d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim,
       o.index_topk, o.block_size, o.interleave, o.warmup_iters, o.iters, o.check ? 1 : 0);
@@ -88,6 +91,10 @@ int Run(int argc, char** argv, const launch::ProcessInfo& process) {
     if (root) std::printf("%s", BenchUsage(argv[0]).c_str());
     return kExitOk;
   }
+  if (options->version) {
+    if (root) std::printf("%s\n", launch::VersionLine("dcp_bench").c_str());
+    return kExitOk;
+  }
   absl::StatusOr<ModelDims> dims = DimsByName(options->dims);
   if (!dims.ok()) return report(dims.status(), kExitUsage);
 
@@ -108,12 +115,22 @@ int Run(int argc, char** argv, const launch::ProcessInfo& process) {
   env.device = device->get();
   env.comm = comm->get();
   env.dims = *dims;
+  {  // rank 0's clock, so that every row of every rank's view carries one timestamp
+    std::string stamp = launch::TimestampUtc();
+    stamp.resize(32, '\0');
+    if (MPI_Bcast(stamp.data(), 32, MPI_CHAR, 0, MPI_COMM_WORLD) != MPI_SUCCESS) return kExitFailed;
+    env.started_at = stamp.c_str();
+  }
   if (root) PrintHeader(env);
   status = PrintRanks(env);
   if (!status.ok()) return report(status, kExitFailed);
 
   absl::StatusOr<ModeResult> result = RunMode(env);
-  if (!result.ok()) return report(result.status(), kExitFailed);
+  if (!result.ok()) {
+    // A request the mode refuses before measuring (a sweep over an hour) is a usage error.
+    const bool usage = result.status().code() == absl::StatusCode::kInvalidArgument;
+    return report(result.status(), usage ? kExitUsage : kExitFailed);
+  }
   if (root) {
     for (const NamedTable& named : result->tables) {
       std::printf("#\n");

@@ -12,6 +12,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "core/status.h"
+#include "launch/batch_spec.h"
 
 namespace dcp::bench {
 namespace {
@@ -87,9 +88,16 @@ Setter IntListFlag(const char* name, std::vector<int> BenchOptions::*field) {
   };
 }
 
-Setter StringListFlag(std::vector<std::string> BenchOptions::*field) {
+// A batch list in dcp_run's grammar (launch/batch_spec.h); '' is the empty list.
+Setter StringListFlag(const char* name, std::vector<std::string> BenchOptions::*field) {
   return [=](BenchOptions& o, const std::string& v) -> absl::Status {
-    o.*field = absl::StrSplit(v, ',', absl::SkipEmpty());
+    if (absl::StripAsciiWhitespace(v).empty()) {
+      (o.*field).clear();
+      return absl::OkStatus();
+    }
+    absl::StatusOr<std::vector<std::string>> specs = launch::SplitBatchList(v);
+    if (!specs.ok()) return BadValue(name, v, std::string(specs.status().message()));
+    o.*field = *std::move(specs);
     return absl::OkStatus();
   };
 }
@@ -115,17 +123,18 @@ const std::vector<Flag>& Flags() {
       {nullptr, "comm", "auto|mpi|nccl",
        "data-plane communicator (default auto: NCCL on CUDA ranks with a GPU each, else MPI)",
        ChoiceFlag("comm", &BenchOptions::comm, {"auto", "mpi", "nccl"})},
-      {nullptr, "dims", "deepseek|glm5|small",
-       "model dimensions: DeepSeek-V3.2 (R 512, Dn 128, Dr 64, Dv 128), GLM-5 (R 512, Dn 192, "
-       "Dr 64, Dv 256) or the small test dims (R 64, Dn 32, Dr 16, Dv 32) (default deepseek)",
-       ChoiceFlag("dims", &BenchOptions::dims, {"deepseek", "glm5", "small"})},
+      {nullptr, "model", "deepseek_v32|glm5|small",
+       "model dimensions, as dcp_run --model: DeepSeek-V3.2 (R 512, Dn 128, Dr 64, Dv 128), "
+       "GLM-5 (R 512, Dn 192, Dr 64, Dv 256) or the small test dims (R 64, Dn 32, Dr 16, Dv 32) "
+       "(default deepseek_v32)",
+       ChoiceFlag("model", &BenchOptions::dims, {"deepseek_v32", "glm5", "small"})},
       {nullptr, "prefill_backend", "LIST",
        "dense MHA prefill backends: auto, native, cudnn (kernels mode: a dense_mha row each; "
        "routes mode: the first) (default auto)",
-       StringListFlag(&BenchOptions::prefill_backends)},
+       StringListFlag("prefill_backend", &BenchOptions::prefill_backends)},
       {nullptr, "only", "LIST",
        "kernels mode: time only kernels whose name starts with one of these (e.g. dense_mha)",
-       StringListFlag(&BenchOptions::only)},
+       StringListFlag("only", &BenchOptions::only)},
       {"-w", "warmup_iters", "N", "warm-up iterations, not timed (default 2)",
        IntFlag("warmup_iters", &BenchOptions::warmup_iters, 0)},
       {"-n", "iters", "N", "timed iterations; the median is reported (default 10)",
@@ -152,16 +161,16 @@ const std::vector<Flag>& Flags() {
       {nullptr, "heads", "LIST", "per-rank query heads H/W to sweep (default 16,32,64,128)",
        IntListFlag("heads", &BenchOptions::heads)},
       {nullptr, "batches", "SPECS",
-       "comma-separated batch specs replacing the default sweep; `_` joins the terms of one "
-       "batch (e.g. q1k,16q64s128,2q8_4q64s128)",
-       StringListFlag(&BenchOptions::batches)},
+       "batch specs replacing the default sweep, as dcp_run --batch: ',' separates batches, "
+       "'_' joins the terms of one (e.g. q1k,16q64kv128,2q8_4q64kv128)",
+       StringListFlag("batches", &BenchOptions::batches)},
       {nullptr, "batch_sizes", "LIST", "requests per pure-prefill batch (default 1,2,...,64)",
        IntListFlag("batch_sizes", &BenchOptions::batch_sizes)},
       {nullptr, "seq_lens", "LIST", "pure-prefill lengths (default 1,2,4,...,8k)",
        IntListFlag("seq_lens", &BenchOptions::seq_lens)},
       {nullptr, "extends", "SPECS",
-       "extend batches after the grid (default 16q64s128,32q64s128,64q64s128; '' for none)",
-       StringListFlag(&BenchOptions::extends)},
+       "extend batches after the grid (default 16q64kv128,32q64kv128,64q64kv128; '' for none)",
+       StringListFlag("extends", &BenchOptions::extends)},
       {nullptr, "max_tokens", "N", "skip batches of more query tokens (default 32768)",
        BytesFlag("max_tokens", &BenchOptions::max_tokens, 1)},
       {nullptr, "index_topk", "K", "top-k width K (default 2048)",
@@ -199,6 +208,17 @@ const std::vector<Flag>& Flags() {
        [](BenchOptions& o, const std::string& v) -> absl::Status {
          if (v.empty()) return BadValue("csv", v, "empty path");
          o.csv = v;
+         return absl::OkStatus();
+       }},
+      {nullptr, "force", nullptr,
+       "run a sweep estimated to take over an hour on CPU ranks (refused without it)",
+       [](BenchOptions& o, const std::string&) -> absl::Status {
+         o.force = true;
+         return absl::OkStatus();
+       }},
+      {nullptr, "version", nullptr, "print the version and the git commit of the build",
+       [](BenchOptions& o, const std::string&) -> absl::Status {
+         o.version = true;
          return absl::OkStatus();
        }},
       {"-h", "help", nullptr, "print this help",
@@ -323,7 +343,7 @@ absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, const char* const* argv
     }
     DCP_RETURN_IF_ERROR(flag->set(options, value));
   }
-  if (options.help) return options;
+  if (options.help || options.version) return options;
   DCP_CHECK_ARG(options.min_bytes <= options.max_bytes,
                 "-b/--minbytes (%d) must not exceed -e/--maxbytes (%d)", options.min_bytes,
                 options.max_bytes);

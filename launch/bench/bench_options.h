@@ -20,7 +20,7 @@ struct BenchOptions {
   Mode mode = Mode::kRoutes;
   std::string device = "cpu";     // cpu | cuda
   std::string comm = "auto";      // auto | mpi | nccl (nccl: CUDA ranks only)
-  std::string dims = "deepseek";  // deepseek (DeepSeek-V3.2) | glm5 (GLM-5) | small
+  std::string dims = "deepseek_v32";  // --model: deepseek_v32 | glm5 | small
   // attention.prefill_backend of the routes mode (first entry) and the dense_mha rows of the
   // kernels mode (one row per entry; "auto" keeps the row name dense_mha).
   std::vector<std::string> prefill_backends = {"auto"};
@@ -41,7 +41,7 @@ struct BenchOptions {
   std::vector<std::string> batches;
   std::vector<int> batch_sizes = {1, 2, 4, 8, 16, 32, 64};
   std::vector<int> seq_lens = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
-  std::vector<std::string> extends = {"16q64s128", "32q64s128", "64q64s128"};
+  std::vector<std::string> extends = {"16q64kv128", "32q64kv128", "64q64kv128"};
   int64_t max_tokens = 32768;  // batches with more query tokens are skipped (listed)
 
   int index_topk = 2048;          // K
@@ -55,6 +55,8 @@ struct BenchOptions {
   uint64_t seed = 1;
   std::string csv;  // write the results here too (rank 0)
   bool help = false;
+  bool version = false;  // --version
+  bool force = false;    // --force: run a sweep estimated over an hour on CPU ranks
 
   // The batch specs this run sweeps, in order (batches, or the grid then extends).
   std::vector<std::string> BatchList() const;

@@ -27,7 +27,7 @@ constexpr uint64_t kStreamA = 11, kStreamB = 12, kStreamC = 13, kStreamRows = 14
 // shapes that matter for the targets (prefills at and beyond K, extends).
 const std::vector<std::string>& DefaultKernelBatches() {
   static const std::vector<std::string>* batches = new std::vector<std::string>{
-      "q1k", "q2k", "4q2k", "16q1k", "64q512", "q8k", "16q64s128", "64q64s128"};
+      "q1k", "q2k", "4q2k", "16q1k", "64q512", "q8k", "16q64kv128", "64q64kv128"};
   return *batches;
 }
 

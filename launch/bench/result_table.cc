@@ -1,6 +1,7 @@
 #include "launch/bench/result_table.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -23,6 +24,11 @@ std::string CsvCell(const std::string& cell) {
   return quoted + "\"";
 }
 
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
 
 void ResultTable::AddRow(std::vector<std::string> cells) {
@@ -32,7 +38,16 @@ void ResultTable::AddRow(std::vector<std::string> cells) {
     std::abort();
   }
   if (progress_ != nullptr) {
-    std::string line = "dcp_bench: [" + label_ + "]";
+    std::string line = "dcp_bench: [" + label_;
+    if (expected_rows_ > 0) {
+      const int64_t done = int64_t(rows_.size()) + 1;
+      const double elapsed = NowSeconds() - started_s_;
+      const double left = elapsed / double(done) * double(std::max<int64_t>(0, expected_rows_ - done));
+      line += absl::StrFormat(" %d/%d, %s left", done, expected_rows_, FormatDuration(left));
+    } else {
+      line += absl::StrFormat(" %d", rows_.size() + 1);
+    }
+    line += "]";
     for (size_t c = 0; c < columns_.size(); ++c) {
       if (!columns_[c].header.empty()) line += " " + cells[c];
     }
@@ -44,6 +59,17 @@ void ResultTable::AddRow(std::vector<std::string> cells) {
     stream_->flush();
   }
   rows_.push_back(std::move(cells));
+}
+
+void ResultTable::ExpectRows(int64_t total) {
+  expected_rows_ = total;
+  started_s_ = NowSeconds();
+}
+
+std::string FormatDuration(double seconds) {
+  const int64_t s = seconds > 0 && std::isfinite(seconds) ? int64_t(seconds + 0.5) : 0;
+  if (s >= 3600) return absl::StrFormat("%d:%02d:%02d", s / 3600, s / 60 % 60, s % 60);
+  return absl::StrFormat("%d:%02d", s / 60, s % 60);
 }
 
 absl::Status ResultTable::StreamTo(std::FILE* progress, const std::string& csv_path,

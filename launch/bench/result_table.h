@@ -32,6 +32,9 @@ class ResultTable {
   // may be null) and appended to the CSV at `csv_path` (may be empty), flushed at once, so a
   // run cut short still leaves the rows it measured.
   absl::Status StreamTo(std::FILE* progress, const std::string& csv_path, const std::string& label);
+  // The number of rows the sweep will add: each progress line then shows "k/N" and an
+  // estimate of the time left (from the mean time per row so far).
+  void ExpectRows(int64_t total);
 
   void Print(std::FILE* out) const;
   absl::Status WriteCsv(const std::string& path) const;
@@ -41,11 +44,16 @@ class ResultTable {
 
   std::vector<Column> columns_;
   std::FILE* progress_ = nullptr;
+  int64_t expected_rows_ = 0;
+  double started_s_ = 0;  // steady clock at ExpectRows
   std::string label_;
   std::unique_ptr<std::ofstream> stream_;
   std::vector<std::vector<std::string>> rows_;
   std::vector<std::string> notes_;
 };
+
+// "1:02:03" / "4:05" for a duration in seconds.
+std::string FormatDuration(double seconds);
 
 // Number formatting shared by the modes: "-" for NaN (not measured / not applicable).
 std::string FormatFixed(double value, int decimals);

@@ -357,6 +357,11 @@ void AddCrossovers(const std::map<std::pair<int, int>, std::vector<GridPoint>>& 
   }
 }
 
+// A whole layer on one CPU rank (2 threads) runs at 20-60 GFLOP/s (docs/cpu_kernels.md has
+// the kernels at 85-140); the estimate takes the upper end, so a refused sweep is surely long.
+constexpr double kCpuFlopsPerRank = 60e9;
+constexpr double kMaxCpuSweepSeconds = 3600;
+
 }  // namespace
 
 absl::StatusOr<ModeResult> RunRoutes(BenchEnv& env) {
@@ -376,9 +381,42 @@ absl::StatusOr<ModeResult> RunRoutes(BenchEnv& env) {
   const double mha_flops_per_key = 2.0 * (d.qk_head_dim() + d.v_head_dim);
   const double mqa_flops_per_key = 2.0 * (d.latent_width() + d.kv_lora_rank);
 
+  // On CPU ranks a sweep of long prefills at DeepSeek dims takes hours: estimated from its
+  // FLOPs (sparse MQA, the more expensive route, twice per point when the planner picks dense)
+  // at kCpuFlopsPerRank, it is refused past an hour unless --force.
+  if (!env.on_gpu()) {
+    double flops = 0;
+    for (const BatchShape& shape : shapes) {
+      if (shape.num_tokens > o.max_tokens) continue;
+      double keys = 0, tokens = 0;
+      for (const launch::RequestShape& r : shape.requests) {
+        keys += double(r.query_len) * std::min<double>(r.seq_len, o.index_topk);
+        tokens += r.query_len;
+      }
+      for (int heads : o.heads) {
+        const double h = double(heads) * env.world_size;
+        flops += 2 * (keys * h * mqa_flops_per_key +
+                      tokens * h * 2.0 * d.kv_lora_rank * (d.qk_nope_head_dim + d.v_head_dim));
+      }
+    }
+    const double seconds =
+        flops * (o.warmup_iters + o.iters) / (kCpuFlopsPerRank * env.world_size);
+    if (env.root()) {
+      std::printf("# estimated sweep time on CPU ranks: %s (%zu batches x %zu head counts)\n",
+                  FormatDuration(seconds).c_str(), shapes.size(), o.heads.size());
+    }
+    if (seconds > kMaxCpuSweepSeconds && !o.force) {
+      return DCP_ERROR(InvalidArgument,
+                       "this sweep is estimated at %s on CPU ranks (over an hour): choose "
+                       "fewer --batches, --heads or iterations, or pass --force",
+                       FormatDuration(seconds));
+    }
+  }
+
   ModeResult result;
   ResultTable table(RouteColumns(env));
   DCP_RETURN_IF_ERROR(AgreeOnStatus(*env.bootstrap, env.Stream(&table, "")));
+  table.ExpectRows(int64_t(shapes.size() * o.heads.size()));
   std::map<std::pair<int, int>, std::vector<GridPoint>> grid;  // (heads, batch size)
   for (const BatchShape& shape : shapes) {
     const launch::RequestShape& first = shape.requests.front();

@@ -9,24 +9,57 @@ using Requests = std::vector<RequestShape>;
 
 TEST(BatchSpecTest, TheFormatsExamples) {
   EXPECT_EQ(*ParseBatchSpec("q2k"), (Requests{{2048, 2048}}));
-  EXPECT_EQ(*ParseBatchSpec("8q1s1k"), Requests(8, RequestShape{1024, 1}));
-  EXPECT_EQ(*ParseBatchSpec("16q64s128"), Requests(16, RequestShape{128, 64}));
+  EXPECT_EQ(*ParseBatchSpec("8q1kv1k"), Requests(8, RequestShape{1024, 1}));
+  EXPECT_EQ(*ParseBatchSpec("16q64kv128"), Requests(16, RequestShape{128, 64}));
+  Requests mixed = Requests(2, RequestShape{2048, 2048});
+  mixed.insert(mixed.end(), 32, RequestShape{1024, 1});
+  EXPECT_EQ(*ParseBatchSpec("2q2k_32q1kv1k"), mixed);
+  EXPECT_EQ(*SplitBatchList("q2k,8q1kv1k"), (std::vector<std::string>{"q2k", "8q1kv1k"}));
+}
+
+TEST(BatchSpecTest, SIsTheOlderSpellingOfKv) {
+  EXPECT_EQ(*ParseBatchSpec("8q1s1k"), *ParseBatchSpec("8q1kv1k"));
+  EXPECT_EQ(*ParseBatchSpec("16q64s128"), *ParseBatchSpec("16q64kv128"));
 }
 
 TEST(BatchSpecTest, MixedTermsKeepTheirOrder) {
-  EXPECT_EQ(*ParseBatchSpec("q4,2q1s10, q3s5"), (Requests{{4, 4}, {10, 1}, {10, 1}, {5, 3}}));
-  // vLLM's '_' separator.
-  EXPECT_EQ(*ParseBatchSpec("2q1k_q1s2k"), (Requests{{1024, 1024}, {1024, 1024}, {2048, 1}}));
+  EXPECT_EQ(*ParseBatchSpec("q4_2q1kv10_ q3s5"), (Requests{{4, 4}, {10, 1}, {10, 1}, {5, 3}}));
+  EXPECT_EQ(*ParseBatchSpec("2q1k_q1kv2k"), (Requests{{1024, 1024}, {1024, 1024}, {2048, 1}}));
+}
+
+TEST(BatchSpecTest, CommaSeparatesBatches) {
+  EXPECT_EQ(*SplitBatchList(" q4_2q1kv10 , q8"), (std::vector<std::string>{"q4_2q1kv10", "q8"}));
+  // One batch spec holds no ',': ParseBatchSpec says where the batches split.
+  absl::Status status = ParseBatchSpec("q4,q8").status();
+  EXPECT_NE(status.message().find("several batches"), std::string::npos) << status;
+  for (const char* bad : {"", ",", "q4,", ",q4", "q4,,q8", "q4,x"}) {
+    EXPECT_FALSE(SplitBatchList(bad).ok()) << "'" << bad << "' split";
+  }
+}
+
+TEST(BatchSpecTest, TheOldSemicolonFormIsRefusedWithTheNewSpelling) {
+  for (const auto& [old_form, new_form] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"q512,4q1s600;4q1s3k", "'q512_4q1s600,4q1s3k'"}, {"q8;2q1s9", "'q8,2q1s9'"}}) {
+    absl::Status status = SplitBatchList(old_form).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << old_form;
+    EXPECT_NE(status.message().find("old form"), std::string::npos) << status;
+    EXPECT_NE(status.message().find("write " + new_form), std::string::npos) << status;
+    EXPECT_FALSE(ParseBatchSpec(old_form).ok()) << old_form;
+  }
 }
 
 TEST(BatchSpecTest, KiloSuffixOnEveryNumber) {
   EXPECT_EQ(*ParseBatchSpec("q1ks4k"), (Requests{{4096, 1024}}));
+  EXPECT_EQ(*ParseBatchSpec("q1kkv4k"), (Requests{{4096, 1024}}));
+  EXPECT_EQ(*ParseBatchSpec("q1kv4k"), (Requests{{4096, 1}}));  // `kv` is no suffix
   EXPECT_EQ(ParseBatchSpec("1kq1")->size(), 1024u);
 }
 
 TEST(BatchSpecTest, RejectsMalformedTerms) {
-  for (const char* bad : {"", " ", "q", "x2k", "8", "q0", "0q1", "q2s1", "q4s", "q4t5", "q4,",
-                          ",q4", "q4,,q5", "8q1s1kk", "Q4", "q-1", "q99999999999"}) {
+  for (const char* bad : {"", " ", "q", "x2k", "8", "q0", "0q1", "q2s1", "q4s", "q4t5", "q4_",
+                          "_q4", "q4__q5", "8q1s1kk", "Q4", "q-1", "q99999999999", "q4kv",
+                          "q4k1", "q4v5", "q2kv1", "q4kvkv5", "q4_q8;q2"}) {
     absl::StatusOr<Requests> parsed = ParseBatchSpec(bad);
     EXPECT_FALSE(parsed.ok()) << "'" << bad << "' parsed";
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
@@ -34,16 +67,16 @@ TEST(BatchSpecTest, RejectsMalformedTerms) {
 }
 
 TEST(BatchSpecTest, ErrorsNameTheTermAndTheGrammar) {
-  absl::Status status = ParseBatchSpec("q4,q2s1").status();
-  EXPECT_NE(status.message().find("'q2s1'"), std::string::npos) << status;
+  absl::Status status = ParseBatchSpec("q4_q2kv1").status();
+  EXPECT_NE(status.message().find("'q2kv1'"), std::string::npos) << status;
   EXPECT_NE(status.message().find("sequence length must be >= query length"), std::string::npos)
       << status;
   status = ParseBatchSpec("zz").status();
-  EXPECT_NE(status.message().find("[count]q<qlen>[s<seqlen>]"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("[count]q<qlen>[kv<kvlen>]"), std::string::npos) << status;
 }
 
 TEST(BatchSpecTest, DescribeCountsDecodesByThreshold) {
-  const Requests requests = *ParseBatchSpec("2q1s10,q4s8,q16");
+  const Requests requests = *ParseBatchSpec("2q1kv10_q4kv8_q16");
   EXPECT_EQ(DescribeBatch(requests, 1),
             "4 requests (2 decode, 2 prefill), 22 tokens, max seq_len 16");
   EXPECT_EQ(DescribeBatch(requests, 4),

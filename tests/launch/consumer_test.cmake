@@ -1,7 +1,8 @@
 # CTest driver: installs the build tree into a temporary prefix, configures and builds the
 # consumer project (tests/launch/consumer) against it with find_package(dcp), and runs it
 # under mpirun. -D: DCP_BUILD_DIR, CONSUMER_SOURCE, WORK_DIR, GENERATOR, MPIEXEC, MPIEXEC_ARGS
-# (';'-separated via '@@'), NP.
+# (';'-separated via '@@'), NP; CONSUMER_CXX_COMPILER, CONSUMER_CXX_FLAGS and
+# CONSUMER_LINKER_FLAGS: the build's own, so a sanitizer build's libdcp.a links.
 cmake_minimum_required(VERSION 3.25)
 string(REPLACE "@@" ";" MPIEXEC_ARGS "${MPIEXEC_ARGS}")
 file(REMOVE_RECURSE "${WORK_DIR}")
@@ -17,7 +18,9 @@ endfunction()
 
 step("install" ${CMAKE_COMMAND} --install "${DCP_BUILD_DIR}" --prefix "${WORK_DIR}/prefix")
 step("configure" ${CMAKE_COMMAND} -S "${CONSUMER_SOURCE}" -B "${WORK_DIR}/build" -G "${GENERATOR}"
-     -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix")
+     -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix"
+     "-DCMAKE_CXX_COMPILER=${CONSUMER_CXX_COMPILER}" "-DCMAKE_CXX_FLAGS=${CONSUMER_CXX_FLAGS}"
+     "-DCMAKE_EXE_LINKER_FLAGS=${CONSUMER_LINKER_FLAGS}")
 step("build" ${CMAKE_COMMAND} --build "${WORK_DIR}/build")
 step("run" ${MPIEXEC} ${MPIEXEC_ARGS} -np ${NP} "${WORK_DIR}/build/dcp_consumer")
 message(STATUS "${step_output}")

@@ -39,9 +39,9 @@ step() {
 }
 run="$build/launch/dcp_run"
 step mpirun -np 1 "$run" --device cuda --comm nccl --model deepseek_v32 \
-  --batch 'q512,4q1s600;4q1s3k;4q128s1k' --check --iters 5 --json
+  --batch 'q512_4q1kv600,4q1kv3k,4q128kv1k' --check --iters 5 --json
 step mpirun -np 2 "$run" --device cuda --comm mpi --model deepseek_v32 \
-  --batch 'q256,2q1s300;2q64s3k' --combine a2a --interleave 8 --check
+  --batch 'q256_2q1kv300,2q64kv3k' --combine a2a --interleave 8 --check
 mkdir -p /tmp/dcp-problems
 "$build/tests/launch/make_problem" all /tmp/dcp-problems
 for variant in deepseek_dense_bf16 deepseek_sparse_bf16; do

@@ -333,6 +333,9 @@ std::map<std::string, std::string> Variants() {
   const uint64_t huge = uint64_t(1) << 40;
   std::memcpy(&header_length[0], &huge, 8);
   images["bad_header_length"] = header_length;
+  std::string duplicate = good;  // "q_rope" renamed "q_nope": one name, two tensors
+  duplicate.replace(duplicate.find("\"q_rope\":"), 9, "\"q_nope\":");
+  images["bad_duplicate_tensor"] = duplicate;
   images["bad_empty"] = "";
   images["bad_not_safetensors"] = "this is not a safetensors file, just text\n";
   return images;

@@ -52,7 +52,7 @@ scheduler: {max_num_seqs: 8, max_model_len: 512, block_size: 16, decode_threshol
 dcp: {interleave: 4, combine: a2a, comm_timeout_s: 12.5}
 attention: {index_topk: 128, force_mqa: true, validate_topk: false, prefill_backend: none}
 run:
-  batches: [q2k, 8q1s1k]
+  batches: [q2k, 8q1kv1k]
   seed: 9
   iters: 3
   check: true
@@ -72,7 +72,7 @@ run:
   EXPECT_TRUE(config->attention.force_mqa);
   EXPECT_FALSE(config->attention.validate_topk);
   EXPECT_EQ(config->attention.prefill_backend, "none");
-  EXPECT_EQ(config->run.batches, (std::vector<std::string>{"q2k", "8q1s1k"}));
+  EXPECT_EQ(config->run.batches, (std::vector<std::string>{"q2k", "8q1kv1k"}));
   EXPECT_EQ(config->run.seed, 9u);
   EXPECT_TRUE(config->run.check);
   EXPECT_TRUE(config->is_explicit("scheduler.max_model_len"));
@@ -97,7 +97,7 @@ TEST_F(RunConfigTest, FlagsOverrideTheFile) {
   absl::StatusOr<RunConfig> config = Configure(
       "attention: {index_topk: 128}\nrun: {batches: [q4], check: true}\n",
       {"--index-topk", "256", "--nocheck", "--num_heads=32", "--combine=a2a", "--force-mqa",
-       "--novalidate_topk", "--batch", "q8;2q1s9", "--max-model-len=1024"});
+       "--novalidate_topk", "--batch", "q8,2q1kv9", "--max-model-len=1024"});
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->attention.index_topk, 256);
   EXPECT_FALSE(config->run.check);
@@ -105,7 +105,7 @@ TEST_F(RunConfigTest, FlagsOverrideTheFile) {
   EXPECT_EQ(config->dcp.combine, CombineBackend::kAllToAll);
   EXPECT_TRUE(config->attention.force_mqa);
   EXPECT_FALSE(config->attention.validate_topk);
-  EXPECT_EQ(config->run.batches, (std::vector<std::string>{"q8", "2q1s9"}));
+  EXPECT_EQ(config->run.batches, (std::vector<std::string>{"q8", "2q1kv9"}));
   EXPECT_EQ(config->scheduler.max_model_len, 1024);
 }
 
@@ -143,6 +143,38 @@ TEST_F(RunConfigTest, BadValuesAreErrors) {
   EXPECT_NE(ErrorOf("- a\n- b\n").find("map of sections"), std::string::npos);
 }
 
+// A YAML list item may itself list batches (',' between them, '_' joining terms).
+TEST_F(RunConfigTest, YamlBatchesUseTheBatchListGrammar) {
+  absl::StatusOr<RunConfig> config = Configure("run: {batches: [q2k, '8q1kv1k,2q8_q4']}\n", {});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->run.batches, (std::vector<std::string>{"q2k", "8q1kv1k", "2q8_q4"}));
+  const std::string error = ErrorOf("run: {batches: ['q8;2q1s9']}\n");
+  EXPECT_NE(error.find("old form"), std::string::npos) << error;
+  EXPECT_NE(error.find("write 'q8,2q1s9'"), std::string::npos) << error;
+  EXPECT_NE(ErrorOf("", {"--batch=q4,4q1s8;q2"}).find("write 'q4_4q1s8,q2'"), std::string::npos);
+}
+
+// Finding 3: a key that is not a plain name is bad input (InvalidArgument), not an exception.
+TEST_F(RunConfigTest, NonScalarKeysAreErrors) {
+  for (const char* text : {"? [a, b]\n: 1\n", "? {a: 1}\n: 1\n", "model:\n  ? [x]\n  : 4\n",
+                           "run: {[q4]: 1}\n"}) {
+    absl::StatusOr<RunConfig> config = Configure(text, {});
+    ASSERT_FALSE(config.ok()) << text;
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << config.status();
+    EXPECT_NE(config.status().message().find("as a key"), std::string::npos) << config.status();
+  }
+}
+
+// Finding 4: a repeated section or key is an error (yaml-cpp would keep the first silently).
+TEST_F(RunConfigTest, DuplicateSectionsAndKeysAreErrors) {
+  std::string error = ErrorOf("run: {iters: 2}\nmodel: {num_heads: 4}\nrun: {iters: 5}\n");
+  EXPECT_NE(error.find("section 'run' appears twice"), std::string::npos) << error;
+  EXPECT_NE(error.find("test.yaml:3"), std::string::npos) << error;
+  error = ErrorOf("scheduler:\n  block_size: 16\n  max_num_seqs: 4\n  block_size: 32\n");
+  EXPECT_NE(error.find("key 'scheduler.block_size' appears twice"), std::string::npos) << error;
+  EXPECT_NE(error.find("test.yaml:4"), std::string::npos) << error;
+}
+
 TEST_F(RunConfigTest, CommandLineErrors) {
   EXPECT_NE(ErrorOf("", {"--num-head=4"}).find("unknown flag '--num-head=4'"), std::string::npos);
   EXPECT_NE(ErrorOf("", {"--iters=abc"}).find("bad value 'abc' for flag '--iters'"),
@@ -167,7 +199,7 @@ TEST_F(RunConfigTest, RunSectionValidation) {
   EXPECT_NE(error({"--batch=q4", "--device=tpu"}).find("cpu or cuda"), std::string::npos);
   EXPECT_NE(error({"--batch=q4", "--comm=nccl"}).find("needs --device cuda"), std::string::npos);
   EXPECT_NE(error({"--batch=q4", "--iters=0"}).find("--iters"), std::string::npos);
-  EXPECT_NE(error({"--batch=q4;q8", "--output=x"}).find("2 batches"), std::string::npos);
+  EXPECT_NE(error({"--batch=q4,q8", "--output=x"}).find("2 batches"), std::string::npos);
 }
 
 TEST_F(RunConfigTest, KvCacheDtypeFromTheFileAndTheFlag) {

@@ -123,6 +123,25 @@ TEST(SafetensorsTest, RejectsBrokenFiles) {
             std::string::npos);
 }
 
+// Finding 4: JSON keeps the last of two equal keys; the reader refuses the ambiguity.
+TEST(SafetensorsTest, RejectsDuplicateTensorNamesAndMetadataKeys) {
+  const std::string data(8, '\0');
+  const std::string twice =
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+      R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
+  std::string message = Message(Image(twice, data));
+  EXPECT_NE(message.find("key 'a' appears twice"), std::string::npos) << message;
+  const std::string metadata_twice =
+      R"({"__metadata__":{"route":"x","route":"y"},)"
+      R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  message = Message(Image(metadata_twice, data));
+  EXPECT_NE(message.find("key 'route' appears twice"), std::string::npos) << message;
+  // The same name in two different objects is fine.
+  const std::string distinct =
+      R"({"__metadata__":{"a":"1"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  EXPECT_TRUE(ParseSafetensors(Image(distinct, data), "x.safetensors").ok());
+}
+
 TEST(SafetensorsTest, WriterRejectsInconsistentTensors) {
   SafetensorsFile file;
   file.tensors["a"] = MakeTensor<float>({2, 3}, {1, 2});
