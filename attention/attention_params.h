@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/kv_cache_format.h"
 
 namespace dcp {
 
@@ -62,6 +63,9 @@ struct DenseMhaParams {
 // every query head. Token t attends over the cache rows indices[t][0..topk) that are in
 // [0, num_slots) (-1 and anything else out of range is skipped; the checked entry points reject
 // out-of-range values before this runs). The value of row j is its first v_dim columns (kv_c).
+// kv_format kFp8DsMla: the cache holds 656-byte fp8_ds_mla rows (core/kv_cache_format.h),
+// dequantized on the way in (head_dim 576 / v_dim 512 only), kv_row_stride counts bytes and must
+// be 656, and dtype is that of q alone.
 struct SparseMqaParams {
   const void* q = nullptr;         // [T, H, head_dim] absorbed queries [ql | q_rope], dtype
   const void* kv_cache = nullptr;  // [num_slots, head_dim] latent rows, row stride kv_row_stride
@@ -69,6 +73,7 @@ struct SparseMqaParams {
   float* out = nullptr;            // [T, H, v_dim] o_lat, strides out_token_stride / out_head_stride
   float* lse = nullptr;            // [T, H], stride lse_token_stride; never null
   DType dtype = DType::kF32;       // of q and kv_cache
+  KvCacheDType kv_format = KvCacheDType::kBF16;  // kBF16: rows of dtype
   int num_tokens = 0, num_heads = 0, head_dim = 0, v_dim = 0, topk = 0;
   int64_t num_slots = 0;
   int64_t q_token_stride = 0, q_head_stride = 0;

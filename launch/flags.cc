@@ -40,6 +40,8 @@ ABSL_FLAG(int, decode_threshold, 1, "a request with query_len <= this is a decod
 ABSL_FLAG(bool, force_mqa, false, "always take the sparse MQA route");
 ABSL_FLAG(bool, validate_topk, true, "check the top-k indices on the device every step");
 ABSL_FLAG(std::string, prefill_backend, "auto", "dense MHA prefill backend: auto, none or a name");
+ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
+          "KV cache rows: bf16 or fp8_ds_mla (vLLM's 656-byte FP8 rows; R 512, Dr 64)");
 ABSL_FLAG(double, comm_timeout, 300.0, "seconds before a stuck collective is an error");
 ABSL_FLAG(uint64_t, seed, 0, "seed of the synthetic data");
 ABSL_FLAG(int, iters, 1, "timed Forward calls per batch");
@@ -62,8 +64,8 @@ constexpr const char* kFlagNames[] = {
     "config", "batch", "problem", "output", "model", "num_heads", "device", "comm", "combine",
     "interleave", "block_size", "max_num_seqs", "max_model_len", "num_kv_blocks",
     "workspace_rows", "index_topk", "decode_threshold", "force_mqa", "validate_topk",
-    "prefill_backend", "comm_timeout", "seed", "iters", "warmup", "check", "tolerance",
-    "print_plan", "json"};
+    "prefill_backend", "kv_cache_dtype", "comm_timeout", "seed", "iters", "warmup", "check",
+    "tolerance", "print_plan", "json"};
 // clang-format on
 
 absl::CommandLineFlag* FindOurs(std::string_view name) {
@@ -191,6 +193,11 @@ absl::Status ApplyFlags(const CommandLine& command_line, RunConfig* config) {
   apply("validate_topk", "attention.validate_topk", FLAGS_validate_topk, &attention.validate_topk);
   apply("prefill_backend", "attention.prefill_backend", FLAGS_prefill_backend,
         &attention.prefill_backend);
+  if (given("kv_cache_dtype")) {
+    DCP_RETURN_IF_ERROR(
+        ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), &attention.kv_cache_dtype));
+    config->explicit_keys.insert("attention.kv_cache_dtype");
+  }
 
   RunSection& run = config->run;
   apply("output", "run.output", FLAGS_output, &run.output);

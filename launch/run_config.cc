@@ -100,7 +100,13 @@ const std::map<std::string, std::vector<Key>>& Schema() {
         Field("validate_topk", &RunConfig::attention, &AttentionConfig::validate_topk,
               "true or false"),
         Field("prefill_backend", &RunConfig::attention, &AttentionConfig::prefill_backend,
-              "a name")}},
+              "a name"),
+        Key{"kv_cache_dtype",
+            [](const YAML::Node& node, const std::string& where, RunConfig* config) {
+              DCP_ASSIGN_OR_RETURN(std::string name,
+                                   Scalar<std::string>(node, where, "bf16 or fp8_ds_mla"));
+              return ParseKvCacheDType(name, &config->attention.kv_cache_dtype);
+            }}}},
       {"run",
        {Key{"batches",
             [](const YAML::Node& node, const std::string& where, RunConfig* config) {

@@ -87,6 +87,7 @@ absl::Status AttentionConfig::Validate() const {
   DCP_CHECK_ARG(index_topk > 0, "attention.index_topk must be positive, got %d", index_topk);
   DCP_CHECK_ARG(!prefill_backend.empty(), "attention.prefill_backend must not be empty "
                 "(auto, none or a backend name)");
+  DCP_RETURN_IF_ERROR(CheckKvCacheDTypeSupported(kv_cache_dtype, "attention.kv_cache_dtype"));
   return absl::OkStatus();
 }
 
@@ -102,6 +103,14 @@ absl::Status ValidateConfigs(const ModelDims& model, const DcpConfig& dcp,
   DCP_CHECK_ARG(scheduler.block_size % dcp.interleave == 0,
                 "dcp.interleave (%d) must divide scheduler.block_size (%d)", dcp.interleave,
                 scheduler.block_size);
+  if (attention.kv_cache_dtype == KvCacheDType::kFp8DsMla) {
+    DCP_CHECK_ARG(model.kv_lora_rank == fp8_ds_mla::kLatentDim &&
+                      model.qk_rope_head_dim == fp8_ds_mla::kRopeDim,
+                  "attention.kv_cache_dtype fp8_ds_mla needs kv_lora_rank %d and "
+                  "qk_rope_head_dim %d (DeepSeek's 656-byte rows), got %d and %d",
+                  fp8_ds_mla::kLatentDim, fp8_ds_mla::kRopeDim, model.kv_lora_rank,
+                  model.qk_rope_head_dim);
+  }
   return absl::OkStatus();
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "core/kv_cache_format.h"
 
 namespace dcp {
 
@@ -62,6 +63,9 @@ struct AttentionConfig {
   // outside the block table), but a bad row then silently attends over fewer keys.
   bool validate_topk = true;
   std::string prefill_backend = "auto";  // auto | none | native | cudnn
+  // Row format of the KV cache (FORMATS.md): bf16 rows of the storage dtype, or vLLM's 656-byte
+  // fp8_ds_mla rows (R = 512, Dr = 64 only, checked by ValidateConfigs).
+  KvCacheDType kv_cache_dtype = KvCacheDType::kBF16;
 
   absl::Status Validate() const;
 };

@@ -7,6 +7,7 @@
 #include "attention/topk_validation.h"
 #include "runtime/device.h"
 #include "core/status.h"
+#include "workspace/cpu/fp8_rows_cpu.h"
 #include "workspace/cpu/rows_cpu.h"
 
 namespace dcp {
@@ -84,6 +85,12 @@ class CpuDevice final : public Device {
   }
   absl::Status GatherRows(const GatherRowsParams& p) override { return cpu::GatherRows(p); }
   absl::Status ScatterRows(const ScatterRowsParams& p) override { return cpu::ScatterRows(p); }
+  absl::Status WriteFp8DsMlaRows(const Fp8DsMlaWriteParams& p) override {
+    return cpu::WriteFp8DsMlaRows(p);
+  }
+  absl::Status GatherFp8DsMlaRows(const Fp8DsMlaGatherParams& p) override {
+    return cpu::GatherFp8DsMlaRows(p);
+  }
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
  private:

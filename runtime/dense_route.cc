@@ -108,24 +108,46 @@ absl::Status DenseRoute::ChunkKeys(const KvCacheView& cache, const ChunkSteps& c
       world > 1 ? local_region + size_t(local_rows) * width * element : local_region;
 
   // Gather this rank's rows of every segment into the local region (padding: zero rows).
+  // fp8_ds_mla caches move their 656-byte rows as they are (328 two-byte units) through the
+  // paged gather and the all-gather (-43% bytes against bf16 rows), and the reorganize below
+  // dequantizes them; a zero row dequantizes to zeros. The raw rows fit the regions sized for
+  // rows of the storage dtype (656 <= 576 x 2 bytes).
+  const bool fp8 = cache.format == KvCacheDType::kFp8DsMla;
+  constexpr int kRawUnits = fp8_ds_mla::kRowBytes / 2;
+  const DType moved = fp8 ? DType::kBF16 : storage;
+  const int moved_width = fp8 ? kRawUnits : width;
+  const int64_t moved_bytes = fp8 ? int64_t{fp8_ds_mla::kRowBytes} : width * int64_t(element);
   PhaseTimer timer(stats);
-  DCP_RETURN_IF_ERROR(device_.GatherRows({cache.data,
-                                          local_slots_.as<int32_t>() + chunk.slots_offset,
-                                          local_region, storage, local_rows, cache.num_slots(),
-                                          width, cache.row_stride, width}));
+  DCP_RETURN_IF_ERROR(device_.GatherRows(
+      {cache.data, local_slots_.as<int32_t>() + chunk.slots_offset, local_region, moved,
+       local_rows, cache.num_slots(), moved_width, fp8 ? kRawUnits : cache.row_stride,
+       moved_width}));
   if (world > 1) {
     PhaseTimer comm_timer(stats);  // the all-gather's own time
     DCP_RETURN_IF_ERROR(comm_.AllGather(local_region, gathered_region,
-                                        size_t(local_rows) * width, storage));
+                                        size_t(local_rows) * moved_width, moved));
     comm_timer.End(&ForwardStats::all_gather_comm_s);
-    if (stats) stats->all_gather_bytes += local_rows * width * int64_t(element) * world;
+    if (stats) stats->all_gather_bytes += local_rows * moved_bytes * world;
   }
-  // Reorganize into per-request rows in global order.
+  // Reorganize into per-request rows in global order (fp8: dequantized to the storage dtype).
   DCP_ASSIGN_OR_RETURN(void* rows, chunk_rows_.Get(size_t(chunk.num_keys) * width * element));
-  DCP_RETURN_IF_ERROR(device_.GatherRows({gathered_region,
-                                          reorganize_index_.as<int32_t>() + chunk.index_offset,
-                                          rows, storage, chunk.num_keys, local_rows * world,
-                                          width, width, width}));
+  if (fp8) {
+    Fp8DsMlaGatherParams p;
+    p.cache = static_cast<const uint8_t*>(static_cast<const void*>(gathered_region));
+    p.index = reorganize_index_.as<int32_t>() + chunk.index_offset;
+    p.dst = rows;
+    p.dst_dtype = storage;
+    p.num_rows = chunk.num_keys;
+    p.num_src_rows = local_rows * world;
+    p.cache_row_bytes = fp8_ds_mla::kRowBytes;
+    p.dst_row_stride = width;
+    DCP_RETURN_IF_ERROR(device_.GatherFp8DsMlaRows(p));
+  } else {
+    DCP_RETURN_IF_ERROR(device_.GatherRows({gathered_region,
+                                            reorganize_index_.as<int32_t>() + chunk.index_offset,
+                                            rows, storage, chunk.num_keys, local_rows * world,
+                                            width, width, width}));
+  }
   timer.End(&ForwardStats::gather_s);
 
   timer.Restart();

@@ -33,6 +33,9 @@ struct DenseRouteInputs {
 class DenseRoute {
  public:
   // workspace: [total_rows, R + Dr] of the storage dtype (the plan's WorkspaceSize).
+  // fp8_ds_mla caches: the context rows move as raw 656-byte rows through the paged gather and
+  // the all-gather and are dequantized to the storage dtype by the reorganize; the new tokens
+  // keep their fresh, unquantized kv_new (vLLM's semantics).
   DenseRoute(Device& device, Communicator& comm, const ModelDims& model, float scale,
              KvLayout layout, int rank, MlaProjections& projections, void* workspace)
       : device_(device), comm_(comm), model_(model), scale_(scale), layout_(layout),

@@ -21,6 +21,16 @@ absl::Status Device::SelectPrefillBackend(const std::string& backend, int num_he
   return DCP_ERROR(InvalidArgument, "unknown prefill backend '%s'", backend);
 }
 
+absl::Status Device::WriteFp8DsMlaRows(const Fp8DsMlaWriteParams& params) {
+  (void)params;
+  return DCP_ERROR(Unimplemented, "device %s has no fp8_ds_mla cache write", this->name());
+}
+
+absl::Status Device::GatherFp8DsMlaRows(const Fp8DsMlaGatherParams& params) {
+  (void)params;
+  return DCP_ERROR(Unimplemented, "device %s has no fp8_ds_mla cache gather", this->name());
+}
+
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
     reset();

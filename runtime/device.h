@@ -15,6 +15,7 @@
 #include "attention/attention_params.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "workspace/fp8_rows_params.h"
 #include "workspace/workspace_params.h"
 
 namespace dcp {
@@ -103,6 +104,11 @@ class Device {
   virtual absl::Status ValidateTopk(const TopkValidateParams& params) = 0;
   virtual absl::Status GatherRows(const GatherRowsParams& params) = 0;
   virtual absl::Status ScatterRows(const ScatterRowsParams& params) = 0;
+  // fp8_ds_mla cache rows (core/kv_cache_format.h, workspace/fp8_rows_params.h): the quantizing
+  // cache write (input in the storage dtype) and the dequantizing gather (output in the storage
+  // dtype). Devices without them answer Unimplemented.
+  virtual absl::Status WriteFp8DsMlaRows(const Fp8DsMlaWriteParams& params);
+  virtual absl::Status GatherFp8DsMlaRows(const Fp8DsMlaGatherParams& params);
 
   virtual absl::Status Synchronize() = 0;
 

@@ -52,7 +52,8 @@ absl::StatusOr<std::unique_ptr<DcpEngine>> DcpEngine::Create(const DcpOptions& o
                                          dtype_size(device.storage_dtype())));
   }
   e.sparse_ = std::make_unique<SparseRoute>(device, comm, m, m.scale(), options.dcp.combine,
-                                            layout, options.dcp.rank, e.projections_);
+                                            layout, options.dcp.rank, e.projections_,
+                                            options.attention.kv_cache_dtype);
   e.dense_ = std::make_unique<DenseRoute>(device, comm, m, m.scale(), layout, options.dcp.rank,
                                           e.projections_, e.workspace_.data());
   return engine;
@@ -141,8 +142,19 @@ absl::Status DcpEngine::CheckRunArguments(const LayerWeightsView& weights,
   DCP_CHECK_ARG(cache.block_size == options_.scheduler.block_size,
                 "the KV cache has %d-row blocks, the scheduler's are %d", cache.block_size,
                 options_.scheduler.block_size);
-  DCP_CHECK_ARG(cache.row_stride >= width, "the KV cache's row stride %d is below a row's %d "
-                "elements", cache.row_stride, width);
+  DCP_CHECK_ARG(cache.format == options_.attention.kv_cache_dtype,
+                "the KV cache holds %s rows, attention.kv_cache_dtype is %s",
+                kv_cache_dtype_name(cache.format),
+                kv_cache_dtype_name(options_.attention.kv_cache_dtype));
+  if (cache.format == KvCacheDType::kFp8DsMla) {
+    DCP_CHECK_ARG(cache.row_stride == fp8_ds_mla::kRowBytes,
+                  "the fp8_ds_mla KV cache's row stride is %d bytes; its rows are %d bytes",
+                  cache.row_stride, fp8_ds_mla::kRowBytes);
+  } else {
+    DCP_CHECK_ARG(cache.row_stride >= width,
+                  "the KV cache's row stride %d is below a row's %d elements", cache.row_stride,
+                  width);
+  }
   DCP_CHECK_ARG(cache.num_blocks >= min_cache_blocks_,
                 "the KV cache has %d blocks, the step's block tables address %d",
                 cache.num_blocks, min_cache_blocks_);
@@ -185,9 +197,25 @@ absl::Status DcpEngine::Run(const LayerWeightsView& weights, const KvCacheView& 
 
     // The new tokens' rows into the cache (those this rank owns), then every input in
     // execution order (decodes first).
-    DCP_RETURN_IF_ERROR(device_.ScatterRows({tensors.kv_new, write_slots_.as<int32_t>(),
-                                             cache.data, storage, t, cache.num_slots(), width,
-                                             width, cache.row_stride}));
+    if (cache.format == KvCacheDType::kFp8DsMla) {
+      // Quantized on the way in (one kernel): [kv_c | k_pe] -> 656-byte rows.
+      Fp8DsMlaWriteParams p;
+      p.kv_c = tensors.kv_new;
+      p.k_pe = static_cast<const std::byte*>(tensors.kv_new) + size_t(m.kv_lora_rank) * element;
+      p.slot_mapping = write_slots_.as<int32_t>();
+      p.cache = static_cast<uint8_t*>(cache.data);
+      p.dtype = storage;
+      p.num_rows = t;
+      p.num_slots = cache.num_slots();
+      p.kv_c_row_stride = width;
+      p.k_pe_row_stride = width;
+      p.cache_row_bytes = cache.row_stride;
+      DCP_RETURN_IF_ERROR(device_.WriteFp8DsMlaRows(p));
+    } else {
+      DCP_RETURN_IF_ERROR(device_.ScatterRows({tensors.kv_new, write_slots_.as<int32_t>(),
+                                               cache.data, storage, t, cache.num_slots(), width,
+                                               width, cache.row_stride}));
+    }
     // Inputs in execution order (decodes first): as given when the caller's batch already is
     // (an engine's usually is), else gathered.
     const int32_t* perm = perm_.as<int32_t>();

@@ -1,5 +1,6 @@
 #include "runtime/kv_cache.h"
 
+#include <cstddef>
 #include <limits>
 #include <vector>
 
@@ -8,16 +9,22 @@
 namespace dcp {
 
 KvCache::KvCache(Device& device, int64_t num_blocks, int block_size, int row_width,
-                 KvLayout layout, int rank)
+                 KvLayout layout, int rank, KvCacheDType format)
     : device_(device),
       tables_(static_cast<int>(num_blocks), block_size, layout, rank),
       storage_(device.storage_dtype()),
       row_width_(row_width),
+      format_(format),
       num_slots_(num_blocks * block_size) {}
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(Device& device, int64_t num_blocks,
                                                          int block_size, int row_width,
-                                                         KvLayout layout, int rank) {
+                                                         KvLayout layout, int rank,
+                                                         KvCacheDType format) {
+  DCP_RETURN_IF_ERROR(CheckKvCacheDTypeSupported(format, "KV cache"));
+  DCP_CHECK_ARG(format != KvCacheDType::kFp8DsMla || row_width == fp8_ds_mla::kRowWidth,
+                "fp8_ds_mla KV cache rows hold %d values, the model's rows %d",
+                fp8_ds_mla::kRowWidth, row_width);
   DCP_CHECK_ARG(num_blocks >= 1 && block_size >= 1, "KV cache of %d blocks of %d rows",
                 num_blocks, block_size);
   DCP_CHECK_ARG(num_blocks * block_size <= std::numeric_limits<int32_t>::max(),
@@ -25,8 +32,11 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(Device& device, int64_t
                 "scheduler.num_kv_blocks or max_num_seqs",
                 num_blocks * block_size);
   auto cache = std::unique_ptr<KvCache>(
-      new KvCache(device, num_blocks, block_size, row_width, layout, rank));
-  const size_t bytes = size_t(cache->num_slots_) * row_width * dtype_size(cache->storage_);
+      new KvCache(device, num_blocks, block_size, row_width, layout, rank, format));
+  const size_t row_bytes = format == KvCacheDType::kFp8DsMla
+                               ? size_t{fp8_ds_mla::kRowBytes}
+                               : size_t(row_width) * dtype_size(cache->storage_);
+  const size_t bytes = size_t(cache->num_slots_) * row_bytes;
   DCP_ASSIGN_OR_RETURN(cache->rows_, device.Allocate(bytes));
   DCP_RETURN_IF_ERROR(device.Memset(cache->rows_.data(), 0, bytes));
   return cache;
@@ -52,6 +62,21 @@ int64_t KvCache::cached_tokens(int64_t request_id) const {
 absl::Status KvCache::Scatter(const void* rows, const std::vector<int32_t>& slots) {
   DCP_ASSIGN_OR_RETURN(int32_t* index, Upload(device_, slots_, slots));
   const int64_t n = static_cast<int64_t>(slots.size());
+  if (format_ == KvCacheDType::kFp8DsMla) {
+    Fp8DsMlaWriteParams p;
+    p.kv_c = rows;
+    p.k_pe = static_cast<const std::byte*>(rows) +
+             size_t{fp8_ds_mla::kLatentDim} * dtype_size(storage_);
+    p.slot_mapping = index;
+    p.cache = static_cast<uint8_t*>(rows_.data());
+    p.dtype = storage_;
+    p.num_rows = n;
+    p.num_slots = num_slots_;
+    p.kv_c_row_stride = row_width_;
+    p.k_pe_row_stride = row_width_;
+    p.cache_row_bytes = fp8_ds_mla::kRowBytes;
+    return device_.WriteFp8DsMlaRows(p);
+  }
   return device_.ScatterRows({rows, index, rows_.data(), storage_, n, num_slots_, row_width_,
                               row_width_, row_width_});
 }

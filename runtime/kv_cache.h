@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/dtype.h"
+#include "core/kv_cache_format.h"
 #include "core/kv_layout.h"
 #include "core/tensor.h"
 #include "runtime/block_tables.h"
@@ -20,29 +21,37 @@
 
 namespace dcp {
 
-// One layer's paged KV cache as the kernels address it: block b holds slots [b*B, (b+1)*B),
-// slot s is the row at data + s * row_stride elements. Engine-owned memory on the rank's device
-// (host memory on CPU ranks); dcp reads and writes it in place.
+// One layer's paged KV cache as the kernels address it: block b holds slots [b*B, (b+1)*B).
+// Engine-owned memory on the rank's device (host memory on CPU ranks); dcp reads and writes it
+// in place. Two row formats (attention.kv_cache_dtype, FORMATS.md "KV cache formats"):
+//   kBF16:     slot s is the row at data + s * row_stride ELEMENTS of dtype, [kv_c | k_pe]
+//              (the storage dtype's rows: bf16 on CUDA ranks, f32 or bf16 on CPU ranks).
+//   kFp8DsMla: slot s is the 656-byte fp8_ds_mla row at data + s * row_stride BYTES; row_stride
+//              must be 656 (fp8_ds_mla::kRowBytes) and the data 16-byte aligned on CUDA ranks.
+//              The engine writes new tokens quantized and reads rows dequantized to dtype.
+// In both formats dtype is the rank's storage dtype (Device::storage_dtype).
 struct KvCacheView {
-  void* data = nullptr;     // [num_blocks * block_size, row_stride] of dtype
+  void* data = nullptr;     // [num_blocks * block_size] rows, see above
   DType dtype = DType::kF32;  // the rank's storage dtype (Device::storage_dtype)
   int64_t num_blocks = 0;
   int block_size = 0;       // B rows per block
-  int64_t row_stride = 0;   // elements from one row to the next, >= R + Dr
+  int64_t row_stride = 0;   // kBF16: elements, >= R + Dr; kFp8DsMla: bytes, == 656
+  KvCacheDType format = KvCacheDType::kBF16;  // must equal attention.kv_cache_dtype
   int64_t num_slots() const { return num_blocks * block_size; }
 };
 
 class KvCache {
  public:
-  // num_blocks blocks of block_size rows, zeroed, in `device`'s storage dtype.
-  static absl::StatusOr<std::unique_ptr<KvCache>> Create(Device& device, int64_t num_blocks,
-                                                         int block_size, int row_width,
-                                                         KvLayout layout, int rank);
+  // num_blocks blocks of block_size rows, zeroed: rows of `device`'s storage dtype, or
+  // 656-byte fp8_ds_mla rows (row_width must then be 576).
+  static absl::StatusOr<std::unique_ptr<KvCache>> Create(
+      Device& device, int64_t num_blocks, int block_size, int row_width, KvLayout layout,
+      int rank, KvCacheDType format = KvCacheDType::kBF16);
 
   absl::Status AddRequest(int64_t request_id);
   absl::Status FreeRequest(int64_t request_id);
   // Places the request's first num_tokens tokens: local_rows [local_length(num_tokens), width]
-  // in local order (already checked by the caller).
+  // in local order (already checked by the caller); quantized on the way in for fp8_ds_mla.
   absl::Status Load(int64_t request_id, int64_t num_tokens, const TensorView& local_rows);
   // Once a step ran: each request's cached length becomes its seq_len.
   void CommitLengths(absl::Span<const BatchRequest> batch);
@@ -55,7 +64,8 @@ class KvCache {
   }
   KvCacheView view() const {
     return {rows_.data(), storage_, num_slots_ / tables_.block_size(), tables_.block_size(),
-            row_width_};
+            format_ == KvCacheDType::kFp8DsMla ? int64_t{fp8_ds_mla::kRowBytes} : row_width_,
+            format_};
   }
   const BlockTables& tables() const { return tables_; }
   // Grows each request of the batch to its seq_len (blocks for the new tokens).
@@ -65,15 +75,16 @@ class KvCache {
 
  private:
   KvCache(Device& device, int64_t num_blocks, int block_size, int row_width, KvLayout layout,
-          int rank);
+          int rank, KvCacheDType format);
   absl::Status Scatter(const void* rows, const std::vector<int32_t>& slots);
 
   Device& device_;
   BlockTables tables_;
   DType storage_;
   int row_width_;
+  KvCacheDType format_;
   int64_t num_slots_;
-  Buffer rows_;  // [num_slots, row_width] of storage_
+  Buffer rows_;  // [num_slots, row_width] of storage_, or [num_slots, 656] bytes (fp8_ds_mla)
   absl::flat_hash_map<int64_t, int64_t> cached_;  // request id -> cached tokens
   ScratchBuffer slots_, staged_;
 };

@@ -21,6 +21,7 @@ SparseMqaParams SparseRoute::KernelParams(const KvCacheView& cache, const void* 
   p.out = out;
   p.lse = lse;
   p.dtype = device_.storage_dtype();
+  p.kv_format = kv_format_;
   p.num_tokens = static_cast<int>(num_tokens_);
   p.num_heads = all_heads;
   p.head_dim = width;

@@ -34,9 +34,11 @@ struct SparseRouteInputs {
 class SparseRoute {
  public:
   SparseRoute(Device& device, Communicator& comm, const ModelDims& model, float scale,
-              CombineBackend combine, KvLayout layout, int rank, MlaProjections& projections)
+              CombineBackend combine, KvLayout layout, int rank, MlaProjections& projections,
+              KvCacheDType kv_format = KvCacheDType::kBF16)
       : device_(device), comm_(comm), model_(model), scale_(scale), layout_(layout),
-        rank_(rank), projections_(projections), combine_(device, comm, combine) {}
+        rank_(rank), kv_format_(kv_format), projections_(projections),
+        combine_(device, comm, combine) {}
 
   // The step's first num_tokens tokens (execution order) take this route; topk_width is the
   // layers' top-k width, 0 for every causal key. `tables` rows follow the caller's order.
@@ -47,7 +49,8 @@ class SparseRoute {
                    float* lse, StepStats* stats);
 
  private:
-  // The kernel's parameters for the planned step (pointers as given).
+  // The kernel's parameters for the planned step (pointers as given). fp8_ds_mla caches: the
+  // kernel reads the 656-byte rows (every key, the step's new tokens once written) directly.
   SparseMqaParams KernelParams(const KvCacheView& cache, const void* q, const int32_t* slots,
                                const int32_t* valid_counts, float* out, float* lse) const;
 
@@ -57,6 +60,7 @@ class SparseRoute {
   float scale_;
   KvLayout layout_;
   int rank_;
+  KvCacheDType kv_format_;  // the cache's row format (attention.kv_cache_dtype)
   MlaProjections& projections_;
   LseCombine combine_;
   // The step: tokens, top-k width (the causal top-k's when none is given), slot-mapping inputs.

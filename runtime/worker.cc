@@ -44,7 +44,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const DcpOptions& options
     num_blocks = per_request * options.scheduler.max_num_seqs;
   }
   DCP_ASSIGN_OR_RETURN(w.cache_, KvCache::Create(device, num_blocks, block_size,
-                                                 m.latent_width(), layout, options.dcp.rank));
+                                                 m.latent_width(), layout, options.dcp.rank,
+                                                 options.attention.kv_cache_dtype));
   // Weights of this rank's heads, in the storage dtype.
   DCP_RETURN_IF_ERROR(CheckView("weights.w_uk", weights.w_uk,
                                 {hl, m.qk_nope_head_dim, m.kv_lora_rank}, true,

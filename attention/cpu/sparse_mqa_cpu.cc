@@ -1,14 +1,17 @@
 // SparseMqa on CPU. Thread mapping: one task = (token, block of heads); the token's in-range
 // slots are gathered, and each block of kKeyBlock cache rows is copied once into the tile (as K
 // over all head_dim columns and as V over the first v_dim) and shared by every head of the
-// task: the MQA reuse that makes this a matrix product rather than H dot products.
+// task: the MQA reuse that makes this a matrix product rather than H dot products. fp8_ds_mla
+// rows are dequantized to fp32 as they are copied into the tile (no separate upconvert pass).
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "attention/cpu/attention_cpu.h"
 #include "attention/cpu/attention_tile.h"
 #include "attention/cpu/cpu_kernel_utils.h"
+#include "core/kv_cache_format.h"
 #include "core/status.h"
 
 namespace dcp::cpu {
@@ -27,6 +30,15 @@ absl::Status CheckSparseMqaParams(const SparseMqaParams& p) {
   DCP_CHECK_ARG(p.num_slots >= 0, "SparseMqa: num_slots (%d) < 0", p.num_slots);
   DCP_CHECK_ARG(internal::IsFloatDType(p.dtype), "SparseMqa: dtype %s is not F32 or BF16",
                 dtype_name(p.dtype));
+  DCP_RETURN_IF_ERROR(CheckKvCacheDTypeSupported(p.kv_format, "SparseMqa"));
+  if (p.kv_format == KvCacheDType::kFp8DsMla) {
+    DCP_CHECK_ARG(p.head_dim == fp8_ds_mla::kRowWidth && p.v_dim == fp8_ds_mla::kLatentDim,
+                  "SparseMqa: fp8_ds_mla rows need head_dim %d / v_dim %d, got %d / %d",
+                  fp8_ds_mla::kRowWidth, fp8_ds_mla::kLatentDim, p.head_dim, p.v_dim);
+    DCP_CHECK_ARG(p.kv_row_stride == fp8_ds_mla::kRowBytes,
+                  "SparseMqa: fp8_ds_mla rows are %d bytes, got a kv_row_stride of %d bytes",
+                  fp8_ds_mla::kRowBytes, p.kv_row_stride);
+  }
   if (p.num_tokens == 0) return absl::OkStatus();
   DCP_CHECK_ARG(p.q != nullptr, "SparseMqa: q is null");
   DCP_CHECK_ARG(p.out != nullptr, "SparseMqa: out is null");
@@ -88,10 +100,14 @@ int HeadsPerTask(const SparseMqaParams& p) {
   return std::min(p.num_heads, std::max(heads, 12));
 }
 
-template <typename T>
+// T: the dtype of q (and of the cache rows for kBF16). kFormat kFp8DsMla dequantizes each
+// gathered 656-byte row into fp32 on its way into the tile.
+template <typename T, KvCacheDType kFormat>
 void RunSparseMqa(const SparseMqaParams& p) {
+  constexpr bool kFp8 = kFormat == KvCacheDType::kFp8DsMla;
+  using Row = std::conditional_t<kFp8, uint8_t, T>;
   const T* q = static_cast<const T*>(p.q);
-  const T* kv = static_cast<const T*>(p.kv_cache);
+  const Row* kv = static_cast<const Row*>(p.kv_cache);
   const int heads_per_task = HeadsPerTask(p);
   const int head_blocks = (p.num_heads + heads_per_task - 1) / heads_per_task;
   const double flops = 2.0 * p.num_tokens * p.topk * p.num_heads * (p.head_dim + p.v_dim);
@@ -100,6 +116,7 @@ void RunSparseMqa(const SparseMqaParams& p) {
         AttentionTile tile(heads_per_task, p.head_dim, p.v_dim);
         std::vector<int32_t> slots;
         slots.reserve(p.topk);
+        std::vector<float> dequantized(kFp8 ? fp8_ds_mla::kRowWidth : 0);
         for (int64_t task = begin; task < end; ++task) {
           const int64_t token = task / head_blocks;
           const int head0 = static_cast<int>(task % head_blocks) * heads_per_task;
@@ -122,9 +139,15 @@ void RunSparseMqa(const SparseMqaParams& p) {
           for (int key0 = 0; key0 < num_keys; key0 += kKeyBlock) {
             const int block_keys = std::min(kKeyBlock, num_keys - key0);
             for (int j = 0; j < block_keys; ++j) {
-              const T* row = kv + slots[key0 + j] * p.kv_row_stride;
-              tile.SetKeyRow(j, row);    // the whole latent row [kv_c | k_pe]
-              tile.SetValueRow(j, row);  // its first v_dim columns (kv_c)
+              const Row* row = kv + slots[key0 + j] * p.kv_row_stride;
+              if constexpr (kFp8) {
+                fp8_ds_mla::DequantizeRow(row, dequantized.data());
+                tile.SetKeyRow(j, dequantized.data());
+                tile.SetValueRow(j, dequantized.data());
+              } else {
+                tile.SetKeyRow(j, row);    // the whole latent row [kv_c | k_pe]
+                tile.SetValueRow(j, row);  // its first v_dim columns (kv_c)
+              }
             }
             tile.AddKeyBlock(block_keys, nullptr, p.scale);
           }
@@ -143,10 +166,12 @@ absl::Status SparseMqa(const SparseMqaParams& params, bool validate) {
   DCP_RETURN_IF_ERROR(CheckSparseMqaParams(params));
   if (params.num_tokens == 0) return absl::OkStatus();
   if (validate) DCP_RETURN_IF_ERROR(ValidateSlots(params));
+  constexpr KvCacheDType kBF16 = KvCacheDType::kBF16, kFp8 = KvCacheDType::kFp8DsMla;
+  const bool fp8 = params.kv_format == kFp8;
   if (params.dtype == DType::kF32) {
-    RunSparseMqa<float>(params);
+    fp8 ? RunSparseMqa<float, kFp8>(params) : RunSparseMqa<float, kBF16>(params);
   } else {
-    RunSparseMqa<bf16>(params);
+    fp8 ? RunSparseMqa<bf16, kFp8>(params) : RunSparseMqa<bf16, kBF16>(params);
   }
   return absl::OkStatus();
 }

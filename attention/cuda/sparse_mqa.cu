@@ -38,6 +38,7 @@ absl::Status Check(const SparseMqaParams& p) {
                 p.num_heads, p.topk, p.num_slots);
   DCP_CHECK_ARG(p.dtype == DType::kBF16, "SparseMqa (CUDA): dtype must be BF16, got %s",
                 dtype_name(p.dtype));
+  DCP_RETURN_IF_ERROR(CheckKvCacheDTypeSupported(p.kv_format, "SparseMqa (CUDA)"));
   DCP_CHECK_ARG(p.head_dim == 576 && p.v_dim == 512,
                 "SparseMqa (CUDA): head_dim %d / v_dim %d not compiled; only 576 / 512", p.head_dim,
                 p.v_dim);
@@ -58,11 +59,21 @@ absl::Status Check(const SparseMqaParams& p) {
                 p.q_token_stride, p.q_head_stride);
   DCP_CHECK_ARG(p.q_head_stride >= p.head_dim || p.num_heads == 1,
                 "SparseMqa: q_head_stride %d < head_dim %d", p.q_head_stride, p.head_dim);
-  DCP_CHECK_ARG(Aligned16(p.kv_cache) && p.kv_row_stride % 8 == 0 &&
-                    (p.kv_row_stride >= p.head_dim || p.num_slots <= 1),
-                "SparseMqa (CUDA): kv_cache must be 16-byte aligned, row stride %d a multiple of 8 "
-                "and >= head_dim",
-                p.kv_row_stride);
+  if (p.kv_format == KvCacheDType::kFp8DsMla) {
+    DCP_CHECK_ARG(p.kv_row_stride == fp8_ds_mla::kRowBytes,
+                  "SparseMqa (CUDA): fp8_ds_mla rows are %d bytes, got a kv_row_stride of %d bytes",
+                  fp8_ds_mla::kRowBytes, p.kv_row_stride);
+    DCP_CHECK_ARG(Aligned16(p.kv_cache), "SparseMqa (CUDA): kv_cache must be 16-byte aligned");
+    DCP_CHECK_ARG(p.kernel != 2,
+                  "SparseMqa (CUDA): the wgmma kernel (kernel 2) does not read fp8_ds_mla rows; "
+                  "use kernel 0 or 1 (the mma.sync kernel)");
+  } else {
+    DCP_CHECK_ARG(Aligned16(p.kv_cache) && p.kv_row_stride % 8 == 0 &&
+                      (p.kv_row_stride >= p.head_dim || p.num_slots <= 1),
+                  "SparseMqa (CUDA): kv_cache must be 16-byte aligned, row stride %d a multiple of "
+                  "8 and >= head_dim",
+                  p.kv_row_stride);
+  }
   DCP_CHECK_ARG(p.out_head_stride >= p.v_dim || p.num_heads == 1,
                 "SparseMqa: out_head_stride %d < v_dim %d", p.out_head_stride, p.v_dim);
   DCP_CHECK_ARG(p.lse_token_stride >= p.num_heads || p.num_tokens == 1,
@@ -78,6 +89,8 @@ absl::Status Check(const SparseMqaParams& p) {
 
 int SparseMqaResolveKernel(const SparseMqaParams& params) {
   if (params.kernel == 1 || params.kernel == 2) return params.kernel;
+  // Only the mma.sync kernel reads fp8_ds_mla rows.
+  if (params.kv_format == KvCacheDType::kFp8DsMla) return 1;
   return SparseMqaSm90Available() ? 2 : 1;
 }
 
@@ -145,6 +158,9 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   }
   if (kernel == 2) {
     DCP_RETURN_IF_ERROR((LaunchSparseMqaSm90<576, 512>(params, split, stream)));
+  } else if (params.kv_format == KvCacheDType::kFp8DsMla) {
+    DCP_RETURN_IF_ERROR(
+        (LaunchSparseMqa<576, 512, KvCacheDType::kFp8DsMla>(params, split, stream)));
   } else {
     DCP_RETURN_IF_ERROR((LaunchSparseMqa<576, 512>(params, split, stream)));
   }

@@ -10,6 +10,11 @@
 // valid keys when valid_counts is given, and split each token's key list over several CTAs
 // when tokens x head blocks would leave SMs idle (split-KV; the partials go to
 // params.workspace and are merged by LSE with MergeSplits).
+//
+// kv_format kFp8DsMla reads 656-byte fp8_ds_mla rows directly (kv_row_stride 656 bytes, 16-byte
+// aligned cache), dequantizing them on the way into shared memory; q stays bf16. Only the
+// mma.sync kernel reads them: kernel 0 picks it for fp8 rows, kernel 2 with fp8 rows is
+// InvalidArgument.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,9 +43,10 @@ int SparseMqaChooseSplits(const SparseMqaParams& params, int kernel, int num_sms
 // Bytes of params.workspace that `splits` splits need (0 for one split).
 int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& params, int splits);
 
-// The kernels for one compiled (head_dim, v_dim); params already checked. Defined in
-// sparse_mqa_kernel.cuh / sparse_mqa_sm90_kernel.cuh, instantiated in instantiations/.
-template <int kHeadDim, int kVDim>
+// The kernels for one compiled (head_dim, v_dim) and, for the mma.sync kernel, cache row
+// format; params already checked. Defined in sparse_mqa_kernel.cuh / sparse_mqa_sm90_kernel.cuh,
+// instantiated in instantiations/.
+template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16>
 absl::Status LaunchSparseMqa(const SparseMqaParams& params, const SparseMqaSplit& split,
                              cudaStream_t stream);
 template <int kHeadDim, int kVDim>

@@ -16,6 +16,10 @@
 // are XOR-swizzled by 16-byte chunk so ldmatrix reads are conflict free.
 // Invalid keys (index -1, out of range, or past topk) are gathered as zero rows (no memory
 // read) and masked to -inf; a row with no valid key ends with l = 0: out 0, lse -inf.
+// kFormat kFp8DsMla (656-byte rows, core/kv_cache_format.h): the raw rows of block b+1 are
+// gathered by cp.async into a staging tile [64][656] while block b is computed, then
+// dequantized (e4m3 * tile scale in fp32, rounded to bf16; k_pe copied) into the one bf16 K/V
+// tile the MMAs read: Q + K/V + staging + P = 194 KiB. Everything after the tile is unchanged.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,11 +33,13 @@
 #include "attention/cuda/sparse_mqa.h"
 #include "attention/cuda/sparse_mqa_work.cuh"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/fp8_e4m3.cuh"
 
 namespace dcp::cuda {
 
-template <int kHeadDim, int kVDim>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16>
 struct SparseMqaConfig {
+  static constexpr bool kFp8 = kFormat == KvCacheDType::kFp8DsMla;
   static constexpr int kBlockHeads = 64;
   static constexpr int kBlockKeys = 64;
   static constexpr int kThreads = 256;
@@ -43,15 +49,20 @@ struct SparseMqaConfig {
   static constexpr int kTileBytes = kBlockKeys * kHeadDim * 2;
   static constexpr int kQBytes = kBlockHeads * kHeadDim * 2;
   static constexpr int kPBytes = kBlockHeads * kBlockKeys * 2;
-  static constexpr int kSmemBytes = kQBytes + 2 * kTileBytes + kPBytes + 2 * 2 * kBlockHeads * 4;
+  static constexpr int kKvBuffers = kFp8 ? 1 : 2;  // bf16 tiles: double buffer, or staging
+  static constexpr int kStageBytes = kFp8 ? kBlockKeys * fp8_ds_mla::kRowBytes : 0;
+  static constexpr int kSmemBytes =
+      kQBytes + kKvBuffers * kTileBytes + kStageBytes + kPBytes + 2 * 2 * kBlockHeads * 4;
   static_assert(kHeadDim % 16 == 0 && kVDim % 32 == 0 && kVDim <= kHeadDim);
   static_assert(kKeysPerWarp == 32 && kBlockHeads == 64, "the warp mapping above");
+  static_assert(!kFp8 || (kHeadDim == fp8_ds_mla::kRowWidth && kVDim == fp8_ds_mla::kLatentDim));
 };
 
-template <int kHeadDim, int kVDim>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat>
 __global__ void __launch_bounds__(256, 1)
     SparseMqaKernel(const SparseMqaParams p, const SparseMqaSplit split) {
-  using Config = SparseMqaConfig<kHeadDim, kVDim>;
+  using Config = SparseMqaConfig<kHeadDim, kVDim, kFormat>;
+  constexpr bool kFp8 = Config::kFp8;
   constexpr int kChunks = Config::kChunks;
   constexpr int kBlockKeys = Config::kBlockKeys;
   constexpr float kNegInf = -INFINITY;
@@ -59,7 +70,8 @@ __global__ void __launch_bounds__(256, 1)
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* s_q = smem;
   uint8_t* s_kv = smem + Config::kQBytes;
-  uint8_t* s_p = s_kv + 2 * Config::kTileBytes;
+  uint8_t* s_stage = s_kv + Config::kKvBuffers * Config::kTileBytes;  // fp8 rows only
+  uint8_t* s_p = s_stage + Config::kStageBytes;
   float* s_max = reinterpret_cast<float*>(s_p + Config::kPBytes);  // [2][64]
   float* s_sum = s_max + 2 * Config::kBlockHeads;                  // [2][64]
 
@@ -108,11 +120,53 @@ __global__ void __launch_bounds__(256, 1)
     }
   };
 
+  // fp8: raw rows of block `block` into the staging tile, and staging -> bf16 K/V tile.
+  const auto* kv_bytes = static_cast<const uint8_t*>(p.kv_cache);
+  auto load_raw_block = [&](int block) {
+    constexpr int kRawChunks = fp8_ds_mla::kRowBytes / 16;  // 41
+    const uint32_t base = SmemAddress(s_stage);
+    for (int i = tid; i < kBlockKeys * kRawChunks; i += Config::kThreads) {
+      const int row = i / kRawChunks, chunk = i % kRawChunks;
+      const int64_t slot = slot_of(block * kBlockKeys + row);
+      const uint8_t* src = slot >= 0 ? kv_bytes + slot * fp8_ds_mla::kRowBytes + chunk * 16
+                                     : kv_bytes;
+      CpAsync16(base + row * fp8_ds_mla::kRowBytes + chunk * 16, src, slot >= 0);
+    }
+  };
+  auto dequantize_block = [&]() {
+    constexpr int kLatentChunks = fp8_ds_mla::kLatentDim / 8;  // 8 values per 16-byte chunk
+    for (int i = tid; i < kBlockKeys * kChunks; i += Config::kThreads) {
+      const int row = i / kChunks, chunk = i % kChunks;
+      const uint8_t* raw = s_stage + row * fp8_ds_mla::kRowBytes;
+      uint4 value;
+      if (chunk < kLatentChunks) {
+        const float scale = reinterpret_cast<const float*>(
+            raw + fp8_ds_mla::kScaleOffset)[chunk / (fp8_ds_mla::kTileSize / 8)];
+        value = DequantizeFp8x8ToBf16(reinterpret_cast<const uint2*>(raw)[chunk], scale);
+      } else {
+        const auto* rope = reinterpret_cast<const uint4*>(raw + fp8_ds_mla::kRopeOffset);
+        value = rope[chunk - kLatentChunks];
+      }
+      *reinterpret_cast<uint4*>(s_kv + SwizzledChunk<kChunks>(row, chunk)) = value;
+    }
+  };
+
   // Blocks [first_block, first_block + num_blocks) of the list; key_begin is block aligned.
   const int first_block = work.key_begin / kBlockKeys;
   const int num_blocks = (work.key_end - work.key_begin + kBlockKeys - 1) / kBlockKeys;
-  if (num_blocks > 0) load_block(first_block, 0);
-  CpAsyncCommit();
+  if constexpr (kFp8) {
+    if (num_blocks > 0) load_raw_block(first_block);
+    CpAsyncCommit();  // Q and the raw first block
+    CpAsyncWait<0>();
+    __syncthreads();
+    if (num_blocks > 0) dequantize_block();
+    __syncthreads();  // the tile is ready and the staging free
+    if (num_blocks > 1) load_raw_block(first_block + 1);
+    CpAsyncCommit();
+  } else {
+    if (num_blocks > 0) load_block(first_block, 0);
+    CpAsyncCommit();
+  }
 
   constexpr int kValueTiles = Config::kValuesPerWarp / 8;  // 32 n-tiles of 8 columns
   float o[kValueTiles][4];
@@ -127,11 +181,13 @@ __global__ void __launch_bounds__(256, 1)
 
   for (int i = 0; i < num_blocks; ++i) {
     const int block = first_block + i;
-    const int buffer = i & 1;
-    if (i + 1 < num_blocks) load_block(block + 1, buffer ^ 1);
-    CpAsyncCommit();
-    CpAsyncWait<1>();
-    __syncthreads();
+    const int buffer = kFp8 ? 0 : i & 1;
+    if constexpr (!kFp8) {
+      if (i + 1 < num_blocks) load_block(block + 1, buffer ^ 1);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+      __syncthreads();
+    }
     const uint32_t kv_base = SmemAddress(s_kv + buffer * Config::kTileBytes);
 
     // S = Q K^T: 16 rows x 32 keys, k over the 576 columns.
@@ -224,6 +280,16 @@ __global__ void __launch_bounds__(256, 1)
       }
     }
     __syncthreads();  // the next iteration overwrites this K/V buffer, P and the maxima
+    if constexpr (kFp8) {
+      if (i + 1 < num_blocks) {
+        CpAsyncWait<0>();
+        __syncthreads();  // every thread's raw chunks of block + 1 have landed
+        dequantize_block();
+        __syncthreads();  // the tile is ready and the staging free
+        if (i + 2 < num_blocks) load_raw_block(block + 2);
+        CpAsyncCommit();
+      }
+    }
   }
   CpAsyncWait<0>();
 
@@ -254,11 +320,11 @@ __global__ void __launch_bounds__(256, 1)
   }
 }
 
-template <int kHeadDim, int kVDim>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat>
 absl::Status LaunchSparseMqa(const SparseMqaParams& p, const SparseMqaSplit& split,
                              cudaStream_t stream) {
-  using Config = SparseMqaConfig<kHeadDim, kVDim>;
-  auto kernel = SparseMqaKernel<kHeadDim, kVDim>;
+  using Config = SparseMqaConfig<kHeadDim, kVDim, kFormat>;
+  auto kernel = SparseMqaKernel<kHeadDim, kVDim, kFormat>;
   // Once per device: the attribute call costs host time on every decode step otherwise.
   static std::atomic<uint64_t> configured{0};
   int device = 0;

@@ -11,8 +11,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "launch/bench/bench_data.h"
+#include "launch/bench/fp8_kernels.h"
 #include "launch/bench/kernels_sweep.h"
 #include "launch/bench/modes.h"
+#include "core/kv_cache_format.h"
 #include "core/status.h"
 
 namespace dcp::bench {
@@ -322,6 +324,36 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
     p.scale = m.scale();
     DCP_RETURN_IF_ERROR(Measure(
         row, prepared, nullptr, [&] { return device.SparseMqa(p); }, nullptr));
+
+    // The same selection over the same rows quantized to fp8_ds_mla (656 bytes instead of
+    // width x element): the kernel dequantizes them on the way in.
+    if (r == fp8_ds_mla::kLatentDim && m.qk_rope_head_dim == fp8_ds_mla::kRopeDim) {
+      KernelRow fp8_row = row;
+      fp8_row.kernel = "sparse_mqa_fp8";
+      Buffer fp8_cache, all_slots;
+      const absl::Status fp8_prepared = [&]() -> absl::Status {
+        DCP_RETURN_IF_ERROR(prepared);
+        std::vector<int32_t> identity(keys);
+        for (int64_t i = 0; i < keys; ++i) identity[i] = static_cast<int32_t>(i);
+        DCP_ASSIGN_OR_RETURN(all_slots, UploadInts(device, identity));
+        DCP_ASSIGN_OR_RETURN(fp8_cache, device.Allocate(size_t(keys) * fp8_ds_mla::kRowBytes));
+        Fp8DsMlaWriteParams w;
+        w.kv_c = cache.data();
+        w.k_pe = static_cast<const std::byte*>(cache.data()) + size_t(r) * element;
+        w.slot_mapping = all_slots.as<int32_t>();
+        w.cache = fp8_cache.as<uint8_t>();
+        w.dtype = dtype;
+        w.num_rows = w.num_slots = keys;
+        w.kv_c_row_stride = w.k_pe_row_stride = width;
+        return WriteFp8DsMlaRowsOn(device, w);
+      }();
+      SparseMqaParams f = p;
+      f.kv_format = KvCacheDType::kFp8DsMla;
+      f.kv_cache = fp8_cache.data();
+      f.kv_row_stride = fp8_ds_mla::kRowBytes;
+      DCP_RETURN_IF_ERROR(Measure(
+          fp8_row, fp8_prepared, nullptr, [&] { return device.SparseMqa(f); }, nullptr));
+    }
   }
 
   // The layer's GEMMs, batched over heads as the worker issues them.
@@ -386,7 +418,9 @@ ModeResult KernelBench::Finish() {
       FormatSig(copy_gbps_), FormatSig(gemm_tflops_), dtype_name(env_.device->storage_dtype())));
   table_.AddNote(
       "Attention TF/s count useful FLOPs: dense causal keys x 2(qk + v); sparse "
-      "selected keys x 2(2R + Dr). Times: median of the slowest rank.");
+      "selected keys x 2(2R + Dr). sparse_mqa_fp8: the same selection over the rows quantized "
+      "to fp8_ds_mla (656 bytes a row), dequantized in the kernel. Times: median of the slowest "
+      "rank.");
   ModeResult result;
   result.num_wrong = num_wrong_;
   result.num_failed = num_failed_;

@@ -8,8 +8,10 @@
 
 #include "launch/bench/bench_check.h"
 #include "launch/bench/bench_data.h"
+#include "core/kv_cache_format.h"
 #include "core/kv_layout.h"
 #include "core/status.h"
+#include "launch/bench/fp8_kernels.h"
 
 namespace dcp::bench {
 namespace {
@@ -109,6 +111,98 @@ absl::Status SweepRows(BenchEnv& env, int64_t size, bool gather, const Measure& 
     for (int64_t i = 0; i < rows; ++i) {
       const size_t src_row = gather ? perm[i] : i, dst_row = gather ? i : perm[i];
       wrong += RowMismatches(&d[dst_row * row_bytes], &s[src_row * row_bytes], width, element);
+    }
+    return wrong;
+  };
+  return measure(c);
+}
+
+// The workspace fill from an fp8_ds_mla cache, with the same row count as gather_rows at this
+// size: gather_rows_fp8 dequantizes 656-byte rows into rows of the storage dtype (the paged
+// gather feeding the up-projection); gather_rows_fp8_raw moves the 656-byte rows unchanged (the
+// rows an all-gather would carry, upconverted after it). DeepSeek dims only (R 512, Dr 64).
+absl::Status SweepFp8Gather(BenchEnv& env, int64_t size, const Measure& measure) {
+  namespace f = fp8_ds_mla;
+  if (env.dims.kv_lora_rank != f::kLatentDim || env.dims.qk_rope_head_dim != f::kRopeDim) {
+    return absl::OkStatus();
+  }
+  Device& device = *env.device;
+  const DType dtype = device.storage_dtype();
+  const size_t element = dtype_size(dtype);
+  const size_t out_row_bytes = f::kRowWidth * element;
+  const int64_t rows = std::max<int64_t>(1, size / int64_t(out_row_bytes));
+  const std::vector<int32_t> perm = Permutation(rows);
+  Buffer values, identity, cache, index, dst, raw;
+  const absl::Status prepared = [&]() -> absl::Status {
+    // Rows quantized from random values by the write kernel.
+    DCP_ASSIGN_OR_RETURN(values, device.Allocate(rows * out_row_bytes));
+    DCP_RETURN_IF_ERROR(FillRandom(device, values.data(), dtype, size_t(rows) * f::kRowWidth,
+                                   env.options.seed, kStreamSource));
+    std::vector<int32_t> slots(rows);
+    for (int64_t i = 0; i < rows; ++i) slots[i] = static_cast<int32_t>(i);
+    DCP_ASSIGN_OR_RETURN(identity, UploadInts(device, slots));
+    DCP_ASSIGN_OR_RETURN(cache, device.Allocate(size_t(rows) * f::kRowBytes));
+    DCP_ASSIGN_OR_RETURN(index, UploadInts(device, perm));
+    DCP_ASSIGN_OR_RETURN(dst, device.Allocate(rows * out_row_bytes));
+    DCP_ASSIGN_OR_RETURN(raw, device.Allocate(size_t(rows) * f::kRowBytes));
+    Fp8DsMlaWriteParams w;
+    w.kv_c = values.data();
+    w.k_pe = static_cast<const std::byte*>(values.data()) + f::kLatentDim * element;
+    w.slot_mapping = identity.as<int32_t>(), w.cache = cache.as<uint8_t>();
+    w.dtype = dtype;
+    w.num_rows = w.num_slots = rows;
+    w.kv_c_row_stride = w.k_pe_row_stride = f::kRowWidth;
+    DCP_RETURN_IF_ERROR(WriteFp8DsMlaRowsOn(device, w));
+    return device.Synchronize();
+  }();
+  {
+    KernelCase c = NewCase("gather_rows_fp8", int64_t(rows * out_row_bytes),
+                           double(rows) * (f::kRowBytes + out_row_bytes) + rows * 4.0);
+    c.prepared = prepared;
+    Fp8DsMlaGatherParams g;
+    g.cache = cache.as<uint8_t>(), g.index = index.as<int32_t>(), g.dst = dst.data();
+    g.dst_dtype = dtype;
+    g.num_rows = g.num_src_rows = rows;
+    g.dst_row_stride = f::kRowWidth;
+    c.run = [&] { return GatherFp8DsMlaRowsOn(device, g); };
+    c.check = [&]() -> absl::StatusOr<int64_t> {
+      DCP_ASSIGN_OR_RETURN(auto bytes, DownloadBytes(device, cache.data(), rows * f::kRowBytes));
+      DCP_ASSIGN_OR_RETURN(auto got, DownloadBytes(device, dst.data(), rows * out_row_bytes));
+      std::vector<float> row(f::kRowWidth);
+      std::vector<std::byte> want(out_row_bytes);
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < rows; ++i) {
+        f::DequantizeRow(reinterpret_cast<const uint8_t*>(&bytes[perm[i] * f::kRowBytes]),
+                         row.data());
+        for (int c = 0; c < f::kRowWidth; ++c) {
+          if (dtype == DType::kF32) {
+            std::memcpy(&want[c * element], &row[c], 4);
+          } else {
+            const bf16 value = float_to_bf16(row[c]);
+            std::memcpy(&want[c * element], &value, 2);
+          }
+        }
+        wrong += RowMismatches(&got[i * out_row_bytes], want.data(), f::kRowWidth, element);
+      }
+      return wrong;
+    };
+    DCP_RETURN_IF_ERROR(measure(c));
+  }
+  KernelCase c = NewCase("gather_rows_fp8_raw", int64_t(rows * f::kRowBytes),
+                         2.0 * rows * f::kRowBytes + rows * 4.0);
+  c.prepared = prepared;
+  // 656-byte rows as 328 two-byte elements.
+  const int units = f::kRowBytes / 2;
+  c.run = [&] {
+    return device.GatherRows({cache.data(), index.as<int32_t>(), raw.data(), DType::kBF16, rows,
+                              rows, units, units, units});
+  };
+  c.check = [&]() -> absl::StatusOr<int64_t> {
+    DCP_ASSIGN_OR_RETURN(auto s, DownloadBytes(device, cache.data(), rows * f::kRowBytes));
+    DCP_ASSIGN_OR_RETURN(auto d, DownloadBytes(device, raw.data(), rows * f::kRowBytes));
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      wrong += RowMismatches(&d[i * f::kRowBytes], &s[perm[i] * f::kRowBytes], units, 2);
     }
     return wrong;
   };
@@ -315,6 +409,7 @@ absl::Status SweepTopkToSlots(BenchEnv& env, int64_t size, const Measure& measur
 absl::Status ForEachSweepKernel(BenchEnv& env, int64_t size, const Measure& measure) {
   DCP_RETURN_IF_ERROR(SweepCopy(env, size, measure));
   DCP_RETURN_IF_ERROR(SweepRows(env, size, /*gather=*/true, measure));
+  DCP_RETURN_IF_ERROR(SweepFp8Gather(env, size, measure));
   DCP_RETURN_IF_ERROR(SweepRows(env, size, /*gather=*/false, measure));
   DCP_RETURN_IF_ERROR(SweepMergeStates(env, size, measure));
   DCP_RETURN_IF_ERROR(SweepDcpCorrect(env, size, measure));

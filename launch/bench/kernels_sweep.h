@@ -1,5 +1,6 @@
 // The memory-bound kernels of the kernels mode, one size of the -b/-e/-f sweep at a time:
-// Copy, GatherRows, ScatterRows (rows of R + Dr in the storage dtype), MergeStates, DcpCorrect,
+// Copy, GatherRows, ScatterRows (rows of R + Dr in the storage dtype), the fp8_ds_mla gathers
+// (DeepSeek dims: dequantizing, and the raw 656-byte rows), MergeStates, DcpCorrect,
 // DcpCombine (fp32 partials) and TopkToSlots. The size is the bytes of the kernel's main
 // output; `bytes` counts everything one run reads and writes.
 #pragma once

@@ -16,6 +16,7 @@
 #include "core/cuda/convert.h"
 #include "core/cuda/cuda_status.h"
 #include "core/logging.h"
+#include "workspace/cuda/fp8_rows_cuda.h"
 #include "workspace/cuda/rows_cuda.h"
 
 namespace dcp {
@@ -355,6 +356,16 @@ absl::Status CudaDevice::GatherRows(const GatherRowsParams& params) {
 absl::Status CudaDevice::ScatterRows(const ScatterRowsParams& params) {
   DCP_RETURN_IF_ERROR(Activate());
   return cuda::ScatterRows(params, stream_);
+}
+
+absl::Status CudaDevice::WriteFp8DsMlaRows(const Fp8DsMlaWriteParams& params) {
+  DCP_RETURN_IF_ERROR(Activate());
+  return cuda::WriteFp8DsMlaRows(params, stream_);
+}
+
+absl::Status CudaDevice::GatherFp8DsMlaRows(const Fp8DsMlaGatherParams& params) {
+  DCP_RETURN_IF_ERROR(Activate());
+  return cuda::GatherFp8DsMlaRows(params, stream_);
 }
 
 absl::Status CudaDevice::SetStream(void* stream) {

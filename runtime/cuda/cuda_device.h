@@ -80,6 +80,8 @@ class CudaDevice final : public Device {
   absl::Status ValidateTopk(const TopkValidateParams& params) override;
   absl::Status GatherRows(const GatherRowsParams& params) override;
   absl::Status ScatterRows(const ScatterRowsParams& params) override;
+  absl::Status WriteFp8DsMlaRows(const Fp8DsMlaWriteParams& params) override;
+  absl::Status GatherFp8DsMlaRows(const Fp8DsMlaGatherParams& params) override;
 
   absl::Status Synchronize() override;
   // A stream of this GPU (checked), or nullptr for the device's own.

@@ -202,6 +202,34 @@ TEST_F(RunConfigTest, RunSectionValidation) {
   EXPECT_NE(error({"--batch=q4,q8", "--output=x"}).find("2 batches"), std::string::npos);
 }
 
+TEST_F(RunConfigTest, KvCacheDtypeFromTheFileAndTheFlag) {
+  absl::StatusOr<RunConfig> config =
+      Configure("model: {preset: deepseek_v32}\nattention: {kv_cache_dtype: fp8_ds_mla}\n",
+                {"--batch=q4"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->attention.kv_cache_dtype, KvCacheDType::kFp8DsMla);
+  EXPECT_TRUE(config->is_explicit("attention.kv_cache_dtype"));
+  EXPECT_TRUE(ValidateConfigs(config->model, config->dcp, config->scheduler, config->attention)
+                  .ok());
+  // The flag overrides the file.
+  config = Configure("attention: {kv_cache_dtype: fp8_ds_mla}\n",
+                     {"--batch=q4", "--kv-cache-dtype=bf16"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->attention.kv_cache_dtype, KvCacheDType::kBF16);
+  config = Configure("", {"--batch=q4", "--kv_cache_dtype=fp8_ds_mla"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->attention.kv_cache_dtype, KvCacheDType::kFp8DsMla);
+  // The small model's R = 64 has no fp8_ds_mla rows: a clear error from the validation.
+  const absl::Status invalid =
+      ValidateConfigs(config->model, config->dcp, config->scheduler, config->attention);
+  EXPECT_EQ(invalid.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(invalid.message().find("kv_lora_rank 512"), std::string::npos) << invalid.message();
+  EXPECT_NE(ErrorOf("attention: {kv_cache_dtype: fp8}\n", {"--batch=q4"}).find("fp8_ds_mla"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("", {"--batch=q4", "--kv-cache-dtype=e5m2"}).find("bf16 or fp8_ds_mla"),
+            std::string::npos);
+}
+
 TEST_F(RunConfigTest, HelpListsTheFlagsWithDashes) {
   absl::StatusOr<CommandLine> command_line = Parse({"--help"});
   ASSERT_TRUE(command_line.ok());

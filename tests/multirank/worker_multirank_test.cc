@@ -5,6 +5,7 @@
 // the cached rows it owns, found by scanning positions) and the reference builds the whole,
 // with no scatter code shared with the runtime.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -17,6 +18,7 @@
 #include "runtime/engine.h"
 #include "runtime/scratch.h"
 #include "tests/multirank/multirank_test.h"
+#include "tests/reference/fp8_ds_mla_reference.h"
 #include "tests/reference/mla_reference.h"
 
 #if DCP_WITH_CUDA
@@ -59,6 +61,7 @@ struct Scenario {
   std::string prefill_backend = "auto";
   int num_kv_blocks = 0;
   std::vector<int> order;  // request ids in batch order (default: 0..B-1)
+  bool fp8 = false;  // attention.kv_cache_dtype fp8_ds_mla (needs R = 512, Dr = 64)
 };
 
 // DCP_TEST_DEVICE=cuda runs the same tests on CUDA ranks (bf16 storage; ranks may share a GPU,
@@ -184,6 +187,7 @@ RankRun RunRank(MpiCommunicator& mpi, const Scenario& s, const Dims& d, const Pr
   options.attention.force_mqa = s.force_mqa;
   options.attention.validate_topk = s.validate_topk;
   options.attention.prefill_backend = s.prefill_backend;
+  if (s.fp8) options.attention.kv_cache_dtype = KvCacheDType::kFp8DsMla;
   options.workspace_rows_override = s.workspace_rows;
 
   // This rank's heads of the weights and queries.
@@ -361,6 +365,39 @@ void ExpectMatchesReference(const RankRun& run, const Problem& p, const Dims& d,
       }
     }
   }
+}
+
+// The problem the ranks solve with an fp8_ds_mla cache, as vLLM defines it: every key read from
+// the cache is its dequantized row (the independent host model, tests/reference, applied to the
+// values as the rank stores them: f32 on CPU ranks, bf16 on CUDA ranks); the new tokens of the
+// prefills that take the dense route attend with their fresh values (kv_new), every other new
+// token (decodes, and every token on the sparse route) is read back from the cache after the
+// write, dequantized.
+Problem DequantizedProblem(const Problem& p, const Scenario& s, const Dims& d, Route route) {
+  Problem q = p;
+  auto& w = q.whole;
+  const bool bf16 = UseCuda();
+  auto stored = [&](double x) {
+    const float f = float(x);
+    if (!bf16) return f;
+    return std::bit_cast<float>(uint32_t{reference::Bf16Nearest(f)} << 16);
+  };
+  std::vector<float> kv_c(d.r), k_pe(d.dr);
+  for (size_t i = 0; i < s.seq_lens.size(); ++i) {
+    const int context = s.seq_lens[i] - s.query_lens[i];
+    const bool fresh_new = route == Route::kDenseMha && s.query_lens[i] > 1;
+    for (int g = 0; g < s.seq_lens[i]; ++g) {
+      if (g >= context && fresh_new) continue;
+      const int64_t j = p.row_begin[i] + g;
+      for (int c = 0; c < d.r; ++c) kv_c[c] = stored(p.whole.kv_c[j * d.r + c]);
+      for (int c = 0; c < d.dr; ++c) k_pe[c] = stored(p.whole.k_pe[j * d.dr + c]);
+      const std::vector<uint8_t> row = reference::QuantizeFp8DsMlaRow(kv_c.data(), k_pe.data());
+      const std::vector<double> values = reference::DequantizeFp8DsMlaRow(row.data());
+      std::copy_n(values.begin(), d.r, w.kv_c.begin() + j * d.r);
+      std::copy_n(values.begin() + d.r, d.dr, w.k_pe.begin() + j * d.dr);
+    }
+  }
+  return q;
 }
 
 class WorkerTest : public MultiRankTest {
@@ -605,6 +642,133 @@ TEST_F(WorkerTest, CudnnBackendOnACpuRankIsAClearError) {
   EXPECT_NE(run.status.message().find("'cudnn' was requested but is unavailable"),
             std::string::npos)
       << run.status;
+}
+
+// fp8_ds_mla KV cache: every world size, both routes, both combines, I in {1, 4}, one and
+// several chunks, against the float64 reference on the dequantized cache (CPU ranks at the fp32
+// tolerance: the dequantized values are exact floats). The dequantization changes keys by ~2^-4
+// relative, so the reference on the original values would fail: the test can tell the two
+// apart (checked below on the first case).
+TEST_F(WorkerTest, Fp8DsMlaCacheMatchesTheReferenceOnDequantizedRows) {
+  const uint64_t seed = SharedSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  Dims dims = TestDims(4 * world());
+  dims.r = 512;
+  dims.dr = 64;
+  const int unit = world() * 4;
+  const int64_t align = std::lcm<int64_t>(16, unit);
+  struct Case {
+    const char* name;
+    std::vector<int> seq_lens, query_lens;
+    bool give_topk, force_mqa;
+    int64_t workspace_rows;
+    Route route;
+  };
+  const Case cases[] = {
+      // Decodes, a prefill with context, a fresh prefill, a one-token prefill: dense route.
+      {"dense, one chunk", {90, 40, 1, 77, 60}, {1, 40, 1, 12, 1}, false, false, 0,
+       Route::kDenseMha},
+      {"dense, several chunks", {90, 40, 1, 77, 60}, {1, 40, 1, 12, 1}, false, false, align,
+       Route::kDenseMha},
+      {"sparse (force_mqa), top-k", {90, 40, 1, 77, 60}, {1, 40, 1, 12, 1}, true, true, 0,
+       Route::kSparseMqa},
+      {"sparse (prefill past K)", {200, 70, 33}, {3, 20, 1}, true, false, 0, Route::kSparseMqa},
+  };
+  bool checked_distinguishes = false;
+  // CUDA ranks: I = 1 only (the float64 reference at DeepSeek's dims dominates the time; the
+  // interleave is runtime indexing that the CPU ranks cover).
+  for (int interleave : UseCuda() ? std::vector<int>{1} : std::vector<int>{1, 4}) {
+    for (CombineBackend combine :
+         {CombineBackend::kAllGatherReduceScatter, CombineBackend::kAllToAll}) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(::testing::Message() << c.name << " I " << interleave << " combine "
+                                          << combine_backend_name(combine));
+        Scenario s;
+        s.fp8 = true;
+        s.index_topk = 128;
+        s.interleave = interleave;
+        s.combine = combine;
+        s.seq_lens = c.seq_lens;
+        s.query_lens = c.query_lens;
+        s.give_topk = c.give_topk;
+        s.force_mqa = c.force_mqa;
+        s.workspace_rows = c.workspace_rows;
+        if (c.route == Route::kSparseMqa && !c.force_mqa) s.index_topk = 32;
+        const Problem p = BuildProblem(s, dims, seed + interleave);
+        const RankRun run = RunRank(mpi_comm(), s, dims, p);
+        ASSERT_TRUE(run.status.ok()) << run.status;
+        EXPECT_EQ(run.stats.route, c.route);
+        if (c.workspace_rows > 0) EXPECT_GE(run.stats.num_chunks, 2);
+        const Problem dequantized = DequantizedProblem(p, s, dims, run.stats.route);
+        ExpectMatchesReference(run, dequantized, dims, world(), rank());
+        if (!checked_distinguishes && !UseCuda()) {
+          // The original values' reference is far off: the cache really is quantized.
+          checked_distinguishes = true;
+          const reference::MlaResult original = reference::ReferenceAttention(p.whole);
+          const reference::MlaResult want = reference::ReferenceAttention(dequantized.whole);
+          double diff = 0;
+          for (size_t i = 0; i < original.out.size(); ++i) {
+            diff = std::max(diff, std::abs(original.out[i] - want.out[i]));
+          }
+          EXPECT_GT(diff, 100 * Tolerance() * ValueRms(p, dims));
+        }
+      }
+    }
+  }
+}
+
+// An fp8_ds_mla cache whose rows are not 656 bytes apart, or a cache of the other format than
+// attention.kv_cache_dtype: a clear InvalidArgument from the engine before anything runs.
+TEST_F(WorkerTest, Fp8DsMlaCacheWithTheWrongRowStrideIsAClearError) {
+  if (UseCuda()) GTEST_SKIP() << "CPU ranks only";
+  Dims dims = TestDims(4 * world());
+  dims.r = 512;
+  dims.dr = 64;
+  DcpOptions options;
+  options.model.num_heads = dims.heads;
+  options.model.kv_lora_rank = dims.r;
+  options.model.qk_nope_head_dim = dims.dn;
+  options.model.qk_rope_head_dim = dims.dr;
+  options.model.v_head_dim = dims.dv;
+  options.dcp.world_size = world();
+  options.dcp.rank = rank();
+  options.scheduler.block_size = 16;
+  options.scheduler.max_num_seqs = 2;
+  options.scheduler.max_model_len = 64;
+  options.attention.index_topk = 64;
+  options.attention.kv_cache_dtype = KvCacheDType::kFp8DsMla;
+  auto device = MakeCpuDevice(DType::kF32);
+  auto engine = DcpEngine::Create(options, mpi_comm(), *device);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const int hl = dims.heads / world(), width = dims.r + dims.dr;
+  const std::vector<BatchRequest> batch = {{100, 1, 1}};
+  const std::vector<int32_t> table = {0};
+  ASSERT_TRUE((*engine)->Plan(batch, StepTables{table.data(), 1, 4, 16}, 0).ok());
+  std::vector<uint8_t> cache(4 * 16 * 1152 + 64);
+  std::vector<float> q_nope(hl * dims.dn, 0.5f), q_rope(hl * dims.dr, 0.5f), kv_new(width, 1.f);
+  std::vector<float> w_uk(size_t(hl) * dims.dn * dims.r, 0.1f), w_uv(size_t(hl) * dims.r * dims.dv, 0.1f);
+  std::vector<float> out(hl * dims.dv), lse(hl);
+  const LayerTensors tensors{q_nope.data(), q_rope.data(), kv_new.data(), nullptr, out.data(),
+                             lse.data()};
+  struct Bad {
+    int64_t row_stride;
+    KvCacheDType format;
+    const char* message;
+  };
+  for (const Bad& bad : {Bad{576, KvCacheDType::kFp8DsMla, "row stride is 576 bytes; its rows are 656"},
+                         Bad{1152, KvCacheDType::kFp8DsMla, "row stride is 1152 bytes"},
+                         Bad{672, KvCacheDType::kFp8DsMla, "row stride is 672 bytes"},
+                         Bad{576, KvCacheDType::kBF16, "holds bf16 rows, attention.kv_cache_dtype is fp8_ds_mla"}}) {
+    SCOPED_TRACE(bad.message);
+    const KvCacheView view{cache.data(), DType::kF32, 4, 16, bad.row_stride, bad.format};
+    const absl::Status status =
+        (*engine)->Run({w_uk.data(), w_uv.data()}, view, tensors);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find(bad.message), std::string::npos) << status;
+  }
+  // The right stride runs.
+  const KvCacheView good{cache.data(), DType::kF32, 4, 16, 656, KvCacheDType::kFp8DsMla};
+  EXPECT_TRUE((*engine)->Run({w_uk.data(), w_uv.data()}, good, tensors).ok());
 }
 
 // Bad input: the same clear error on every rank, no hang.

@@ -25,6 +25,21 @@ TEST(ConfigTest, DefaultsAndDeepSeekAreValid) {
   EXPECT_TRUE(ValidateConfigs(deepseek, dcp, SchedulerConfig{}, AttentionConfig{}).ok());
 }
 
+TEST(ConfigTest, Fp8DsMlaNeedsDeepSeekLatentWidths) {
+  AttentionConfig attention;
+  attention.kv_cache_dtype = KvCacheDType::kFp8DsMla;
+  EXPECT_TRUE(
+      ValidateConfigs(ModelDims::DeepSeekV32(), DcpConfig{}, SchedulerConfig{}, attention).ok());
+  ExpectInvalid(ValidateConfigs(ModelDims{}, DcpConfig{}, SchedulerConfig{}, attention),
+                "fp8_ds_mla needs kv_lora_rank 512 and qk_rope_head_dim 64");
+  ModelDims rope32 = ModelDims::DeepSeekV32();
+  rope32.qk_rope_head_dim = 32;
+  ExpectInvalid(ValidateConfigs(rope32, DcpConfig{}, SchedulerConfig{}, attention),
+                "qk_rope_head_dim");
+  attention.kv_cache_dtype = static_cast<KvCacheDType>(5);
+  ExpectInvalid(attention.Validate(), "not supported by this build");
+}
+
 TEST(ConfigTest, HeadsNotDivisibleByWorld) {
   ModelDims model;
   model.num_heads = 6;
