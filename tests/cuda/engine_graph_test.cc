@@ -38,6 +38,7 @@ TEST_F(EngineGraphTest, CapturedDecodeStepReplaysEqualToEager) {
   ASSERT_TRUE(comm.ok()) << comm.status();
 
   DcpOptions options;
+  options.model = ModelDims::DeepSeekV32();  // the head sizes the CUDA kernels are built for
   options.model.num_heads = kHeads;
   options.scheduler.block_size = kBlock;
   options.scheduler.max_num_seqs = 8;
