@@ -582,7 +582,7 @@ TEST_F(SparseMqaCudaTest, BackToBackLaunchesShareTheWorkspace) {
 }
 
 // The split choice is host logic (no GPU needed). At 128 heads and top-k 2048 on 132 SMs it
-// picks the counts measured fastest on the H200 for one decode token (wgmma 8, mma.sync 16;
+// picks the counts measured fastest on the H200 for one decode token (wgmma 16, mma.sync 32;
 // docs/sparse_mqa_sm90.md), splits small batches, and leaves full ones alone.
 TEST(SparseMqaSplitTest, HeuristicPicksTheMeasuredBest) {
   SparseMqaParams p;
@@ -591,8 +591,8 @@ TEST(SparseMqaSplitTest, HeuristicPicksTheMeasuredBest) {
   p.v_dim = 512;
   p.topk = 2048;
   p.num_tokens = 1;
-  EXPECT_EQ(cuda::SparseMqaChooseSplits(p, 2, 132), 8);
-  EXPECT_EQ(cuda::SparseMqaChooseSplits(p, 1, 132), 16);
+  EXPECT_EQ(cuda::SparseMqaChooseSplits(p, 2, 132), 16);
+  EXPECT_EQ(cuda::SparseMqaChooseSplits(p, 1, 132), 32);
   for (int kernel : {1, 2}) {
     for (int tokens : {1, 2, 8, 33}) {
       p.num_tokens = tokens;
