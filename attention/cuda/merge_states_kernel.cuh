@@ -94,16 +94,17 @@ __global__ void DcpCombineKernel(const float* outs, const float* lses, float* ou
 
 // Split-KV merge of the sparse MQA kernels: `splits` partials of the same (token, head) grid,
 // [splits, T, H, dim] contiguous and LSEs [splits, T, H], into a strided output. One thread per
-// (row, 4 values): every thread reads its row's LSEs (L1 serves the repeats), then the float4
-// of every split, kMergeUnroll loads in flight at once. The first version (one warp per row, a
+// (row, 4 values): every thread reads its row's LSEs (L1 serves the repeats) and the float4 of
+// every split, kMergeUnroll of each in flight at once. The first version (one warp per row, a
 // lane walking the splits one dependent load at a time) cost about 1 us per split on the H200,
-// all latency (docs/sparse_mqa_sm90.md). A partial with lse -inf (no key in its range) is never
-// read: its weight is 0 and it is selected out, not multiplied.
+// all latency (docs/sparse_mqa_sm90.md). A partial with lse -inf (no key in its range) is
+// loaded with the others but selected out (weight 0), never multiplied: its values may be
+// anything, NaN included (every split's partial must be readable memory).
 // On sm_90 the kernel may be launched as a programmatic dependent of the attention kernel
 // (MergeSplits): griddepcontrol.wait holds it until that grid has finished and its writes are
 // visible, while its launch and scheduling overlap the attention kernel's tail.
 constexpr int kMergeSplitsThreads = 256;
-constexpr int kMergeUnroll = 8;
+constexpr int kMergeUnroll = 16;
 
 __global__ void __launch_bounds__(kMergeSplitsThreads)
     MergeSplitsKernel(const float* __restrict__ parts, const float* __restrict__ part_lse,
@@ -120,37 +121,43 @@ __global__ void __launch_bounds__(kMergeSplitsThreads)
   const int64_t row = index / chunks;
   const int d = static_cast<int>(index % chunks) * 4;
   const int64_t token = row / num_heads, head = row % num_heads;
-  float m = -INFINITY;
+  // One pass (an online LSE merge over groups of kMergeUnroll splits): a group's LSEs and
+  // values are loaded together, so a group costs one memory round trip, not two.
+  float m = -INFINITY, sum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int s0 = 0; s0 < splits; s0 += kMergeUnroll) {
+    float l[kMergeUnroll];
+    float4 v[kMergeUnroll];
 #pragma unroll
     for (int k = 0; k < kMergeUnroll; ++k) {
-      if (s0 + k < splits) m = fmaxf(m, SanitizeLse(part_lse[(s0 + k) * rows + row]));
+      const bool in = s0 + k < splits;
+      l[k] = in ? SanitizeLse(part_lse[(s0 + k) * rows + row]) : -INFINITY;
+      v[k] = in && d < dim
+                 ? *reinterpret_cast<const float4*>(parts + ((s0 + k) * rows + row) * dim + d)
+                 : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-  }
-  float sum = 0.f;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (m != -INFINITY) {
-    for (int s0 = 0; s0 < splits; s0 += kMergeUnroll) {
-      float w[kMergeUnroll];
-      float4 v[kMergeUnroll];
+    float group_max = -INFINITY;
 #pragma unroll
-      for (int k = 0; k < kMergeUnroll; ++k) {
-        const float l = s0 + k < splits ? SanitizeLse(part_lse[(s0 + k) * rows + row]) : -INFINITY;
-        w[k] = l == -INFINITY ? 0.f : expf(l - m);
-      }
+    for (int k = 0; k < kMergeUnroll; ++k) group_max = fmaxf(group_max, l[k]);
+    if (group_max == -INFINITY) continue;  // no key in this group
+    const float m_new = fmaxf(m, group_max);
+    const float rescale = m == -INFINITY ? 0.f : expf(m - m_new);
+    m = m_new;
+    sum *= rescale;
+    acc.x *= rescale;
+    acc.y *= rescale;
+    acc.z *= rescale;
+    acc.w *= rescale;
 #pragma unroll
-      for (int k = 0; k < kMergeUnroll; ++k) {
-        v[k] = w[k] > 0.f && d < dim
-                   ? *reinterpret_cast<const float4*>(parts + ((s0 + k) * rows + row) * dim + d)
-                   : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-#pragma unroll
-      for (int k = 0; k < kMergeUnroll; ++k) {
-        sum += w[k];
-        acc.x += w[k] * v[k].x;
-        acc.y += w[k] * v[k].y;
-        acc.z += w[k] * v[k].z;
-        acc.w += w[k] * v[k].w;
+    for (int k = 0; k < kMergeUnroll; ++k) {
+      // A zero weight selects its partial out (its values may be NaN): never multiplied.
+      const float w = l[k] == -INFINITY ? 0.f : expf(l[k] - m);
+      sum += w;
+      if (w > 0.f) {
+        acc.x += w * v[k].x;
+        acc.y += w * v[k].y;
+        acc.z += w * v[k].z;
+        acc.w += w * v[k].w;
       }
     }
   }
