@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
 # Build, test, sanitize and time the sparse MQA kernels ON the GPU machine, in one short call
 # (docs/sparse_mqa_sm90.md): a smaller sibling of scripts/device_test.sh that builds only
-# attention_cuda_test and dcp_bench.
+# attention_cuda_test, engine_graph_test, dcp_bench and (stage worker) worker_multirank_test.
 #   1. unpacks the carried .debs into a prefix (as device_test.sh), configures for sm_90a and
-#      builds the two targets with ninja;
-#   2. runs the sparse MQA, top-k -> slots and merge tests with DCP_REQUIRE_GPU=1;
+#      builds the targets with ninja;
+#   2. runs the sparse MQA, top-k -> slots and merge tests with DCP_REQUIRE_GPU=1, and the
+#      engine's graph-capture test (the kernels are captured as programmatic dependents);
 #   3. dcp_bench --mode kernels: ceilings, the sparse MQA shapes (both kernels, splits), and the
-#      kernels of one default batch;
-#   4. the worker's multi-rank suite on CUDA ranks at np 1 and 2;
-#   5. compute-sanitizer memcheck and racecheck on the small sparse MQA cases.
+#      attention kernels of the decode batches at 128 heads; stage nopdl repeats the sparse
+#      shapes with DCP_NO_PDL=1 (plain launches) for comparison;
+#   4. dcp_bench --mode engine: one DcpEngine layer (host, eager, graph) for the decode batches
+#      at 128 heads, with and (stage nopdl) without programmatic launches;
+#   5. the worker's multi-rank suite on CUDA ranks at np 1 and 2 (stage worker, off by default);
+#   6. compute-sanitizer memcheck and racecheck on the small sparse MQA and merge cases.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
-# "build test sanitize bench"), DCP_TEST_FILTER, DCP_BENCH_ARGS (appended).
+# "build test bench engine nopdl sanitize"), DCP_TEST_FILTER, DCP_BENCH_ARGS (appended),
+# DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
 out="${OUT:-/tmp/dcp-device-out}"
 mkdir -p "$out"
-stages="${DCP_STAGES:-build test bench worker sanitize}"
+stages="${DCP_STAGES:-build test bench engine nopdl sanitize}"
+batches="${DCP_DECODE_BATCHES:-q1kv4k,64q1kv4k}"
 has_stage() { [[ " $stages " == *" $1 "* ]]; }
 debs="${DCP_DEBS:-.debs}"
 build="${DCP_BUILD_DIR:-/tmp/build-sparse-mqa}"
@@ -50,7 +56,8 @@ if has_stage build; then
     note "configure: FAILED"
     exit 1
   fi
-  if ! ninja -C "$build" -j "$(nproc)" attention_cuda_test dcp_bench worker_multirank_test \
+  if ! ninja -C "$build" -j "$(nproc)" attention_cuda_test engine_graph_test dcp_bench \
+      $(has_stage worker && echo worker_multirank_test) \
       >>"$out/build.log" 2>&1; then
     grep -E "error|FAILED" "$out/build.log" | head -30 | tee -a "$summary"
     note "build: FAILED ($(elapsed))"
@@ -65,32 +72,51 @@ hung=0
 if has_stage test; then
   # A small case first, under a short cap: a kernel that hangs stops the call here.
   DCP_REQUIRE_GPU=1 timeout 30 "$test_exe" --gtest_color=no \
-      --gtest_filter='SparseMqaCudaTest.SmallSplitsAndCounts' >"$out/smoke.log" 2>&1
+      --gtest_filter='SparseMqaCudaTest.SmallSplitsAndCounts' >"$out/test.log" 2>&1
   code=$?
   [ "$code" -eq 124 ] && hung=1
   note "smoke: exit $code ($(elapsed))"
-  grep -E "Failure|Expected|Which is|error|FAILED" "$out/smoke.log" | head -20 | tee -a "$summary"
+  grep -E "Failure|Expected|Which is|error|FAILED" "$out/test.log" | head -20 | tee -a "$summary"
 fi
 if has_stage test; then
   # After a hang, the mma.sync kernel's tests alone.
   [ "$hung" -eq 1 ] && export DCP_TEST_MQA_KERNELS=1
   DCP_REQUIRE_GPU=1 timeout 120 "$test_exe" --gtest_color=no \
       --gtest_filter="${DCP_TEST_FILTER:-SparseMqa*:TopkToSlots*:MergeStates*}" \
-      >"$out/test.log" 2>&1
+      >>"$out/test.log" 2>&1
   code=$?
   [ "$code" -eq 0 ] || failures=$((failures + 1))
   note "test: exit $code ($(elapsed)) $(grep -E '^\[  PASSED|^\[  FAILED' "$out/test.log" | tr '\n' ' ')"
   grep -E "Failure|Expected|Which is|error|FAILED" "$out/test.log" | head -30 | tee -a "$summary"
+  DCP_REQUIRE_GPU=1 timeout 60 "$build/tests/cuda/engine_graph_test" --gtest_color=no \
+      >>"$out/test.log" 2>&1
+  code=$?
+  [ "$code" -eq 0 ] || failures=$((failures + 1))
+  note "engine_graph_test: exit $code ($(elapsed))"
 fi
 
-if has_stage bench && [ "$hung" -eq 0 ]; then
+bench="$build/launch/bench/dcp_bench"
+run_kernels() {  # $1: csv name; the rest: environment for the run
+  local name=$1
+  shift
   # shellcheck disable=SC2086
-  timeout 100 mpirun --allow-run-as-root --bind-to none -np 1 "$build/launch/bench/dcp_bench" --mode kernels --device cuda --model deepseek_v32 \
-      --heads 128 --batches q1k -w 3 -n 20 -b 1M -e 1M --csv "$out/kernels.csv" \
-      ${DCP_BENCH_ARGS:-} >"$out/bench.txt" 2>&1
-  note "bench: exit $? ($(elapsed))"
-  grep -E "copy_ceiling|gemm_ceiling|sparse_mqa" "$out/bench.txt" | cut -c1-200 | tee -a "$summary"
-fi
+  env "$@" timeout 100 mpirun --allow-run-as-root --bind-to none -np 1 "$bench" --mode kernels \
+      --device cuda --model deepseek_v32 --heads 128 --batches "$batches" -w 3 -n 20 -b 1M -e 1M \
+      --csv "/tmp/$name.csv" ${DCP_BENCH_ARGS:-} >"$out/$name.txt" 2>&1
+  note "$name: exit $? ($(elapsed))"
+  grep -E "copy_ceiling|gemm_ceiling|sparse_mqa|mqa|merge" "$out/$name.txt" | cut -c1-160 | tee -a "$summary"
+}
+run_engine() {
+  local name=$1
+  shift
+  env "$@" timeout 90 mpirun --allow-run-as-root --bind-to none -np 1 "$bench" --mode engine \
+      --device cuda --comm nccl --model deepseek_v32 --heads 128 --index_topk 2048 -w 5 -n 50 \
+      --batches "$batches" --csv "/tmp/$name.csv" >"$out/$name.txt" 2>&1
+  note "$name: exit $? ($(elapsed))"
+  grep -E "^ +[0-9a-z]+ " "$out/$name.txt" | head -12 | tee -a "$summary"
+}
+if has_stage bench && [ "$hung" -eq 0 ]; then run_kernels kernels DCP_BENCH_RUN=1; fi
+if has_stage engine && [ "$hung" -eq 0 ]; then run_engine engine DCP_BENCH_RUN=1; fi
 if has_stage worker && [ "$hung" -eq 0 ]; then
   # The worker's multi-rank equivalence suite on CUDA ranks (compacted slots, split-KV).
   for np in 1 2; do
@@ -106,9 +132,9 @@ if has_stage worker && [ "$hung" -eq 0 ]; then
 fi
 
 if has_stage sanitize && [ "$hung" -eq 0 ]; then
-  small='SparseMqaCudaTest.SmallSplits*:SparseMqaCudaTest.OneKey*:SparseMqaCudaTest.NoWorkspace*:TopkToSlotsCudaTest.*'
+  small='SparseMqaCudaTest.SmallSplits*:SparseMqaCudaTest.OneKey*:SparseMqaCudaTest.NoWorkspace*:TopkToSlotsCudaTest.*:MergeStatesCudaTest.MergeSplits*'
   for tool in memcheck racecheck; do
-    DCP_REQUIRE_GPU=1 timeout 70 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    DCP_REQUIRE_GPU=1 timeout 50 compute-sanitizer --tool "$tool" --error-exitcode 9 \
         "$test_exe" --gtest_filter="$small" >"$out/one.log" 2>&1
     code=$?
     [ "$code" -eq 0 ] || failures=$((failures + 1))
@@ -116,6 +142,12 @@ if has_stage sanitize && [ "$hung" -eq 0 ]; then
     { echo "=== $tool (exit $code)"; cat "$out/one.log"; } >>"$out/sanitize.log"
     rm -f "$out/one.log"
   done
+fi
+
+# Last (the least needed when time is short): the same kernels and layer with plain launches.
+if has_stage nopdl && [ "$hung" -eq 0 ]; then
+  has_stage bench && batches="${batches%%,*}" run_kernels kernels_nopdl DCP_NO_PDL=1
+  has_stage engine && run_engine engine_nopdl DCP_NO_PDL=1
 fi
 
 note "failures: $failures ($(elapsed))"

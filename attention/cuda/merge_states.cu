@@ -1,4 +1,7 @@
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 
 #include "attention/cuda/merge_states.h"
 #include "attention/cuda/merge_states_kernel.cuh"
@@ -11,6 +14,20 @@ constexpr int kThreads = 256;  // 8 rows per block
 
 int64_t BlocksFor(int64_t rows) { return (rows * 32 + kThreads - 1) / kThreads; }
 
+// The current device's compute capability major (cached per device; 0 when unknown).
+int DeviceMajor() {
+  static std::atomic<int> cached[64] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return 0;
+  if (device < 64 && cached[device].load() > 0) return cached[device].load();
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    return 0;
+  }
+  if (device < 64) cached[device].store(major);
+  return major;
+}
+
 absl::Status CheckSizes(const char* what, int num_tokens, int num_heads, int dim) {
   DCP_CHECK_ARG(num_tokens >= 0 && num_heads >= 0 && dim >= 0,
                 "%s: negative size (tokens %d, heads %d, dim %d)", what, num_tokens, num_heads,
@@ -22,6 +39,11 @@ absl::Status CheckSizes(const char* what, int num_tokens, int num_heads, int dim
 
 }  // namespace
 
+bool ProgrammaticLaunchEnabled() {
+  static const bool disabled = std::getenv("DCP_NO_PDL") != nullptr;
+  return !disabled && DeviceMajor() >= 9;
+}
+
 absl::Status MergeStates(const MergeStatesParams& p, cudaStream_t stream) {
   DCP_RETURN_IF_ERROR(CheckSizes("MergeStates", p.num_tokens, p.num_heads, p.dim));
   const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
@@ -31,7 +53,7 @@ absl::Status MergeStates(const MergeStatesParams& p, cudaStream_t stream) {
   DCP_CHECK_ARG(p.dim == 0 || (p.out_a != nullptr && p.out_b != nullptr && p.out != nullptr),
                 "MergeStates: out_a, out_b and out must not be null");
   MergeStatesKernel<<<BlocksFor(rows), kThreads, 0, stream>>>(p.out_a, p.lse_a, p.out_b, p.lse_b,
-                                                               p.out, p.lse, rows, p.dim);
+                                                              p.out, p.lse, rows, p.dim);
   DCP_CUDA_LAUNCH_CHECK("MergeStatesKernel");
   return absl::OkStatus();
 }
@@ -45,7 +67,7 @@ absl::Status DcpCorrect(const DcpCorrectParams& p, cudaStream_t stream) {
   DCP_CHECK_ARG(p.lse_all != nullptr, "DcpCorrect: lse_all must not be null");
   DCP_CHECK_ARG(p.dim == 0 || p.out != nullptr, "DcpCorrect: out must not be null");
   DcpCorrectKernel<<<BlocksFor(rows), kThreads, 0, stream>>>(p.out, p.lse_all, p.lse_total,
-                                                              p.world_size, p.rank, rows, p.dim);
+                                                             p.world_size, p.rank, rows, p.dim);
   DCP_CUDA_LAUNCH_CHECK("DcpCorrectKernel");
   return absl::OkStatus();
 }
@@ -59,7 +81,7 @@ absl::Status DcpCombine(const DcpCombineParams& p, cudaStream_t stream) {
   DCP_CHECK_ARG(p.dim == 0 || (p.outs != nullptr && p.out != nullptr),
                 "DcpCombine: outs and out must not be null");
   DcpCombineKernel<<<BlocksFor(rows), kThreads, 0, stream>>>(p.outs, p.lses, p.out, p.lse,
-                                                              p.world_size, rows, p.dim);
+                                                             p.world_size, rows, p.dim);
   DCP_CUDA_LAUNCH_CHECK("DcpCombineKernel");
   return absl::OkStatus();
 }
@@ -76,10 +98,29 @@ absl::Status MergeSplits(const float* parts, const float* part_lse, int splits, 
   if (rows == 0) return absl::OkStatus();
   DCP_CHECK_ARG(parts != nullptr && part_lse != nullptr && out != nullptr && lse != nullptr,
                 "MergeSplits: null pointer");
-  const int64_t warps = kMergeSplitsThreads / 32;
-  MergeSplitsKernel<<<(rows + warps - 1) / warps, kMergeSplitsThreads, 0, stream>>>(
-      parts, part_lse, splits, num_tokens, num_heads, dim, out, out_token_stride, out_head_stride,
-      lse, lse_token_stride);
+  const int64_t threads = rows * std::max(dim / 4, 1);  // dim 0: one thread per row, the LSE
+  DCP_CHECK_ARG(threads / kMergeSplitsThreads < (int64_t(1) << 31),
+                "MergeSplits: %d x %d rows of %d is too many for one launch", num_tokens, num_heads,
+                dim);
+  const bool vector_store = reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+                            out_token_stride % 4 == 0 && out_head_stride % 4 == 0;
+  cudaLaunchConfig_t config = {};
+  config.gridDim =
+      dim3(static_cast<unsigned>((threads + kMergeSplitsThreads - 1) / kMergeSplitsThreads));
+  config.blockDim = dim3(kMergeSplitsThreads);
+  config.stream = stream;
+  // On sm_90+: a programmatic dependent launch (the kernel waits for the previous grid in the
+  // stream with griddepcontrol.wait), so its launch overlaps the attention kernel's tail.
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  if (ProgrammaticLaunchEnabled()) {
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, MergeSplitsKernel, parts, part_lse, splits, num_tokens,
+                                    num_heads, dim, out, out_token_stride, out_head_stride, lse,
+                                    lse_token_stride, vector_store));
   DCP_CUDA_LAUNCH_CHECK("MergeSplitsKernel");
   return absl::OkStatus();
 }

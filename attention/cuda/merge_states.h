@@ -20,7 +20,14 @@ absl::Status DcpCombine(const DcpCombineParams& params, cudaStream_t stream);
 // The split-KV merge of the sparse MQA launcher: `splits` partials [splits, T, H, dim] and
 // their LSEs [splits, T, H] (contiguous, device memory) into out (strided, [T, H, dim]) and
 // lse ([T, H], row stride lse_token_stride). 1 <= splits <= kMaxMergeSplits, dim % 4 == 0.
+// Every split's partial is read (an empty one, lse -inf, is selected out, its values may be
+// anything). On sm_90 it is launched as a programmatic dependent of the previous kernel in the
+// stream (it waits for that kernel's completion on the device; ProgrammaticLaunchEnabled).
 constexpr int kMaxMergeSplits = 64;
+// Whether the sparse MQA kernels and MergeSplits are launched as programmatic dependents of the
+// previous kernel in the stream (sm_90+): on unless the environment sets DCP_NO_PDL (a switch
+// for measuring the difference). Read once per process.
+bool ProgrammaticLaunchEnabled();
 absl::Status MergeSplits(const float* parts, const float* part_lse, int splits, int num_tokens,
                          int num_heads, int dim, float* out, int64_t out_token_stride,
                          int64_t out_head_stride, float* lse, int64_t lse_token_stride,

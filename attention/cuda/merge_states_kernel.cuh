@@ -43,8 +43,8 @@ __global__ void MergeStatesKernel(const float* out_a, const float* lse_a, const 
   if (lane == 0) lse[row] = merged;
 }
 
-__global__ void DcpCorrectKernel(float* out, const float* lse_all, float* lse_total,
-                                 int world_size, int rank, int64_t rows, int dim) {
+__global__ void DcpCorrectKernel(float* out, const float* lse_all, float* lse_total, int world_size,
+                                 int rank, int64_t rows, int dim) {
   const int lane = threadIdx.x % 32;
   const int64_t row = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
   if (row >= rows) return;
@@ -92,61 +92,90 @@ __global__ void DcpCombineKernel(const float* outs, const float* lses, float* ou
   if (lse != nullptr && lane == 0) lse[row] = total;
 }
 
-
 // Split-KV merge of the sparse MQA kernels: `splits` partials of the same (token, head) grid,
-// [splits, T, H, dim] contiguous and LSEs [splits, T, H], into a strided output. One warp per
-// row; the weights e^(lse_s - lse) go through shared memory (kMaxMergeSplits per warp), the
-// values are read as float4 (dim % 4 == 0). A partial with lse -inf (no key in its range) is
-// never read: its weight is 0 and it is selected out, not multiplied.
+// [splits, T, H, dim] contiguous and LSEs [splits, T, H], into a strided output. One thread per
+// (row, 4 values): every thread reads its row's LSEs (L1 serves the repeats) and the float4 of
+// every split, kMergeUnroll of each in flight at once. The first version (one warp per row, a
+// lane walking the splits one dependent load at a time) cost about 1 us per split on the H200,
+// all latency (docs/sparse_mqa_sm90.md). A partial with lse -inf (no key in its range) is
+// loaded with the others but selected out (weight 0), never multiplied: its values may be
+// anything, NaN included (every split's partial must be readable memory).
+// On sm_90 the kernel may be launched as a programmatic dependent of the attention kernel
+// (MergeSplits): griddepcontrol.wait holds it until that grid has finished and its writes are
+// visible, while its launch and scheduling overlap the attention kernel's tail.
 constexpr int kMergeSplitsThreads = 256;
+constexpr int kMergeUnroll = 16;
 
 __global__ void __launch_bounds__(kMergeSplitsThreads)
     MergeSplitsKernel(const float* __restrict__ parts, const float* __restrict__ part_lse,
                       int splits, int num_tokens, int num_heads, int dim, float* out,
                       int64_t out_token_stride, int64_t out_head_stride, float* lse,
-                      int64_t lse_token_stride) {
-  __shared__ float weights[kMergeSplitsThreads / 32][kMaxMergeSplits];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+                      int64_t lse_token_stride, bool vector_store) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  const int chunks = dim >= 4 ? dim / 4 : 1;  // dim 0: one thread per row writes the LSE
   const int64_t rows = int64_t(num_tokens) * num_heads;
-  const int64_t row = blockIdx.x * int64_t(kMergeSplitsThreads / 32) + warp;
-  if (row >= rows) return;
+  const int64_t index = blockIdx.x * int64_t(kMergeSplitsThreads) + threadIdx.x;
+  if (index >= rows * chunks) return;
+  const int64_t row = index / chunks;
+  const int d = static_cast<int>(index % chunks) * 4;
   const int64_t token = row / num_heads, head = row % num_heads;
-  float m = -INFINITY;
-  for (int s = lane; s < splits; s += 32) m = fmaxf(m, SanitizeLse(part_lse[s * rows + row]));
+  // One pass (an online LSE merge over groups of kMergeUnroll splits): a group's LSEs and
+  // values are loaded together, so a group costs one memory round trip, not two.
+  float m = -INFINITY, sum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = 0; s0 < splits; s0 += kMergeUnroll) {
+    float l[kMergeUnroll];
+    float4 v[kMergeUnroll];
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  }
-  float sum = 0.f;
-  for (int s = lane; s < splits; s += 32) {
-    const float l = SanitizeLse(part_lse[s * rows + row]);
-    const float e = m == -INFINITY || l == -INFINITY ? 0.f : expf(l - m);
-    weights[warp][s] = e;
-    sum += e;
-  }
+    for (int k = 0; k < kMergeUnroll; ++k) {
+      const bool in = s0 + k < splits;
+      l[k] = in ? SanitizeLse(part_lse[(s0 + k) * rows + row]) : -INFINITY;
+      v[k] = in && d < dim
+                 ? *reinterpret_cast<const float4*>(parts + ((s0 + k) * rows + row) * dim + d)
+                 : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float group_max = -INFINITY;
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  __syncwarp();
-  const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-  float* dst = out + token * out_token_stride + head * out_head_stride;
-  for (int d = lane * 4; d < dim; d += 32 * 4) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = 0; s < splits; ++s) {
-      const float w = weights[warp][s] * inverse;
+    for (int k = 0; k < kMergeUnroll; ++k) group_max = fmaxf(group_max, l[k]);
+    if (group_max == -INFINITY) continue;  // no key in this group
+    const float m_new = fmaxf(m, group_max);
+    const float rescale = m == -INFINITY ? 0.f : expf(m - m_new);
+    m = m_new;
+    sum *= rescale;
+    acc.x *= rescale;
+    acc.y *= rescale;
+    acc.z *= rescale;
+    acc.w *= rescale;
+#pragma unroll
+    for (int k = 0; k < kMergeUnroll; ++k) {
+      // A zero weight selects its partial out (its values may be NaN): never multiplied.
+      const float w = l[k] == -INFINITY ? 0.f : expf(l[k] - m);
+      sum += w;
       if (w > 0.f) {
-        const float4 v = *reinterpret_cast<const float4*>(parts + (s * rows + row) * dim + d);
-        acc.x += w * v.x;
-        acc.y += w * v.y;
-        acc.z += w * v.z;
-        acc.w += w * v.w;
+        acc.x += w * v[k].x;
+        acc.y += w * v[k].y;
+        acc.z += w * v[k].z;
+        acc.w += w * v[k].w;
       }
     }
-    dst[d] = acc.x;
-    dst[d + 1] = acc.y;
-    dst[d + 2] = acc.z;
-    dst[d + 3] = acc.w;
   }
-  if (lane == 0) lse[token * lse_token_stride + head] = sum > 0.f ? m + logf(sum) : -INFINITY;
+  const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+  float* dst = out + token * out_token_stride + head * out_head_stride + d;
+  const float4 result =
+      make_float4(acc.x * inverse, acc.y * inverse, acc.z * inverse, acc.w * inverse);
+  if (d >= dim) {
+    // dim 0: no values.
+  } else if (vector_store) {
+    *reinterpret_cast<float4*>(dst) = result;
+  } else {
+    dst[0] = result.x;
+    dst[1] = result.y;
+    dst[2] = result.z;
+    dst[3] = result.w;
+  }
+  if (d == 0) lse[token * lse_token_stride + head] = sum > 0.f ? m + logf(sum) : -INFINITY;
 }
 
 }  // namespace dcp::cuda

@@ -103,12 +103,12 @@ int SparseMqaChooseSplits(const SparseMqaParams& p, int kernel, int num_sms) {
   const int blocks = (p.topk + kBlockKeys - 1) / kBlockKeys;
   const int most = std::max(1, std::min(kMaxMergeSplits, blocks / align));
   // Modelled time in microseconds, fitted to H200 measurements of one decode token at 128 heads
-  // (docs/sparse_mqa_sm90.md): one CTA per SM; a CTA costs `fixed` (launch, Q tile, epilogue,
-  // latency) plus `block` per 64-key block; each split adds the merge's latency and traffic
-  // (its partial written once and read once).
-  const double block = kernel == 2 ? 2.25 : 6.2, fixed = kernel == 2 ? 14.0 : 20.0;
+  // (docs/sparse_mqa_sm90.md, v2): one CTA per SM; a CTA costs `fixed` (launch, Q tile, first
+  // gather, epilogue, the merge's latency) plus `block` per 64-key block; each split adds its
+  // partial's traffic (written once, read once by the merge, about 3 TB/s).
+  const double block = kernel == 2 ? 2.2 : 6.2, fixed = kernel == 2 ? 15.5 : 21.0;
   const double rows = double(p.num_tokens) * p.num_heads;
-  const double merge_per_split = 0.9 + 2.0 * rows * p.v_dim * 4 / 3.0e6;
+  const double merge_per_split = 2.0 * rows * p.v_dim * 4 / 3.0e6;
   int best = 1;
   double best_cost = -1;
   for (int splits = 1; splits <= most; ++splits) {

@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "attention/attention_params.h"
+#include "attention/cuda/merge_states.h"
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/sparse_mqa.h"
 #include "attention/cuda/sparse_mqa_work.cuh"
@@ -54,10 +55,10 @@ struct SparseMqaSm90Config {
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kBufferBytes;  // K0, then K1
   static constexpr int kP1Offset = 3 * kBufferBytes;
-  static constexpr int kIndexOffset = kP1Offset + kTileBytes;  // int32 [2][64]
-  static constexpr int kMaxOffset = kIndexOffset + 2 * 64 * 4;  // float [2][64]
-  static constexpr int kSumOffset = kMaxOffset + 2 * 64 * 4;    // float [2][64]
-  static constexpr int kBarrierOffset = kSumOffset + 2 * 64 * 4;  // uint64 ready[4], free[4]
+  static constexpr int kIndexOffset = kP1Offset + kTileBytes;       // int32 [2][64]
+  static constexpr int kMaxOffset = kIndexOffset + 2 * 64 * 4;      // float [2][64]
+  static constexpr int kSumOffset = kMaxOffset + 2 * 64 * 4;        // float [2][64]
+  static constexpr int kBarrierOffset = kSumOffset + 2 * 64 * 4;    // uint64 ready[4], free[4]
   static constexpr int kSmemBytes = kBarrierOffset + 8 * 8 + 1024;  // + alignment slack
   static_assert(kHeadDim == 576 && kVDim == 512, "the tile plan above is for 576 / 512");
   static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM must fit");
@@ -94,11 +95,16 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t ready_bar = base + Config::kBarrierOffset;  // + 8 * half
   const uint32_t free_bar = ready_bar + 4 * 8;
 
+  // This grid is itself launched as a programmatic dependent of the previous kernel in the
+  // stream (LaunchSparseMqaSm90): nothing global (valid_counts, indices, q, cache, outputs) is
+  // touched before griddepcontrol.wait returns, i.e. before that kernel has finished and its
+  // writes are visible; only this CTA's launch overlaps it.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const SparseMqaWork work =
       GetSparseMqaWork(p, split, Config::kBlockHeads, Config::kBlockKeys, /*block_align=*/2);
   const int first_block = work.key_begin / Config::kBlockKeys;
-  const int num_blocks = (work.key_end - work.key_begin + Config::kBlockKeys - 1) /
-                         Config::kBlockKeys;
+  const int num_blocks =
+      (work.key_end - work.key_begin + Config::kBlockKeys - 1) / Config::kBlockKeys;
   const int num_pairs = (num_blocks + 1) / 2;
   const int warpgroup = threadIdx.x / 128;
   const int t = threadIdx.x % 128;
@@ -111,6 +117,9 @@ __global__ void __launch_bounds__(384, 1)
     FenceMbarrierInit();
   }
   __syncthreads();
+  // Let our programmatic dependent (the split merge, MergeSplits) launch: it waits for this
+  // whole grid with griddepcontrol.wait, so only its launch and scheduling overlap this one.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   if (warpgroup == 2) {
     // ---------------------------------------------------------------- producer
@@ -194,10 +203,9 @@ __global__ void __launch_bounds__(384, 1)
       const int row = i / (kTiles * 8), chunk = i % (kTiles * 8);
       const int head = work.head0 + row;
       const bool valid = head < p.num_heads;
-      const __nv_bfloat16* src =
-          valid ? q + int64_t(work.token) * p.q_token_stride + int64_t(head) * p.q_head_stride +
-                      chunk * 8
-                : q;
+      const __nv_bfloat16* src = valid ? q + int64_t(work.token) * p.q_token_stride +
+                                             int64_t(head) * p.q_head_stride + chunk * 8
+                                       : q;
       CpAsync16(q_base + (chunk / 8) * kTileBytes + TileChunk(row, chunk % 8), src, valid);
     }
     CpAsyncCommit();
@@ -214,7 +222,7 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t own_k = k_base[wg], other_k = k_base[wg ^ 1];
   const uint32_t own_p = wg == 0 ? p0_base : p1_base, other_p = wg == 0 ? p1_base : p0_base;
   const int own_first_half = wg == 0 ? kL0 : kR1, own_second_half = wg == 0 ? kR0 : kL1;
-  const int first_tile = wg == 0 ? 0 : kLeftTiles;  // WG1 starts on its R half
+  const int first_tile = wg == 0 ? 0 : kLeftTiles;                      // WG1 starts on its R half
   const uint32_t value_tile = (wg == 0 ? 0 : kLeftTiles) * kTileBytes;  // this WG's V columns
 
   for (int pair = 0; pair < num_pairs; ++pair) {
@@ -334,8 +342,8 @@ __global__ void __launch_bounds__(384, 1)
     if (c == 0) s_sum[wg * 64 + rows[r]] = l[r];
   }
   NamedBarrierSync(kBarSum, 256);
-  const bool pairs_ok = (work.out_head_stride % 2 == 0) &&
-                        (reinterpret_cast<uintptr_t>(work.out) % 8 == 0);
+  const bool pairs_ok =
+      (work.out_head_stride % 2 == 0) && (reinterpret_cast<uintptr_t>(work.out) % 8 == 0);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = rows[r];
@@ -381,8 +389,19 @@ absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit&
   const int64_t blocks = int64_t(p.num_tokens) * split.num_splits * head_blocks;
   DCP_CHECK_ARG(blocks < (int64_t(1) << 31), "SparseMqa: %d tokens x %d head blocks is too many",
                 p.num_tokens, head_blocks);
-  kernel<<<static_cast<unsigned>(blocks), Config::kThreads, Config::kSmemBytes, stream>>>(p,
-                                                                                         split);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(Config::kThreads);
+  config.dynamicSmemBytes = Config::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  if (ProgrammaticLaunchEnabled()) {
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, split));
   DCP_CUDA_LAUNCH_CHECK("SparseMqaSm90Kernel");
   return absl::OkStatus();
 }

@@ -2,6 +2,7 @@
 // loops: random partials, -inf / NaN / +inf LSEs (treated as -inf), all-empty rows, in-place
 // merge, and a rank's correction that a sum over ranks turns into the combined output.
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -150,6 +151,72 @@ TEST_F(MergeStatesCudaTest, CombineOfRanksAndCorrectionSum) {
   }
   for (size_t i = 0; i < rows * dim; ++i) {
     ASSERT_NEAR(sum[i], got[i], 1e-5 * (1 + std::abs(got[i]))) << "element " << i;
+  }
+}
+
+// The sparse MQA split merge (MergeSplits) at split counts around its unroll of 8 and up to
+// the maximum, into strided outputs (float4 stores, and scalar stores for an odd stride):
+// -inf / NaN / +inf LSEs select their partial out (its values are NaN here and must not leak),
+// rows of only empty partials end 0 / -inf, the gaps between strided rows stay untouched.
+TEST_F(MergeStatesCudaTest, MergeSplitsEverySplitCountAndStride) {
+  std::mt19937_64 rng(TestSeed());
+  const int tokens = 3, heads = 5;
+  for (int dim : {512, 132, 4}) {
+    for (int splits : {1, 2, 7, 8, 9, 17, 33, 64}) {
+      for (int extra : {4, 1}) {  // out_head_stride = dim + extra: float4 stores, then scalar
+        const int64_t rows = int64_t(tokens) * heads;
+        auto parts = RandomFloats(rng, size_t(splits) * rows * dim);
+        auto part_lse = RandomLse(rng, size_t(splits) * rows);
+        // Row 0 of every split empty: 0 / -inf expected.
+        for (int s = 0; s < splits; ++s) part_lse[size_t(s) * rows] = -kInf;
+        for (int64_t i = 0; i < int64_t(splits) * rows; ++i) {
+          if (Clean(part_lse[i]) == -INFINITY) {
+            for (int d = 0; d < dim; ++d) parts[i * dim + d] = std::nanf("");
+          }
+        }
+        const int64_t head_stride = dim + extra, token_stride = heads * head_stride + 4;
+        const int64_t lse_stride = heads + 3;
+        DeviceArray<float> dparts(parts), dlse_in(part_lse), dout(size_t(tokens) * token_stride),
+            dlse(size_t(tokens) * lse_stride);
+        dout.Poison();
+        dlse.Poison();
+        const auto before = dout.Download();
+        const auto before_lse = dlse.Download();
+        ASSERT_TRUE(cuda::MergeSplits(dparts.get(), dlse_in.get(), splits, tokens, heads, dim,
+                                      dout.get(), token_stride, head_stride, dlse.get(), lse_stride,
+                                      nullptr)
+                        .ok());
+        const auto got = dout.Download();
+        const auto got_lse = dlse.Download();
+        std::vector<double> want;
+        double want_lse;
+        for (int64_t row = 0; row < rows; ++row) {
+          std::vector<const float*> outs;
+          std::vector<float> lses;
+          for (int s = 0; s < splits; ++s) {
+            outs.push_back(&parts[(s * rows + row) * dim]);
+            lses.push_back(part_lse[s * rows + row]);
+          }
+          Combine(outs, lses, dim, &want, &want_lse);
+          const int64_t token = row / heads, head = row % heads;
+          SCOPED_TRACE(::testing::Message()
+                       << "dim " << dim << " splits " << splits << " stride " << head_stride);
+          ExpectRow(&got[token * token_stride + head * head_stride],
+                    got_lse[token * lse_stride + head], want, want_lse, dim, "split merge", row);
+          if (row == 0) ASSERT_TRUE(std::isinf(got_lse[0]) && got_lse[0] < 0);
+        }
+        for (int64_t token = 0; token < tokens; ++token) {
+          for (int64_t i = heads * head_stride - extra; i < token_stride; ++i) {
+            const int64_t at = token * token_stride + i;
+            ASSERT_EQ(std::memcmp(&got[at], &before[at], 4), 0) << "gap written at " << at;
+          }
+          for (int64_t i = heads; i < lse_stride; ++i) {
+            const int64_t at = token * lse_stride + i;
+            ASSERT_EQ(std::memcmp(&got_lse[at], &before_lse[at], 4), 0) << "lse gap at " << at;
+          }
+        }
+      }
+    }
   }
 }
 

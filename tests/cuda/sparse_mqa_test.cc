@@ -508,8 +508,81 @@ TEST_F(SparseMqaCudaTest, DecodeBatchWithValidCounts) {
   RunAndCheck(c);
 }
 
+// Back-to-back launches on one stream with no host sync in between, sharing one split
+// workspace: the kernels are programmatic dependents of the previous kernel (sm_90), so each
+// must wait for it before touching memory. Problem B's attention kernel overwrites the
+// partials that problem A's merge reads, and A's merge reads what A's attention kernel wrote;
+// a missing or misplaced griddepcontrol.wait shows up as wrong rows of A or B.
+TEST_F(SparseMqaCudaTest, BackToBackLaunchesShareTheWorkspace) {
+  MqaCase c;
+  c.tokens = 2;
+  c.heads = 128;
+  c.topk = 1024;
+  c.slots = 4000;
+  c.skip_fraction = 0.05;
+  std::mt19937_64 rng(TestSeed());
+  const MqaData a = MakeData(c, rng), b = MakeData(c, rng);
+  DeviceArray<bf16> qa(a.q), kva(a.kv), qb(b.q), kvb(b.kv);
+  DeviceArray<int32_t> ia(a.indices), ib(b.indices);
+  DeviceArray<float> outa(size_t(c.tokens) * a.out_token_stride),
+      lsea(size_t(c.tokens) * a.lse_token_stride);
+  DeviceArray<float> outb(size_t(c.tokens) * b.out_token_stride),
+      lseb(size_t(c.tokens) * b.lse_token_stride);
+  SparseMqaParams pa = Params(c, a, qa, kva, ia, outa, lsea);
+  SparseMqaParams pb = Params(c, b, qb, kvb, ib, outb, lseb);
+  const int64_t bytes = cuda::SparseMqaWorkspaceBytes(pa, 64);
+  DeviceArray<uint8_t> workspace(bytes);
+  for (SparseMqaParams* p : {&pa, &pb}) {
+    p->workspace = workspace.get();
+    p->workspace_bytes = bytes;
+  }
+  const std::vector<double> qad = ToDouble(a.q), kvad = ToDouble(a.kv);
+  const std::vector<double> qbd = ToDouble(b.q), kvbd = ToDouble(b.kv);
+  cudaStream_t stream = nullptr;
+  DCP_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (const Variant& v : Variants(c)) {
+    for (int splits : {0, 4, 16}) {
+      SCOPED_TRACE(::testing::Message() << "kernel " << v.kernel << " splits " << splits);
+      outa.Poison();
+      outb.Poison();
+      lsea.Poison();
+      lseb.Poison();
+      for (SparseMqaParams* p : {&pa, &pb}) {
+        p->kernel = v.kernel;
+        p->num_splits = splits;
+      }
+      // A, B, A again: the second A overwrites the partials B's merge reads.
+      ASSERT_TRUE(cuda::SparseMqa(pa, stream).ok());
+      ASSERT_TRUE(cuda::SparseMqa(pb, stream).ok());
+      ASSERT_TRUE(cuda::SparseMqa(pa, stream).ok());
+      DCP_ASSERT_CUDA(cudaStreamSynchronize(stream));
+      const auto got_a = outa.Download(), got_b = outb.Download();
+      const auto got_la = lsea.Download(), got_lb = lseb.Download();
+      std::vector<double> ref;
+      double ref_lse = 0;
+      for (int t = 0; t < c.tokens; ++t) {
+        for (int h = 0; h < c.heads; h += 9) {
+          ReferenceRow(c, a, qad, kvad, t, h, &ref, &ref_lse);
+          const size_t at = size_t(t) * a.out_token_stride + size_t(h) * c.out_head_stride;
+          EXPECT_LT(Compare(&got_a[at], ref.data(), kVDim).relative_error, 2e-2)
+              << "A token " << t << " head " << h;
+          EXPECT_NEAR(got_la[size_t(t) * a.lse_token_stride + h], ref_lse,
+                      2e-3 * std::max(1.0, std::abs(ref_lse)));
+          ReferenceRow(c, b, qbd, kvbd, t, h, &ref, &ref_lse);
+          EXPECT_LT(Compare(&got_b[at], ref.data(), kVDim).relative_error, 2e-2)
+              << "B token " << t << " head " << h;
+          EXPECT_NEAR(got_lb[size_t(t) * b.lse_token_stride + h], ref_lse,
+                      2e-3 * std::max(1.0, std::abs(ref_lse)));
+        }
+      }
+      if (HasFailure()) break;
+    }
+  }
+  DCP_ASSERT_CUDA(cudaStreamDestroy(stream));
+}
+
 // The split choice is host logic (no GPU needed). At 128 heads and top-k 2048 on 132 SMs it
-// picks the counts measured fastest on the H200 for one decode token (wgmma 8, mma.sync 16;
+// picks the counts measured fastest on the H200 for one decode token (wgmma 16, mma.sync 32;
 // docs/sparse_mqa_sm90.md), splits small batches, and leaves full ones alone.
 TEST(SparseMqaSplitTest, HeuristicPicksTheMeasuredBest) {
   SparseMqaParams p;
@@ -518,8 +591,8 @@ TEST(SparseMqaSplitTest, HeuristicPicksTheMeasuredBest) {
   p.v_dim = 512;
   p.topk = 2048;
   p.num_tokens = 1;
-  EXPECT_EQ(cuda::SparseMqaChooseSplits(p, 2, 132), 8);
-  EXPECT_EQ(cuda::SparseMqaChooseSplits(p, 1, 132), 16);
+  EXPECT_EQ(cuda::SparseMqaChooseSplits(p, 2, 132), 16);
+  EXPECT_EQ(cuda::SparseMqaChooseSplits(p, 1, 132), 32);
   for (int kernel : {1, 2}) {
     for (int tokens : {1, 2, 8, 33}) {
       p.num_tokens = tokens;
