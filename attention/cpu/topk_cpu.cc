@@ -52,9 +52,12 @@ absl::Status TopkToSlots(const TopkToSlotsParams& params) {
       p.num_tokens, 8.0 * p.num_tokens * p.topk_width, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
           const int32_t* positions = p.topk + t * p.topk_width;
+          // Without a slots output (only the compacted one), a row of its own.
           std::vector<int32_t> own_row;
-          int32_t* slots = p.slots + t * p.topk_width;
-          if (p.slots == nullptr) {
+          int32_t* slots = nullptr;
+          if (p.slots != nullptr) {
+            slots = p.slots + t * p.topk_width;
+          } else {
             own_row.resize(p.topk_width);
             slots = own_row.data();
           }
