@@ -102,7 +102,7 @@ fi
 if has_stage sanitize; then
   echo "== compute-sanitizer ($(elapsed))"
   big='*FillsTheChip*:*LargePagedGather*:*DeepSeekShapeAllHeads*:*DecodeBatchWithValidCounts*:*EverySplitCount*'
-  for binary in attention_cuda_test workspace_cuda_test cuda_device_test; do
+  for binary in attention_cuda_test workspace_cuda_test cuda_device_test fp8_cuda_test; do
     exe="$build/tests/cuda/$binary"
     [ -x "$exe" ] || { note "memcheck $binary: not built"; continue; }
     # --report-api-errors no: the tests provoke API errors on purpose (a petabyte cudaMalloc)
