@@ -57,7 +57,7 @@ kill -STOP "${pids[$stop_rank]}" || fail "cannot stop rank $stop_rank (pid ${pid
 stopped_at=$(date +%s.%N)
 echo "stopped rank $stop_rank (pid ${pids[$stop_rank]}) with SIGSTOP, --comm-timeout $timeout_s s"
 
-limit=$(echo "$timeout_s + 10" | bc)
+limit=$(awk -v t="$timeout_s" 'BEGIN { print t + 10 }')  # awk: bc is not everywhere
 while :; do
   alive=0
   for rank in "${!pids[@]}"; do
@@ -66,9 +66,9 @@ while :; do
     state=$(ps -o stat= -p "${pids[$rank]}" 2>/dev/null | cut -c1)
     [ -n "$state" ] && [ "$state" != "Z" ] && alive=$((alive + 1))
   done
-  elapsed=$(echo "$(date +%s.%N) - $stopped_at" | bc)
+  elapsed=$(awk -v now="$(date +%s.%N)" -v at="$stopped_at" 'BEGIN { printf "%.2f", now - at }')
   [ "$alive" -eq 0 ] && break
-  if [ "$(echo "$elapsed > $limit" | bc)" -eq 1 ]; then
+  if awk -v e="$elapsed" -v l="$limit" 'BEGIN { exit !(e > l) }'; then
     fail "$alive rank(s) still alive ${elapsed} s after rank $stop_rank stopped (limit $limit s)"
   fi
   sleep 0.1
