@@ -168,7 +168,14 @@ absl::Status Worker::Forward(absl::Span<const BatchRequest> batch, const BatchIn
   // The outcome is agreed as well: an error after the last collective of the layer (a kernel
   // fault, say) reaches every rank. What peers see of an error before a collective they wait
   // in is runtime/dcp.h's contract (DeadlineExceeded after dcp.comm_timeout_s).
-  DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, Execute(inputs, outputs)));
+  const absl::Status outcome = Execute(inputs, outputs);
+  // A collective that timed out or broke the group cannot be agreed on (the agreement would
+  // only report the broken communicator): that error is the answer, as the contract says.
+  if (outcome.code() == absl::StatusCode::kDeadlineExceeded ||
+      outcome.code() == absl::StatusCode::kUnavailable) {
+    return outcome;
+  }
+  DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, outcome));
   cache_->CommitLengths(batch);
   stats_ = engine_->last_stats();
   stats_.plan_s = plan_s;
