@@ -50,7 +50,7 @@ budget() {
   echo "$cap"
 }
 
-# Keep NVLink multicast off (KINDS.md) and let Open MPI run as root there.
+# Keep NVLink multicast off (the GPU machines' notes ask for it) and let Open MPI run as root there.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export PYTHONUNBUFFERED=1

@@ -1,5 +1,5 @@
 // collectives: the data movement of DCP at growing sizes, each pipeline timed step by step in
-// one iteration (device timestamps between the steps, step_clock.h):
+// one iteration (GPU timestamps between the steps, step_clock.h):
 //   ws_fill: GatherRows (paged cache -> local region) | AllGather | GatherRows (reorganize
 //            into global token order), the chunked-prefill workspace fill (DESIGN.md 6);
 //   ag_rs:   AllGather LSE | DcpCorrect | ReduceScatterSum, the sparse-MQA combine (7);
@@ -528,7 +528,7 @@ ModeResult CollectiveBench::Finish() {
       "pipeline rows (ws_fill, ag_rs, a2a) use their collective's factor.",
       env_.world_size));
   table_.AddNote(
-      "time: median of the slowest rank, steps cut by device timestamps inside one "
+      "time: median of the slowest rank, steps cut by GPU timestamps inside one "
       "iteration; #wrong counts the pipeline's result on every rank.");
   ModeResult result;
   result.num_wrong = num_wrong_;
