@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "core/status.h"
 #include "runtime/dcp.h"
 #include "runtime/engine.h"
 #include "runtime/scratch.h"
@@ -163,6 +164,60 @@ struct RankRun {
 };
 
 // Runs the scenario on this rank; the context is loaded as earlier steps would have left it.
+// The options of a scenario on this rank.
+DcpOptions ScenarioOptions(const Scenario& s, const Dims& d, int world, int rank) {
+  DcpOptions options;
+  options.model.num_heads = d.heads;
+  options.model.kv_lora_rank = d.r;
+  options.model.qk_nope_head_dim = d.dn;
+  options.model.qk_rope_head_dim = d.dr;
+  options.model.v_head_dim = d.dv;
+  options.dcp.world_size = world;
+  options.dcp.rank = rank;
+  options.dcp.interleave = s.interleave;
+  options.dcp.combine = s.combine;
+  options.dcp.comm_timeout_s = 60;
+  options.scheduler.block_size = s.block_size;
+  options.scheduler.max_num_seqs = s.max_num_seqs;
+  options.scheduler.max_model_len = s.max_model_len;
+  options.scheduler.num_kv_blocks = s.num_kv_blocks;
+  options.attention.index_topk = s.index_topk;
+  options.attention.force_mqa = s.force_mqa;
+  options.attention.validate_topk = s.validate_topk;
+  options.attention.prefill_backend = s.prefill_backend;
+  if (s.fp8) options.attention.kv_cache_dtype = KvCacheDType::kFp8DsMla;
+  options.workspace_rows_override = s.workspace_rows;
+  return options;
+}
+
+// This rank's device and the communicator its data plane runs on: a CPU device over `mpi`, or
+// (DCP_TEST_DEVICE=cuda) a GPU and the CUDA communicator the factory picks.
+struct RankDevice {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Communicator> owned_comm;
+  Communicator* comm = nullptr;
+};
+
+absl::StatusOr<RankDevice> MakeRankDevice(MpiCommunicator& mpi) {
+  RankDevice r;
+  r.comm = &mpi;
+  if (!UseCuda()) {
+    r.device = MakeCpuDevice(DType::kF32);
+    return r;
+  }
+#if DCP_WITH_CUDA
+  int count = 0;
+  cudaGetDeviceCount(&count);
+  DCP_ASSIGN_OR_RETURN(auto cuda, CudaDevice::Create(mpi.rank() % std::max(count, 1)));
+  DCP_ASSIGN_OR_RETURN(r.owned_comm, MakeCudaCommunicator(mpi, "auto", 60.0, cuda->stream()));
+  r.device = std::move(cuda);
+  r.comm = r.owned_comm.get();
+  return r;
+#else
+  return absl::FailedPreconditionError("DCP_TEST_DEVICE=cuda in a build without CUDA");
+#endif
+}
+
 RankRun RunRank(MpiCommunicator& mpi, const Scenario& s, const Dims& d, const Problem& p,
                 bool damage_plan = false) {
   const int world = mpi.world_size(), rank = mpi.rank();
@@ -197,33 +252,13 @@ RankRun RunRank(MpiCommunicator& mpi, const Scenario& s, const Dims& d, const Pr
   for (size_t i = 0; i < w_uv.size(); ++i) w_uv[i] = float(w.w_uv[size_t(rank) * hl * d.r * d.dv + i]);
   LayerWeights weights{{w_uk.data(), DType::kF32, {hl, d.dn, d.r}},
                        {w_uv.data(), DType::kF32, {hl, d.r, d.dv}}};
-  std::unique_ptr<Device> device;
-  std::unique_ptr<Communicator> device_comm;
-  Communicator* comm = &mpi;
-  if (!UseCuda()) {
-    device = MakeCpuDevice(DType::kF32);
-  } else {
-#if DCP_WITH_CUDA
-    int count = 0;
-    cudaGetDeviceCount(&count);
-    auto cuda = CudaDevice::Create(rank % std::max(count, 1));
-    if (!cuda.ok()) {
-      run.status = cuda.status();
-      return run;
-    }
-    auto made = MakeCudaCommunicator(mpi, "auto", 60.0, (*cuda)->stream());
-    if (!made.ok()) {
-      run.status = made.status();
-      return run;
-    }
-    device = std::move(cuda).value();
-    device_comm = std::move(made).value();
-    comm = device_comm.get();
-#else
-    run.status = absl::FailedPreconditionError("DCP_TEST_DEVICE=cuda in a build without CUDA");
+  auto rank_device = MakeRankDevice(mpi);
+  if (!rank_device.ok()) {
+    run.status = rank_device.status();
     return run;
-#endif
   }
+  Device* device = rank_device->device.get();
+  Communicator* comm = rank_device->comm;
   auto ctx = DcpContext::Create(options, *comm, *device, weights);
   if (!ctx.ok()) {
     run.status = ctx.status();
@@ -879,44 +914,11 @@ EngineRun RunEngineSteps(MpiCommunicator& mpi, const std::vector<EngineStep>& st
   const int hl = d.heads / world, width = d.r + d.dr;
   const Scenario& s0 = steps.front().scenario;
   EngineRun result;
-  DcpOptions options;
-  options.model.num_heads = d.heads;
-  options.model.kv_lora_rank = d.r;
-  options.model.qk_nope_head_dim = d.dn;
-  options.model.qk_rope_head_dim = d.dr;
-  options.model.v_head_dim = d.dv;
-  options.dcp.world_size = world;
-  options.dcp.rank = rank;
-  options.dcp.interleave = s0.interleave;
-  options.dcp.combine = s0.combine;
-  options.dcp.comm_timeout_s = 60;
-  options.scheduler.block_size = s0.block_size;
-  options.scheduler.max_num_seqs = s0.max_num_seqs;
-  options.scheduler.max_model_len = s0.max_model_len;
-  options.attention.index_topk = s0.index_topk;
-  options.attention.force_mqa = s0.force_mqa;
-  options.workspace_rows_override = s0.workspace_rows;
-
-  std::unique_ptr<Device> device;
-  std::unique_ptr<Communicator> device_comm;
-  Communicator* comm = &mpi;
-  if (!UseCuda()) {
-    device = MakeCpuDevice(DType::kF32);
-  } else {
-#if DCP_WITH_CUDA
-    int count = 0;
-    cudaGetDeviceCount(&count);
-    auto cuda = CudaDevice::Create(rank % std::max(count, 1));
-    if (!cuda.ok()) return {cuda.status(), {}};
-    auto made = MakeCudaCommunicator(mpi, "auto", 60.0, (*cuda)->stream());
-    if (!made.ok()) return {made.status(), {}};
-    device = std::move(cuda).value();
-    device_comm = std::move(made).value();
-    comm = device_comm.get();
-#else
-    return {absl::FailedPreconditionError("DCP_TEST_DEVICE=cuda in a build without CUDA"), {}};
-#endif
-  }
+  const DcpOptions options = ScenarioOptions(s0, d, world, rank);
+  auto rank_device = MakeRankDevice(mpi);
+  if (!rank_device.ok()) return {rank_device.status(), {}};
+  Device* device = rank_device->device.get();
+  Communicator* comm = rank_device->comm;
   auto made_engine = DcpEngine::Create(options, *comm, *device);
   if (!made_engine.ok()) return {made_engine.status(), {}};
   DcpEngine& engine = **made_engine;
