@@ -21,10 +21,7 @@ absl::Status LseCombine::Run(float* partial, const float* lse_partial, int64_t t
                              int dim, float* combined, float* lse, StepStats* stats) {
   const int world = comm_.world_size();
   const size_t part_count = size_t(tx) * hl * dim, lse_count = size_t(tx) * hl;
-  if (world == 1) {
-    DCP_RETURN_IF_ERROR(device_.Copy(combined, partial, part_count * 4));
-    return device_.Copy(lse, lse_partial, lse_count * 4);
-  }
+  DCP_CHECK_ARG(world > 1, "the LSE combine of a group of one (its partials are the result)");
   if (backend_ == CombineBackend::kAllGatherReduceScatter) {
     DCP_ASSIGN_OR_RETURN(void* lse_all, lse_all_.Get(lse_count * world * world * 4));
     DCP_ASSIGN_OR_RETURN(void* lse_total, lse_total_.Get(lse_count * world * 4));

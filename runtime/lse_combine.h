@@ -23,7 +23,7 @@ class LseCombine {
 
   // At plan time: sizes the buffers for num_tokens tokens.
   absl::Status Prepare(int64_t num_tokens, int heads, int dim);
-  // partial [W, T, Hl, R] F32 and lse_partial [W, T, Hl] (block q: rank q's heads, over this
+  // W > 1 (one rank's kernel output is the result). partial [W, T, Hl, R] F32 and lse_partial [W, T, Hl] (block q: rank q's heads, over this
   // rank's keys) -> combined [T, Hl, R], lse [T, Hl] of this rank's heads. `partial` is
   // overwritten (ag_rs scales it in place). Adds its times and bytes to *stats (may be null).
   absl::Status Run(float* partial, const float* lse_partial, int64_t num_tokens, int heads,

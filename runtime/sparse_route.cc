@@ -99,9 +99,9 @@ absl::Status SparseRoute::Prepare(const Plan& plan, const StepTables& tables, in
   }
   DCP_RETURN_IF_ERROR(q_latent_.Reserve(device_, q_latent_count * element).status());
   DCP_RETURN_IF_ERROR(q_all_.Reserve(device_, q_latent_count * world * element).status());
-  DCP_RETURN_IF_ERROR(partial_.Reserve(device_, part_count * world * 4).status());
-  DCP_RETURN_IF_ERROR(lse_partial_.Reserve(device_, size_t(tx) * hl * world * 4).status());
-  if (world > 1) {
+  if (world > 1) {  // one rank needs no partials: the kernel writes the combined result
+    DCP_RETURN_IF_ERROR(partial_.Reserve(device_, part_count * world * 4).status());
+    DCP_RETURN_IF_ERROR(lse_partial_.Reserve(device_, size_t(tx) * hl * world * 4).status());
     DCP_RETURN_IF_ERROR(q_heads_.Reserve(device_, q_latent_count * world * element).status());
     DCP_RETURN_IF_ERROR(out_heads_.Reserve(device_, part_count * world * 4).status());
     DCP_RETURN_IF_ERROR(lse_heads_.Reserve(device_, size_t(tx) * hl * world * 4).status());
@@ -159,17 +159,19 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
   timer.Restart();
   const int all_heads = hl * world;
   const size_t part_count = size_t(tx) * hl * r;
-  DCP_ASSIGN_OR_RETURN(void* partial_data, partial_.Get(part_count * world * 4));
-  DCP_ASSIGN_OR_RETURN(void* lse_part_data, lse_partial_.Get(size_t(tx) * hl * world * 4));
-  auto* partial = static_cast<float*>(partial_data);
-  auto* lse_part = static_cast<float*>(lse_part_data);
   DCP_ASSIGN_OR_RETURN(void* combined_data, combined_.Get(part_count * 4));
   auto* combined = static_cast<float*>(combined_data);
   // One rank: the kernel's output is the combined result already.
   const void* q_heads = q_all;
-  float* out_heads = world == 1 ? combined : partial;
-  float* lse_heads = world == 1 ? lse : lse_part;
+  float* partial = nullptr;
+  float* lse_part = nullptr;
+  float* out_heads = combined;
+  float* lse_heads = lse;
   if (world > 1) {
+    DCP_ASSIGN_OR_RETURN(void* partial_data, partial_.Get(part_count * world * 4));
+    DCP_ASSIGN_OR_RETURN(void* lse_part_data, lse_partial_.Get(size_t(tx) * hl * world * 4));
+    partial = static_cast<float*>(partial_data);
+    lse_part = static_cast<float*>(lse_part_data);
     DCP_ASSIGN_OR_RETURN(void* q_data, q_heads_.Get(q_latent_count * world * element));
     DCP_ASSIGN_OR_RETURN(void* out_data, out_heads_.Get(part_count * world * 4));
     DCP_ASSIGN_OR_RETURN(void* lse_data, lse_heads_.Get(size_t(tx) * all_heads * 4));
