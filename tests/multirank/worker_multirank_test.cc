@@ -163,7 +163,6 @@ struct RankRun {
   ForwardStats stats;
 };
 
-// Runs the scenario on this rank; the context is loaded as earlier steps would have left it.
 // The options of a scenario on this rank.
 DcpOptions ScenarioOptions(const Scenario& s, const Dims& d, int world, int rank) {
   DcpOptions options;
@@ -218,32 +217,13 @@ absl::StatusOr<RankDevice> MakeRankDevice(MpiCommunicator& mpi) {
 #endif
 }
 
+// Runs the scenario on this rank; the context is loaded as earlier steps would have left it.
 RankRun RunRank(MpiCommunicator& mpi, const Scenario& s, const Dims& d, const Problem& p,
                 bool damage_plan = false) {
   const int world = mpi.world_size(), rank = mpi.rank();
   const int hl = d.heads / world, width = d.r + d.dr;
   RankRun run;
-  DcpOptions options;
-  options.model.num_heads = d.heads;
-  options.model.kv_lora_rank = d.r;
-  options.model.qk_nope_head_dim = d.dn;
-  options.model.qk_rope_head_dim = d.dr;
-  options.model.v_head_dim = d.dv;
-  options.dcp.world_size = world;
-  options.dcp.rank = rank;
-  options.dcp.interleave = s.interleave;
-  options.dcp.combine = s.combine;
-  options.dcp.comm_timeout_s = 60;
-  options.scheduler.block_size = s.block_size;
-  options.scheduler.max_num_seqs = s.max_num_seqs;
-  options.scheduler.max_model_len = s.max_model_len;
-  options.scheduler.num_kv_blocks = s.num_kv_blocks;
-  options.attention.index_topk = s.index_topk;
-  options.attention.force_mqa = s.force_mqa;
-  options.attention.validate_topk = s.validate_topk;
-  options.attention.prefill_backend = s.prefill_backend;
-  if (s.fp8) options.attention.kv_cache_dtype = KvCacheDType::kFp8DsMla;
-  options.workspace_rows_override = s.workspace_rows;
+  const DcpOptions options = ScenarioOptions(s, d, world, rank);
 
   // This rank's heads of the weights and queries.
   const auto& w = p.whole;
