@@ -739,19 +739,11 @@ TEST_F(WorkerTest, Fp8DsMlaCacheWithTheWrongRowStrideIsAClearError) {
   Dims dims = TestDims(4 * world());
   dims.r = 512;
   dims.dr = 64;
-  DcpOptions options;
-  options.model.num_heads = dims.heads;
-  options.model.kv_lora_rank = dims.r;
-  options.model.qk_nope_head_dim = dims.dn;
-  options.model.qk_rope_head_dim = dims.dr;
-  options.model.v_head_dim = dims.dv;
-  options.dcp.world_size = world();
-  options.dcp.rank = rank();
-  options.scheduler.block_size = 16;
-  options.scheduler.max_num_seqs = 2;
-  options.scheduler.max_model_len = 64;
-  options.attention.index_topk = 64;
-  options.attention.kv_cache_dtype = KvCacheDType::kFp8DsMla;
+  Scenario fp8;
+  fp8.max_num_seqs = 2;
+  fp8.max_model_len = 64;
+  fp8.fp8 = true;
+  const DcpOptions options = ScenarioOptions(fp8, dims, world(), rank());
   auto device = MakeCpuDevice(DType::kF32);
   auto engine = DcpEngine::Create(options, mpi_comm(), *device);
   ASSERT_TRUE(engine.ok()) << engine.status();
@@ -1118,16 +1110,7 @@ TEST_F(WorkerTest, EngineRejectsBadTablesAndCaches) {
       << bad_stride.status;
 
   // Tables checked in Plan, agreed: only rank 0's table is wrong, every rank fails with it.
-  DcpOptions options;
-  options.model.num_heads = dims.heads;
-  options.model.kv_lora_rank = dims.r;
-  options.model.qk_nope_head_dim = dims.dn;
-  options.model.qk_rope_head_dim = dims.dr;
-  options.model.v_head_dim = dims.dv;
-  options.dcp.world_size = world();
-  options.dcp.rank = rank();
-  options.attention.index_topk = 64;
-  options.scheduler.block_size = 16;
+  const DcpOptions options = ScenarioOptions(Scenario{}, dims, world(), rank());
   auto device = MakeCpuDevice(DType::kF32);  // the table checks are host code on every device
   auto engine = DcpEngine::Create(options, mpi_comm(), *device);
   ASSERT_TRUE(engine.ok()) << engine.status();
