@@ -15,7 +15,7 @@
 # Environment: DCP_STAGES (default "build test sanitize bench run"), DCP_CTEST_ARGS (extra
 # ctest arguments, e.g. "-R cuda"), DCP_JOBS (build jobs, default nproc).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
 out="${OUT:-/tmp/dcp-device-out}"
 mkdir -p "$out"

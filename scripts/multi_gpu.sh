@@ -16,7 +16,7 @@
 # script's build stage. Logs and CSVs go to $OUT (at most 8 files come back: they are packed
 # into one archive). Record the figures with date, commit and machine in docs/PERFORMANCE.md.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out="${OUT:-/tmp/dcp-multi-gpu-out}"
 mkdir -p "$out"
 work=$(mktemp -d)

@@ -6,9 +6,9 @@
 # files verified against the float64 reference.
 # Usage (repository root, GPU machine): bash tests/launch/gpu_smoke.sh
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 prefix=/tmp/dcp-prefix
-build=build-gpu
+build="build-gpu"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export NCCL_NVLS_ENABLE=0
 if [ ! -d "$prefix/usr" ]; then
