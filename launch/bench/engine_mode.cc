@@ -2,7 +2,7 @@
 // the step planned once, then DcpEngine::Run per layer on a stream, eager and replayed from a
 // CUDA graph, over an engine-owned paged cache. Per batch and head count: the host time inside
 // Run (what a layer costs the CPU), the eager layer time and the graph-replayed layer time.
-// Contents are synthetic (zeros, and a top-k of the newest keys): timing only.
+// Contents are synthetic (random values, and a top-k of the newest keys): timing only.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -24,6 +24,8 @@ std::vector<Column> EngineColumns(const BenchEnv& env) {
       {"batch", "batch"},         {"requests", "reqs"},      {"tokens", "tokens"},
       {"max_seq_len", "max_kv"},  {"heads_per_rank", "H/W"}, {"route", "route"},
       {"host_us", "host us"},     {"eager_us", "eager us"},  {"graph_us", "graph us"},
+      {"kernel_sum_us", "kernels us"}, {"graph_nodes", "nodes"},
+      {"graph_overhead_us", "graph ovh us"}, {"eager_overhead_us", "eager ovh us"},
       {"status", "status"}};
   columns.insert(columns.end(), own.begin(), own.end());
   return columns;
@@ -84,22 +86,26 @@ absl::StatusOr<LayerTimes> TimeEngineLayer(BenchEnv& env, const BatchShape& shap
 
   Device& device = *env.device;
   const DType storage = device.storage_dtype();
-  const size_t element = dtype_size(storage);
   const int hl = heads;
   ScratchBuffer cache, w_uk, w_uv, q_nope, q_rope, kv_new, topk_d, out, lse;
-  auto zeroed = [&](ScratchBuffer& b, size_t bytes) -> absl::StatusOr<void*> {
-    DCP_ASSIGN_OR_RETURN(void* data, b.Reserve(device, bytes));
-    DCP_RETURN_IF_ERROR(device.Memset(data, 0, bytes));
+  // Random values, never zeros (a GEMM or a softmax over zeros can run faster than on data);
+  // weights scaled so that logits stay in a realistic range.
+  uint64_t stream_id = 0;
+  auto filled = [&](ScratchBuffer& b, size_t count, DType dtype,
+                    float scale) -> absl::StatusOr<void*> {
+    DCP_ASSIGN_OR_RETURN(void* data, b.Reserve(device, count * dtype_size(dtype)));
+    DCP_RETURN_IF_ERROR(FillRandom(device, data, dtype, count, 20261201, ++stream_id, scale));
     return data;
   };
-  DCP_ASSIGN_OR_RETURN(void* cache_d, zeroed(cache, size_t(num_blocks) * block * width * element));
-  DCP_ASSIGN_OR_RETURN(void* w_uk_d, zeroed(w_uk, size_t(hl) * m.qk_nope_head_dim * m.kv_lora_rank * element));
-  DCP_ASSIGN_OR_RETURN(void* w_uv_d, zeroed(w_uv, size_t(hl) * m.kv_lora_rank * m.v_head_dim * element));
-  DCP_ASSIGN_OR_RETURN(void* q_nope_d, zeroed(q_nope, size_t(t) * hl * m.qk_nope_head_dim * element));
-  DCP_ASSIGN_OR_RETURN(void* q_rope_d, zeroed(q_rope, size_t(t) * hl * m.qk_rope_head_dim * element));
-  DCP_ASSIGN_OR_RETURN(void* kv_new_d, zeroed(kv_new, size_t(t) * width * element));
-  DCP_ASSIGN_OR_RETURN(void* out_d, zeroed(out, size_t(t) * hl * m.v_head_dim * 4));
-  DCP_ASSIGN_OR_RETURN(void* lse_d, zeroed(lse, size_t(t) * hl * 4));
+  const int dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim, r = m.kv_lora_rank;
+  DCP_ASSIGN_OR_RETURN(void* cache_d, filled(cache, size_t(num_blocks) * block * width, storage, 1));
+  DCP_ASSIGN_OR_RETURN(void* w_uk_d, filled(w_uk, size_t(hl) * dn * r, storage, 0.05f));
+  DCP_ASSIGN_OR_RETURN(void* w_uv_d, filled(w_uv, size_t(hl) * r * m.v_head_dim, storage, 0.05f));
+  DCP_ASSIGN_OR_RETURN(void* q_nope_d, filled(q_nope, size_t(t) * hl * dn, storage, 1));
+  DCP_ASSIGN_OR_RETURN(void* q_rope_d, filled(q_rope, size_t(t) * hl * dr, storage, 1));
+  DCP_ASSIGN_OR_RETURN(void* kv_new_d, filled(kv_new, size_t(t) * width, storage, 1));
+  DCP_ASSIGN_OR_RETURN(void* out_d, filled(out, size_t(t) * hl * m.v_head_dim, DType::kF32, 1));
+  DCP_ASSIGN_OR_RETURN(void* lse_d, filled(lse, size_t(t) * hl, DType::kF32, 1));
   DCP_ASSIGN_OR_RETURN(int32_t* topk_ptr, Upload(device, topk_d, topk));
   DCP_RETURN_IF_ERROR(device.Synchronize());
   const LayerWeightsView weights{w_uk_d, w_uv_d};
@@ -132,12 +138,17 @@ absl::StatusOr<ModeResult> RunEngine(BenchEnv& env) {
       absl::StatusOr<LayerTimes> times = TimeEngineLayer(env, shape, heads, &route);
       const absl::Status agreed = AgreeOnStatus(*env.bootstrap, times.status());
       std::vector<std::string> row = env.MetaCells();
+      const bool measured = agreed.ok() && times->kernel_sum_us >= 0;
       const std::vector<std::string> cells = {
           shape.spec, FormatInt(shape.requests.size()), FormatInt(shape.num_tokens),
           FormatInt(shape.max_seq_len), FormatInt(heads), route_name(route),
           agreed.ok() ? FormatFixed(times->host_us, 1) : "-",
           agreed.ok() ? FormatFixed(times->eager_us, 1) : "-",
           agreed.ok() && times->graph_us >= 0 ? FormatFixed(times->graph_us, 1) : "-",
+          measured ? FormatFixed(times->kernel_sum_us, 1) : "-",
+          measured ? FormatInt(times->graph_nodes) : "-",
+          measured ? FormatFixed(times->graph_us - times->kernel_sum_us, 1) : "-",
+          measured ? FormatFixed(times->eager_us - times->kernel_sum_us, 1) : "-",
           agreed.ok() ? "ok" : std::string(agreed.message())};
       row.insert(row.end(), cells.begin(), cells.end());
       if (!agreed.ok()) ++result.num_failed;
@@ -146,7 +157,9 @@ absl::StatusOr<ModeResult> RunEngine(BenchEnv& env) {
   }
   table.AddNote("host us: time inside DcpEngine::Run on the host per layer (enqueue); eager us: "
                 "wall time per layer of Runs back to back on one stream; graph us: the layer "
-                "captured once in a CUDA graph, replays back to back (NCCL only).");
+                "captured once in a CUDA graph, replays back to back (NCCL only); kernels us: the sum "
+                "of the graph's nodes (kernels, copies, memsets), each timed alone; ovh us: graph "
+                "or eager time minus that sum (launch gaps, host time the device waits for).");
   result.tables.push_back({"", std::move(table)});
   return result;
 }

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda/cuda_status.h"
+#include "launch/bench/graph_node_times.h"
 #endif
 
 namespace dcp::bench {
@@ -56,10 +57,14 @@ absl::StatusOr<LayerTimes> TimeLayer(bool on_gpu, bool graph_on, int warmup, int
     const absl::Status captured = run(stream);
     DCP_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     DCP_RETURN_IF_ERROR(captured);
+    absl::StatusOr<GraphNodeTimes> nodes = TimeGraphNodes(graph, stream, iters);
     cudaGraphExec_t exec = nullptr;
     const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     DCP_CUDA_CHECK(instantiated);
+    DCP_RETURN_IF_ERROR(nodes.status());
+    times.kernel_sum_us = nodes->sum_us;
+    times.graph_nodes = nodes->nodes;
     for (int i = 0; i < warmup + 1; ++i) DCP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
     start = Clock::now();
