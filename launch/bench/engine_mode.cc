@@ -4,6 +4,7 @@
 // Run (what a layer costs the CPU), the eager layer time and the graph-replayed layer time.
 // Contents are synthetic (random values, and a top-k of the newest keys): timing only.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -23,7 +24,7 @@ std::vector<Column> EngineColumns(const BenchEnv& env) {
   const std::vector<Column> own = {
       {"batch", "batch"},         {"requests", "reqs"},      {"tokens", "tokens"},
       {"max_seq_len", "max_kv"},  {"heads_per_rank", "H/W"}, {"route", "route"},
-      {"host_us", "host us"},     {"eager_us", "eager us"},  {"graph_us", "graph us"},
+      {"plan_us", "plan us"},     {"host_us", "host us"},     {"eager_us", "eager us"},  {"graph_us", "graph us"},
       {"kernel_sum_us", "kernels us"}, {"graph_nodes", "nodes"},
       {"graph_overhead_us", "graph ovh us"}, {"eager_overhead_us", "eager ovh us"},
       {"status", "status"}};
@@ -81,7 +82,14 @@ absl::StatusOr<LayerTimes> TimeEngineLayer(BenchEnv& env, const BatchShape& shap
       for (int k = 0; k < keys; ++k) topk[token * topk_width + k] = position - k;
     }
   }
+  // The first Plan sizes the engine's buffers; the timed ones re-plan the same step, as every
+  // later step of an engine does.
   DCP_RETURN_IF_ERROR(engine->Plan(batch, step_tables, topk_width));
+  const int plans = std::max(1, env.options.iters);
+  const auto plan_start = std::chrono::steady_clock::now();
+  for (int i = 0; i < plans; ++i) DCP_RETURN_IF_ERROR(engine->Plan(batch, step_tables, topk_width));
+  const double plan_us = std::chrono::duration<double, std::micro>(
+                             std::chrono::steady_clock::now() - plan_start).count() / plans;
   *route = engine->plan().route;
 
   Device& device = *env.device;
@@ -117,11 +125,13 @@ absl::StatusOr<LayerTimes> TimeEngineLayer(BenchEnv& env, const BatchShape& shap
   // Graphs need collectives that complete in stream order (NCCL); with host-staged ones the
   // layer is timed eagerly only.
   const bool graph = env.on_gpu() && comm.name().find("nccl") != std::string::npos;
-  return TimeLayer(
+  absl::StatusOr<LayerTimes> times = TimeLayer(
       env.on_gpu(), graph, env.options.warmup_iters, env.options.iters,
       [&](void* stream) { return e.Run(weights, cache_view, tensors, stream); },
       [&]() { return comm.WatchStream("dcp_bench engine graph"); },
       [&]() { return e.BindStream(nullptr); });
+  if (times.ok()) times->plan_us = plan_us;
+  return times;
 }
 
 }  // namespace
@@ -142,6 +152,7 @@ absl::StatusOr<ModeResult> RunEngine(BenchEnv& env) {
       const std::vector<std::string> cells = {
           shape.spec, FormatInt(shape.requests.size()), FormatInt(shape.num_tokens),
           FormatInt(shape.max_seq_len), FormatInt(heads), route_name(route),
+          agreed.ok() ? FormatFixed(times->plan_us, 1) : "-",
           agreed.ok() ? FormatFixed(times->host_us, 1) : "-",
           agreed.ok() ? FormatFixed(times->eager_us, 1) : "-",
           agreed.ok() && times->graph_us >= 0 ? FormatFixed(times->graph_us, 1) : "-",
@@ -155,7 +166,8 @@ absl::StatusOr<ModeResult> RunEngine(BenchEnv& env) {
       table.AddRow(std::move(row));
     }
   }
-  table.AddNote("host us: time inside DcpEngine::Run on the host per layer (enqueue); eager us: "
+  table.AddNote("plan us: DcpEngine::Plan of the step (a re-plan, once per step, not per "
+                "layer); host us: time inside DcpEngine::Run on the host per layer (enqueue); eager us: "
                 "wall time per layer of Runs back to back on one stream; graph us: the layer "
                 "captured once in a CUDA graph, replays back to back (NCCL only); kernels us: the sum "
                 "of the graph's nodes (kernels, copies, memsets), each timed alone; ovh us: graph "

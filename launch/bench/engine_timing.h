@@ -10,6 +10,7 @@
 namespace dcp::bench {
 
 struct LayerTimes {
+  double plan_us = -1;  // DcpEngine::Plan of the step on the host (warm: a re-plan), per step
   double host_us = 0;   // time inside Run on the host (enqueue), per layer
   double eager_us = 0;  // wall time per layer, eager Runs back to back, device drained at the end
   double graph_us = -1; // wall time per layer, graph replays back to back; -1 where not run
