@@ -75,6 +75,13 @@ class Device {
   virtual void Free(void* data) = 0;
 
   virtual absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) = 0;
+  // A host-to-device copy in stream order that does not wait for the stream: `src` may be
+  // reused as soon as this returns (the device stages it), the copy lands before any later
+  // call's work on the current stream. For step metadata (Plan), never inside a graph capture.
+  // The default is CopyFromHost (which waits; CPU ranks copy at once).
+  virtual absl::Status StageToDevice(void* dst, const void* src, size_t bytes) {
+    return CopyFromHost(dst, src, bytes);
+  }
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status Copy(void* dst, const void* src, size_t bytes) = 0;
   // rows x row_bytes, strides in bytes, device to device.
@@ -121,6 +128,7 @@ class Device {
 
   // The stream later calls enqueue on (a cudaStream_t on CUDA ranks; nullptr = the device's
   // own). Streams of another GPU are refused. CPU ranks run in order and take only nullptr.
+  // Switching streams orders the new stream after the work enqueued on the old one.
   virtual absl::Status SetStream(void* stream);
   virtual void* stream_handle() const { return nullptr; }
 

@@ -119,9 +119,9 @@ absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTab
     const int64_t mqa_tokens = plan_.route == Route::kDenseMha ? plan_.num_decode_tokens : t;
     DCP_RETURN_IF_ERROR(sparse_->Prepare(plan_, tables, mqa_tokens, topk_width));
     if (plan_.route == Route::kDenseMha) DCP_RETURN_IF_ERROR(dense_->Prepare(plan_, tables));
-    // Uploads are ordered before every later launch on the device's stream; waiting here
-    // keeps the host vectors' lifetime out of the question on every device.
-    return device_.Synchronize();
+    // No wait: the uploads are staged (Device::StageToDevice), in stream order before every
+    // later launch, so this step's plan can be made while the previous step still runs.
+    return absl::OkStatus();
   };
   DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, prepare()));
   topk_width_ = topk_width;

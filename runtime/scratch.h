@@ -37,7 +37,7 @@ template <typename T>
 absl::StatusOr<T*> Upload(Device& device, ScratchBuffer& buffer, const std::vector<T>& values) {
   const size_t bytes = values.size() * sizeof(T);
   DCP_ASSIGN_OR_RETURN(void* data, buffer.Reserve(device, bytes));
-  DCP_RETURN_IF_ERROR(device.CopyFromHost(data, values.data(), bytes));
+  DCP_RETURN_IF_ERROR(device.StageToDevice(data, values.data(), bytes));
   return static_cast<T*>(data);
 }
 

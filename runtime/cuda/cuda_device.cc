@@ -51,6 +51,7 @@ CudaDevice::~CudaDevice() {
   cudaStreamSynchronize(own_stream_);
   cudnn_.reset();  // its handle is bound to a stream of this device: release it first
   for (cudaEvent_t mark : marks_) cudaEventDestroy(mark);
+  if (switch_event_ != nullptr) cudaEventDestroy(switch_event_);
   if (topk_record_ != nullptr) cudaFree(topk_record_);
   if (mqa_workspace_ != nullptr) cudaFree(mqa_workspace_);
   cublasDestroy(cublas_);
@@ -172,6 +173,17 @@ absl::Status CudaDevice::CopyFromHost(void* dst, const void* src, size_t bytes) 
   // The caller may reuse (or free) `src` as soon as this returns.
   DCP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
+}
+
+bool CudaDevice::SyncUploadsRequested() {
+  const char* value = std::getenv("DCP_SYNC_UPLOADS");
+  return value != nullptr && std::string(value) == "1";
+}
+
+absl::Status CudaDevice::StageToDevice(void* dst, const void* src, size_t bytes) {
+  if (sync_uploads_) return CopyFromHost(dst, src, bytes);
+  DCP_RETURN_IF_ERROR(Activate());
+  return staging_.Copy(dst, src, bytes, stream_);
 }
 
 absl::Status CudaDevice::CopyToHost(void* dst, const void* src, size_t bytes) {
@@ -369,15 +381,22 @@ absl::Status CudaDevice::GatherFp8DsMlaRows(const Fp8DsMlaGatherParams& params) 
 }
 
 absl::Status CudaDevice::SetStream(void* stream) {
-  if (stream == nullptr) {
-    stream_ = own_stream_;
-    return absl::OkStatus();
+  cudaStream_t next = stream == nullptr ? own_stream_ : static_cast<cudaStream_t>(stream);
+  if (stream != nullptr) {
+    int stream_device = -1;
+    DCP_CUDA_CHECK(cudaStreamGetDevice(next, &stream_device));
+    DCP_CHECK_ARG(stream_device == ordinal_, "the stream belongs to GPU %d, this rank's device "
+                  "is GPU %d", stream_device, ordinal_);
   }
-  int stream_device = -1;
-  DCP_CUDA_CHECK(cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &stream_device));
-  DCP_CHECK_ARG(stream_device == ordinal_, "the stream belongs to GPU %d, this rank's device is "
-                "GPU %d", stream_device, ordinal_);
-  stream_ = static_cast<cudaStream_t>(stream);
+  if (next == stream_) return absl::OkStatus();
+  // Work enqueued on the old stream (a step's staged metadata, the previous layer) comes first.
+  DCP_RETURN_IF_ERROR(Activate());
+  if (switch_event_ == nullptr) {
+    DCP_CUDA_CHECK(cudaEventCreateWithFlags(&switch_event_, cudaEventDisableTiming));
+  }
+  DCP_CUDA_CHECK(cudaEventRecord(switch_event_, stream_));
+  DCP_CUDA_CHECK(cudaStreamWaitEvent(next, switch_event_, 0));
+  stream_ = next;
   return absl::OkStatus();
 }
 

@@ -8,7 +8,8 @@
 //   stream) is then ordered with it both ways, so kernels and collectives never race.
 // - Every kernel and device-to-device copy is asynchronous on that stream. CopyFromHost and
 //   CopyToHost return once the host buffer may be reused / read (they synchronize), so the
-//   worker can hand them stack vectors. Synchronize() waits for everything.
+//   worker can hand them stack vectors; StageToDevice (Plan's metadata) copies through pinned
+//   memory and does not wait. Synchronize() waits for everything.
 // - Storage dtype BF16 (cache, workspace, projected K/V, queries); outputs and LSE fp32.
 // - Kernels: attention/cuda (dense MHA 192/128 and 256/256, sparse MQA 576/512 on tensor
 //   cores, merges, top-k slots, the top-k check), workspace/cuda (row gather/scatter), cuBLAS
@@ -29,6 +30,7 @@
 #include "attention/cuda/cudnn/cudnn_sdpa.h"
 
 #include "absl/status/statusor.h"
+#include "runtime/cuda/pinned_staging.h"
 #include "runtime/device.h"
 
 namespace dcp {
@@ -61,6 +63,9 @@ class CudaDevice final : public Device {
   void Free(void* data) override;
 
   absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) override;
+  // Through a ring of pinned host memory (pinned_staging.h): returns without waiting for the
+  // stream. DCP_SYNC_UPLOADS=1 makes it CopyFromHost (waits), for comparison and debugging.
+  absl::Status StageToDevice(void* dst, const void* src, size_t bytes) override;
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
   absl::Status Copy(void* dst, const void* src, size_t bytes) override;
   absl::Status Copy2D(void* dst, size_t dst_stride, const void* src, size_t src_stride,
@@ -93,7 +98,9 @@ class CudaDevice final : public Device {
 
  private:
   CudaDevice(int ordinal, cudaStream_t stream, cublasHandle_t cublas)
-      : ordinal_(ordinal), own_stream_(stream), stream_(stream), cublas_(cublas) {}
+      : ordinal_(ordinal), own_stream_(stream), stream_(stream), cublas_(cublas),
+        sync_uploads_(SyncUploadsRequested()) {}
+  static bool SyncUploadsRequested();
   // Makes this device current for the calling thread (cheap when it already is).
   absl::Status Activate() const;
 
@@ -108,6 +115,9 @@ class CudaDevice final : public Device {
   enum class DenseBackend { kNative, kCudnn, kAuto };
   DenseBackend dense_backend_ = DenseBackend::kNative;
   std::unique_ptr<cuda::CudnnSdpa> cudnn_;  // created by SelectPrefillBackend
+  PinnedStaging staging_;      // StageToDevice's ring
+  bool sync_uploads_ = false;  // DCP_SYNC_UPLOADS=1
+  cudaEvent_t switch_event_ = nullptr;  // SetStream's hand-over from the old stream to the new
 };
 
 // The GPU of this process: local rank (OMPI_COMM_WORLD_LOCAL_RANK, else MPI_LOCALRANKID, else

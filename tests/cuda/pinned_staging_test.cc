@@ -1,0 +1,198 @@
+// PinnedStaging and CudaDevice::StageToDevice (runtime/cuda/pinned_staging.h): a staged upload
+// returns while the stream is still busy, the source may be overwritten at once, the copy lands
+// in stream order (after earlier work, before later work), the ring wraps and waits only for
+// regions still in flight, a copy larger than the ring grows it, and switching the device's
+// stream orders the new stream after the old one.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/cuda/cuda_device.h"
+#include "runtime/cuda/pinned_staging.h"
+#include "tests/cuda/gpu_test_util.h"
+#include "tests/cuda/spin_kernel.h"
+
+namespace dcp::testing {
+namespace {
+
+// A flag in host-mapped memory that a spin kernel waits on.
+class HostFlag {
+ public:
+  HostFlag() {
+    EXPECT_EQ(cudaHostAlloc(&host_, sizeof(int), cudaHostAllocMapped), cudaSuccess);
+    *host_ = 0;
+    EXPECT_EQ(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0),
+              cudaSuccess);
+  }
+  ~HostFlag() {
+    Set();
+    cudaFreeHost(host_);
+  }
+  void Set() { reinterpret_cast<std::atomic<int>*>(host_)->store(1); }
+  const int* device() const { return device_; }
+
+ private:
+  int* host_ = nullptr;
+  int* device_ = nullptr;
+};
+
+class PinnedStagingTest : public GpuTest {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (IsSkipped() || HasFailure()) return;
+    DCP_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) {
+      cudaStreamSynchronize(stream_);
+      cudaStreamDestroy(stream_);
+    }
+    GpuTest::TearDown();
+  }
+  std::vector<uint8_t> Random(size_t n, std::mt19937_64& rng) {
+    std::vector<uint8_t> v(n);
+    for (auto& b : v) b = static_cast<uint8_t>(rng());
+    return v;
+  }
+  std::vector<uint8_t> Read(const uint8_t* device, size_t n) {
+    std::vector<uint8_t> host(n);
+    EXPECT_EQ(cudaMemcpyAsync(host.data(), device, n, cudaMemcpyDeviceToHost, stream_),
+              cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    return host;
+  }
+  cudaStream_t stream_ = nullptr;
+};
+
+TEST_F(PinnedStagingTest, ReturnsWhileTheStreamIsBusyAndTheSourceMayBeReused) {
+  std::mt19937_64 rng(TestSeed());
+  PinnedStaging staging(4096);
+  DeviceArray<uint8_t> dst(3 * 1000);
+  dst.Poison();
+  HostFlag flag;
+  ASSERT_EQ(LaunchSpinUntilSet(flag.device(), 20.0, stream_), cudaSuccess);
+  std::vector<std::vector<uint8_t>> sent;
+  std::vector<uint8_t> source;
+  for (int i = 0; i < 3; ++i) {
+    source = Random(1000, rng);
+    sent.push_back(source);
+    ASSERT_TRUE(staging.Copy(dst.get() + i * 1000, source.data(), 1000, stream_).ok());
+    std::fill(source.begin(), source.end(), 0xAB);  // reused at once
+  }
+  // Nothing could have run yet: the spin kernel holds the stream.
+  EXPECT_EQ(cudaStreamQuery(stream_), cudaErrorNotReady);
+  EXPECT_EQ(staging.pending(), 3u);
+  flag.Set();
+  const std::vector<uint8_t> got = Read(dst.get(), 3000);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(std::equal(sent[i].begin(), sent[i].end(), got.begin() + i * 1000)) << "copy " << i;
+  }
+}
+
+TEST_F(PinnedStagingTest, WrapsManyTimesAndGrowsForALargeCopy) {
+  std::mt19937_64 rng(TestSeed());
+  PinnedStaging staging(4096);
+  constexpr int kCopies = 300;
+  constexpr size_t kSlot = 3000;
+  DeviceArray<uint8_t> dst(kCopies * kSlot);
+  dst.Poison();
+  std::vector<std::vector<uint8_t>> sent(kCopies);
+  std::vector<uint8_t> source;
+  for (int i = 0; i < kCopies; ++i) {
+    const size_t bytes = 1 + rng() % kSlot;  // odd sizes: unaligned ends, every wrap position
+    source = Random(bytes, rng);
+    sent[i] = source;
+    ASSERT_TRUE(staging.Copy(dst.get() + i * kSlot, source.data(), bytes, stream_).ok());
+    std::fill(source.begin(), source.end(), 0xCD);
+  }
+  EXPECT_EQ(staging.capacity(), 4096u);  // never grew: the copies fit
+  const std::vector<uint8_t> got = Read(dst.get(), kCopies * kSlot);
+  for (int i = 0; i < kCopies; ++i) {
+    ASSERT_TRUE(std::equal(sent[i].begin(), sent[i].end(), got.begin() + i * kSlot))
+        << "copy " << i << " of " << sent[i].size() << " bytes";
+  }
+  // Larger than the ring: it grows (after draining), and the copy is right.
+  const std::vector<uint8_t> big = Random(100000, rng);
+  DeviceArray<uint8_t> big_dst(big.size());
+  ASSERT_TRUE(staging.Copy(big_dst.get(), big.data(), big.size(), stream_).ok());
+  EXPECT_GE(staging.capacity(), big.size());
+  EXPECT_EQ(Read(big_dst.get(), big.size()), big);
+}
+
+TEST_F(PinnedStagingTest, AFullRingWaitsForTheRegionItNeedsThenLands) {
+  std::mt19937_64 rng(TestSeed());
+  PinnedStaging staging(2048);
+  DeviceArray<uint8_t> dst(4 * 1024);
+  HostFlag flag;
+  ASSERT_EQ(LaunchSpinUntilSet(flag.device(), 20.0, stream_), cudaSuccess);
+  std::vector<uint8_t> a = Random(1024, rng), b = Random(1024, rng), c = Random(1024, rng);
+  ASSERT_TRUE(staging.Copy(dst.get(), a.data(), a.size(), stream_).ok());
+  ASSERT_TRUE(staging.Copy(dst.get() + 1024, b.data(), b.size(), stream_).ok());
+  // The ring is full of copies held behind the spin kernel: the third must wait for the first
+  // region, which frees once the kernel ends. Release it from another thread after a while.
+  std::thread release([&flag] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    flag.Set();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status third = staging.Copy(dst.get() + 2048, c.data(), c.size(), stream_);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  release.join();
+  ASSERT_TRUE(third.ok()) << third;
+  EXPECT_GT(waited, 0.1) << "the third copy did not wait for its region";
+  const std::vector<uint8_t> got = Read(dst.get(), 3 * 1024);
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), got.begin()));
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), got.begin() + 1024));
+  EXPECT_TRUE(std::equal(c.begin(), c.end(), got.begin() + 2048));
+}
+
+TEST_F(PinnedStagingTest, LandsBetweenTheWorkBeforeAndTheWorkAfter) {
+  std::mt19937_64 rng(TestSeed());
+  PinnedStaging staging;
+  DeviceArray<uint8_t> dst(4096), copy_of_first(4096);
+  const std::vector<uint8_t> first = Random(4096, rng), second = Random(4096, rng);
+  HostFlag flag;
+  ASSERT_EQ(LaunchSpinUntilSet(flag.device(), 20.0, stream_), cudaSuccess);
+  ASSERT_TRUE(staging.Copy(dst.get(), first.data(), first.size(), stream_).ok());
+  ASSERT_EQ(cudaMemcpyAsync(copy_of_first.get(), dst.get(), 4096, cudaMemcpyDeviceToDevice,
+                            stream_), cudaSuccess);
+  ASSERT_TRUE(staging.Copy(dst.get(), second.data(), second.size(), stream_).ok());
+  flag.Set();
+  EXPECT_EQ(Read(copy_of_first.get(), 4096), first);
+  EXPECT_EQ(Read(dst.get(), 4096), second);
+}
+
+TEST_F(PinnedStagingTest, DeviceStreamSwitchOrdersTheNewStreamAfterTheOld) {
+  auto created = CudaDevice::Create(0);
+  ASSERT_TRUE(created.ok()) << created.status();
+  CudaDevice& device = **created;
+  std::mt19937_64 rng(TestSeed());
+  DeviceArray<uint8_t> dst(8192), copied(8192);
+  copied.Poison();
+  const std::vector<uint8_t> values = Random(8192, rng);
+  cudaStream_t first = nullptr;
+  DCP_ASSERT_CUDA(cudaStreamCreateWithFlags(&first, cudaStreamNonBlocking));
+  HostFlag flag;
+  ASSERT_TRUE(device.SetStream(first).ok());
+  ASSERT_EQ(LaunchSpinUntilSet(flag.device(), 20.0, first), cudaSuccess);
+  ASSERT_TRUE(device.StageToDevice(dst.get(), values.data(), values.size()).ok());
+  // On another stream: must still see the staged values, not what dst held before.
+  ASSERT_TRUE(device.SetStream(stream_).ok());
+  ASSERT_TRUE(device.Copy(copied.get(), dst.get(), values.size()).ok());
+  flag.Set();
+  EXPECT_EQ(Read(copied.get(), values.size()), values);
+  ASSERT_TRUE(device.SetStream(nullptr).ok());
+  ASSERT_TRUE(device.Synchronize().ok());
+  cudaStreamSynchronize(first);
+  cudaStreamDestroy(first);
+}
+
+}  // namespace
+}  // namespace dcp::testing
