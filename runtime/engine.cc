@@ -193,7 +193,7 @@ absl::Status DcpEngine::Run(const LayerWeightsView& weights, const KvCacheView& 
     const size_t element = dtype_size(storage);
     const PhaseTimer total(stats);
     PhaseTimer timer(stats);
-    projections_.Bind(weights.w_uk, weights.w_uv);
+    projections_.Bind(weights.w_uk, weights.w_uv, weights.w_kv_b);
 
     // The new tokens' rows into the cache (those this rank owns), then every input in
     // execution order (decodes first).
