@@ -1,5 +1,5 @@
 // Kernels of sdpa_glue.h. SdpaIndex: one thread per sequence slot. SdpaFinish: one warp per
-// (token, head) row; the token's sequence comes from a binary search over cu_seqlens_q, each
+// (token, head) row (o null: only the rows without a key are written); the token's sequence comes from a binary search over cu_seqlens_q, each
 // lane converts v_dim / 32 values (v_dim is a multiple of 8: lanes take 8-wide chunks).
 #include "attention/cuda/cudnn/sdpa_glue.h"
 
@@ -46,6 +46,7 @@ __global__ void SdpaFinishKernel(const SdpaFinishParams p) {
   const int query = static_cast<int>(global - p.cu_seqlens_q[lo]);
   const int keys = p.causal ? min(len_k, len_k - len_q + query + 1) : len_k;
   const bool empty = keys <= 0;
+  if (p.o == nullptr && !empty) return;  // cuDNN wrote this row's out and lse itself
 
   float* out = p.out + token * p.out_token_stride + head * p.out_head_stride;
   const __nv_bfloat16* o = p.o + row * p.v_dim;
