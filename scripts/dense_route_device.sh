@@ -5,7 +5,7 @@
 # with its phases), kernels (the up-projection GEMMs, dense MHA through cudnn, the cache-write
 # scatter and the copy ceiling) and the torch peers of both. Logs and CSVs go to $OUT.
 #   DCP_ROUTE_STEPS="tests routes kernels peers" (default all), DCP_ROUTE_DEADLINE (s, 300),
-#   DCP_ROUTE_BACKENDS (routes, default "cudnn")
+#   DCP_ROUTE_BACKENDS (routes, default "cudnn"), DCP_WORKER_FILTER (worker tests, default all)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out="${OUT:-/tmp/dense-route-out}"
@@ -54,7 +54,8 @@ if has_step tests; then
   for np in 1 2; do
     DCP_REQUIRE_GPU=1 DCP_TEST_DEVICE=cuda timeout "$(left 170)" mpirun --allow-run-as-root \
         --oversubscribe --bind-to none -np $np --mca pml ob1 --mca btl self,vader,tcp \
-        "$build/tests/multirank/worker_multirank_test" >"$out/test_worker_np$np.log" 2>&1
+        "$build/tests/multirank/worker_multirank_test" --gtest_filter="${DCP_WORKER_FILTER:-*}" \
+        >"$out/test_worker_np$np.log" 2>&1
     note "worker cuda np $np: exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_worker_np$np.log" | head -2 | tr '\n' ' ')"
     grep -E '^\[  FAILED  \]' "$out/test_worker_np$np.log" | head -10 | tee -a "$summary"
   done
