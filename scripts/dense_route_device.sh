@@ -4,16 +4,15 @@
 # (DCP_REQUIRE_GPU=1), then dcp_bench routes (the dense route at 128 and 16 heads through cudnn,
 # with its phases), kernels (the up-projection GEMMs, dense MHA through cudnn, the cache-write
 # scatter and the copy ceiling) and the torch peers of both. Logs and CSVs go to $OUT.
-#   DCP_ROUTE_STEPS="tests routes kernels peers" (default all), DCP_ROUTE_DEADLINE (s, 300),
-#   DCP_ROUTE_BACKENDS (routes, default "cudnn"), DCP_WORKER_FILTER (worker tests, default all)
+#   DCP_ROUTE_STEPS="tests routes kernels peers" (default all), DCP_ROUTE_BACKENDS (routes,
+#   default "cudnn"), DCP_ATTENTION_FILTER / DCP_WORKER_FILTER (gtest filters), DCP_WORKER_NP
+#   (default "1 2"). Every step has its own timeout.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out="${OUT:-/tmp/dense-route-out}"
 mkdir -p "$out"
 started=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - started ))s"; }
-deadline="${DCP_ROUTE_DEADLINE:-300}"
-left() { local l=$(( deadline - ($(date +%s) - started) - ${1:-0} )); (( l < 5 )) && l=5; echo $l; }
 steps="${DCP_ROUTE_STEPS:-tests routes kernels peers}"
 has_step() { [[ " $steps " == *" $1 "* ]]; }
 summary="$out/summary.txt"
@@ -47,12 +46,13 @@ note "build done ($(elapsed))"
 
 if has_step tests; then
   echo "== tests ($(elapsed))"
-  DCP_REQUIRE_GPU=1 timeout "$(left 200)" "$build/tests/cuda/attention_cuda_test" \
-      --gtest_filter='*DensePrefill*:*DenseMha*:*CudnnSdpa*' >"$out/test_attention.log" 2>&1
+  DCP_REQUIRE_GPU=1 timeout 60 "$build/tests/cuda/attention_cuda_test" \
+      --gtest_filter="${DCP_ATTENTION_FILTER:-*DensePrefill*:*DenseMha*:*CudnnSdpa*}" \
+      >"$out/test_attention.log" 2>&1
   note "attention_cuda_test (dense + cudnn): exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_attention.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]|Failure|error' "$out/test_attention.log" | head -20 | tee -a "$summary"
-  for np in 1 2; do
-    DCP_REQUIRE_GPU=1 DCP_TEST_DEVICE=cuda timeout "$(left 170)" mpirun --allow-run-as-root \
+  for np in ${DCP_WORKER_NP:-1 2}; do
+    DCP_REQUIRE_GPU=1 DCP_TEST_DEVICE=cuda timeout 60 mpirun --allow-run-as-root \
         --oversubscribe --bind-to none -np $np --mca pml ob1 --mca btl self,vader,tcp \
         "$build/tests/multirank/worker_multirank_test" --gtest_filter="${DCP_WORKER_FILTER:-*}" \
         >"$out/test_worker_np$np.log" 2>&1
@@ -65,11 +65,11 @@ bench="$build/launch/bench/dcp_bench"
 if has_step routes; then
   echo "== routes ($(elapsed))"
   for backend in ${DCP_ROUTE_BACKENDS:-cudnn}; do
-    timeout "$(left 90)" "$bench" --mode routes --device cuda --model deepseek_v32 --heads 128 \
+    timeout 40 "$bench" --mode routes --device cuda --model deepseek_v32 --heads 128 \
         --prefill_backend $backend --batches 2q2k,4q1k,8q512,q1k,4q512s2k -w 2 -n 5 --check 0 \
         --csv "$out/routes_128_$backend.csv" >"$out/routes_128_$backend.log" 2>&1
     note "routes 128 $backend: exit $? ($(elapsed))"
-    timeout "$(left 80)" "$bench" --mode routes --device cuda --model deepseek_v32 --heads 16 \
+    timeout 20 "$bench" --mode routes --device cuda --model deepseek_v32 --heads 16 \
         --prefill_backend $backend --batches 4q2k,q2k -w 2 -n 5 --check 0 \
         --csv "$out/routes_16_$backend.csv" >"$out/routes_16_$backend.log" 2>&1
     note "routes 16 $backend: exit $? ($(elapsed))"
@@ -77,20 +77,26 @@ if has_step routes; then
 fi
 if has_step kernels; then
   echo "== kernels ($(elapsed))"
-  timeout "$(left 60)" "$bench" --mode kernels --device cuda --model deepseek_v32 --heads 16,128 \
+  kernel_batches=q1k,2q2k,4q1k,8q512,4q2k,q8k
+  timeout 40 "$bench" --mode kernels --device cuda --model deepseek_v32 --heads 16,128 \
       --prefill_backend cudnn --only dense_mha,gemm_up,scatter_rows,copy \
-      --batches q1k,2q2k,4q1k,8q512,4q2k,q8k -b 4M -e 64M -f 4 -w 3 -n 10 \
+      --batches $kernel_batches -b 4M -e 64M -f 4 -w 3 -n 10 \
       --csv "$out/kernels.csv" >"$out/kernels.log" 2>&1
   note "kernels: exit $? ($(elapsed))"
+  # The same dense MHA rows with every batch through ragged graphs (the form before uniform).
+  DCP_CUDNN_SDPA_RAGGED=1 timeout 30 "$bench" --mode kernels --device cuda --model deepseek_v32 \
+      --heads 16,128 --prefill_backend cudnn --only dense_mha --batches $kernel_batches \
+      -w 3 -n 10 --csv "$out/kernels_ragged.csv" >"$out/kernels_ragged.log" 2>&1
+  note "kernels (ragged graphs): exit $? ($(elapsed))"
 fi
 if has_step peers; then
   echo "== torch peers ($(elapsed))"
-  [ -f "$out/kernels.csv" ] && timeout "$(left 40)" python3 scripts/peer_torch.py \
+  [ -f "$out/kernels.csv" ] && timeout 40 python3 scripts/peer_torch.py \
       --kernels "$out/kernels.csv" -w 2 -n 5 --out "$out/peers_kernels.csv" >"$out/peers.log" 2>&1
   note "peers kernels: exit $? ($(elapsed))"
   for f in "$out"/routes_128_cudnn.csv "$out"/routes_16_cudnn.csv; do
     [ -f "$f" ] || continue
-    timeout "$(left 5)" python3 scripts/peer_torch.py --routes "$f" -w 2 -n 5 \
+    timeout 25 python3 scripts/peer_torch.py --routes "$f" -w 2 -n 5 \
         --out "${f%.csv}_peers.csv" >>"$out/peers.log" 2>&1
     note "peers routes $(basename "$f"): exit $? ($(elapsed))"
   done

@@ -92,16 +92,12 @@ struct GraphForm {
   // ragged offsets, no padding mask (torch's configuration of the same call). Else ragged THD
   // with per-sequence lengths and the padding mask.
   bool uniform = false;
-  // cuDNN writes fp32 O and the LSE straight into the caller's out / lse (no finish pass over
-  // the output); else bf16 O and Stats into scratch, converted by SdpaFinish.
-  bool fp32_out = false;
-  int64_t o_token_stride = 0, o_head_stride = 0, stats_token_stride = 0;
 };
 
 // Everything a graph depends on. Lengths and batch are bucketed (exact for uniform graphs); the
 // rest is exact (the softmax scale is an input, not part of the graph).
 using GraphKey = std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
-                            int64_t, int, int, int, bool, bool, int64_t, int64_t, int64_t>;
+                            int64_t, int, int, int, bool>;
 
 bool PowerOfTwo(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 
@@ -135,9 +131,8 @@ struct CudnnSdpa::Impl {
 
   absl::StatusOr<const Graph*> GetGraph(const DenseMhaParams& p, int batch, int max_q,
                                         int max_k, const GraphForm& form);
-  // Whether graphs with fp32 O build here (-1: not tried yet). Tried once; a failure keeps
-  // every later graph on bf16 O.
-  int fp32_out = -1;
+  // DCP_CUDNN_SDPA_RAGGED=1: every batch through ragged graphs (measures the uniform form).
+  bool ragged_only = false;
 };
 
 absl::StatusOr<const Graph*> CudnnSdpa::Impl::GetGraph(const DenseMhaParams& p, int batch,
@@ -146,8 +141,7 @@ absl::StatusOr<const Graph*> CudnnSdpa::Impl::GetGraph(const DenseMhaParams& p, 
   const GraphKey key{p.num_heads,      p.qk_dim,         p.v_dim,          p.causal,
                      p.q_token_stride, p.q_head_stride,  p.k_token_stride, p.k_head_stride,
                      p.v_token_stride, p.v_head_stride,  batch,            max_q,
-                     max_k,            form.uniform,     form.fp32_out,    form.o_token_stride,
-                     form.o_head_stride, form.stats_token_stride};
+                     max_k,            form.uniform};
   if (auto it = graphs.find(key); it != graphs.end()) return &it->second;
 
   const int64_t b = batch, h = p.num_heads, sq = max_q, skv = max_k, dqk = p.qk_dim,
@@ -217,13 +211,12 @@ absl::StatusOr<const Graph*> CudnnSdpa::Impl::GetGraph(const DenseMhaParams& p, 
   o->set_output(true)
       .set_uid(kO)
       .set_dim({b, h, sq, dv})
-      .set_stride({sq * form.o_token_stride, form.o_head_stride, form.o_token_stride, 1});
-  if (form.fp32_out) o->set_data_type(fe::DataType_t::FLOAT);
+      .set_stride({sq * h * dv, dv, h * dv, 1});
   stats->set_output(true)
       .set_uid(kStats)
       .set_data_type(fe::DataType_t::FLOAT)
       .set_dim({b, h, sq, 1})
-      .set_stride({sq * form.stats_token_stride, 1, form.stats_token_stride, 1});
+      .set_stride({sq * h, 1, h, 1});
   if (!form.uniform) {
     o->set_ragged_offset(o_offsets);
     stats->set_ragged_offset(stats_offsets);
@@ -232,10 +225,10 @@ absl::StatusOr<const Graph*> CudnnSdpa::Impl::GetGraph(const DenseMhaParams& p, 
   auto fail = [&](const char* step, fe::error_t error) {
     return DCP_ERROR(Unimplemented,
                      "cuDNN SDPA graph (heads %d, qk %d, v %d, %s, batch %d, s_q %d, s_kv %d, "
-                     "%s, %s O) failed at %s: %s",
+                     "%s) failed at %s: %s",
                      p.num_heads, p.qk_dim, p.v_dim, p.causal ? "causal" : "non-causal", batch,
-                     max_q, max_k, form.uniform ? "uniform" : "ragged",
-                     form.fp32_out ? "fp32" : "bf16", step, error.get_message());
+                     max_q, max_k, form.uniform ? "uniform" : "ragged", step,
+                     error.get_message());
   };
   if (auto e = graph->validate(); !e.is_good()) return fail("validate", e);
   if (auto e = graph->build_operation_graph(handle); !e.is_good()) {
@@ -254,8 +247,7 @@ absl::StatusOr<const Graph*> CudnnSdpa::Impl::GetGraph(const DenseMhaParams& p, 
   DCP_LOG(INFO) << "cuDNN SDPA graph built: heads " << p.num_heads << ", qk " << p.qk_dim
                 << ", v " << p.v_dim << (p.causal ? ", causal" : ", non-causal") << ", batch "
                 << batch << ", s_q " << max_q << ", s_kv " << max_k
-                << (form.uniform ? ", uniform" : ", ragged")
-                << (form.fp32_out ? ", fp32 O" : ", bf16 O") << ", workspace "
+                << (form.uniform ? ", uniform" : ", ragged") << ", workspace "
                 << built.workspace_bytes << " B";
   return &graphs.emplace(key, std::move(built)).first->second;
 }
@@ -297,6 +289,8 @@ absl::StatusOr<std::unique_ptr<CudnnSdpa>> CudnnSdpa::Create(cudaStream_t stream
     return DCP_ERROR(Unavailable, "cuDNN could not be initialised: %s", e.what());
   }
   impl->stream = stream;
+  const char* ragged = std::getenv("DCP_CUDNN_SDPA_RAGGED");
+  impl->ragged_only = ragged != nullptr && std::string(ragged) == "1";
   return std::unique_ptr<CudnnSdpa>(new CudnnSdpa(std::move(impl)));
 }
 
@@ -320,10 +314,7 @@ absl::Status CudnnSdpa::Supports(int num_heads, int qk_dim, int v_dim) {
   p.v_token_stride = int64_t{num_heads} * v_dim;
   p.v_head_stride = v_dim;
   p.scale = 1.0f;
-  GraphForm form;  // ragged, bf16 O (Run tries fp32 O itself)
-  form.o_token_stride = int64_t{num_heads} * v_dim;
-  form.o_head_stride = v_dim;
-  form.stats_token_stride = num_heads;
+  const GraphForm form;  // ragged
   try {
     for (const bool causal : {true, false}) {
       p.causal = causal;
@@ -361,8 +352,7 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
   const int64_t h = p.num_heads, dv = p.v_dim;
   // Ragged offsets are int32 element counts (Unimplemented: auto runs such a shape natively).
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  if (total_q * std::max<int64_t>({p.q_token_stride, h * dv, p.out_token_stride,
-                                   p.lse_token_stride}) >= kMax ||
+  if (total_q * std::max<int64_t>({p.q_token_stride, h * dv}) >= kMax ||
       total_k * std::max(p.k_token_stride, p.v_token_stride) >= kMax) {
     return DCP_ERROR(Unimplemented,
                      "DenseMha (cuDNN): %d queries / %d keys exceed cuDNN's int32 ragged offsets",
@@ -370,61 +360,36 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
   }
 
   // The graph's form. Uniform: every sequence has the same power-of-two lengths (a few graphs
-  // cover them, as the buckets do), and no query lacks keys.
-  bool uniform = PowerOfTwo(p.num_seqs) && PowerOfTwo(max_q) && PowerOfTwo(max_k) &&
-                 max_q >= 64 && max_k >= 64 && (!p.causal || max_q <= max_k);
-  bool some_row_empty = false;  // a query that sees no key (cuDNN leaves it undefined)
-  for (int s = 0; s < p.num_seqs; ++s) {
-    const int lq = cu_q[s + 1] - cu_q[s], lk = cu_k[s + 1] - cu_k[s];
-    uniform = uniform && lq == max_q && lk == max_k;
-    some_row_empty = some_row_empty || (lq > 0 && (lk == 0 || (p.causal && lq > lk)));
+  // cover them, as the buckets do) and every query sees a key: plain strided tensors, no
+  // ragged offsets, no padding mask, no index kernel.
+  GraphForm form;
+  form.uniform = !impl_->ragged_only && PowerOfTwo(p.num_seqs) && PowerOfTwo(max_q) &&
+                 PowerOfTwo(max_k) && max_q >= 64 && max_k >= 64 && (!p.causal || max_q <= max_k);
+  for (int s = 0; s < p.num_seqs && form.uniform; ++s) {
+    form.uniform = cu_q[s + 1] - cu_q[s] == max_q && cu_k[s + 1] - cu_k[s] == max_k;
   }
-  const int batch = uniform ? p.num_seqs : Bucket(p.num_seqs, kMinBatchBucket);
-  const int bucket_q = uniform ? max_q : Bucket(max_q, kMinLengthBucket);
-  const int bucket_k = uniform ? max_k : Bucket(max_k, kMinLengthBucket);
-  auto form_of = [&](bool fp32_out) {
-    GraphForm form;
-    form.uniform = uniform;
-    form.fp32_out = fp32_out;
-    form.o_token_stride = fp32_out ? p.out_token_stride : h * dv;
-    form.o_head_stride = fp32_out ? p.out_head_stride : dv;
-    form.stats_token_stride = fp32_out && p.lse != nullptr ? p.lse_token_stride : h;
-    return form;
-  };
-  // fp32 O straight into the caller's out where cuDNN builds it (tried once per instance).
+  const int batch = form.uniform ? p.num_seqs : Bucket(p.num_seqs, kMinBatchBucket);
+  const int bucket_q = form.uniform ? max_q : Bucket(max_q, kMinLengthBucket);
+  const int bucket_k = form.uniform ? max_k : Bucket(max_k, kMinLengthBucket);
   const Graph* graph = nullptr;
-  bool fp32_out = impl_->fp32_out != 0;
   try {
-    auto built = impl_->GetGraph(p, batch, bucket_q, bucket_k, form_of(fp32_out));
-    if (!built.ok() && fp32_out && impl_->fp32_out == -1) {
-      DCP_LOG(INFO) << "cuDNN SDPA: no fp32 output here, bf16 O and a finish pass instead ("
-                    << built.status().message() << ")";
-      impl_->fp32_out = 0;
-      fp32_out = false;
-      built = impl_->GetGraph(p, batch, bucket_q, bucket_k, form_of(false));
-    }
-    DCP_ASSIGN_OR_RETURN(graph, std::move(built));
-    if (fp32_out) impl_->fp32_out = 1;
+    DCP_ASSIGN_OR_RETURN(graph, impl_->GetGraph(p, batch, bucket_q, bucket_k, form));
   } catch (const std::exception& e) {
     return DCP_ERROR(Internal, "cuDNN SDPA graph build threw: %s", e.what());
   }
-  const GraphForm form = form_of(fp32_out);
 
-  // Scratch: index arrays (ragged) | O bf16 [total_q, h, dv] (bf16 O) | Stats fp32 [total_q, h]
-  // (bf16 O, or no lse asked for) | workspace.
-  const bool stats_in_scratch = !fp32_out || p.lse == nullptr;
-  const int64_t index_bytes = uniform ? 0 : Align(int64_t{7} * (batch + 1) * 4);
-  const int64_t o_bytes = fp32_out ? 0 : Align(total_q * h * dv * 2);
-  const int64_t stats_bytes = stats_in_scratch ? Align(total_q * h * 4) : 0;
+  // Scratch: index arrays (ragged) | O bf16 [total_q, h, dv] | Stats fp32 [total_q, h] |
+  // workspace.
+  const int64_t index_bytes = form.uniform ? 0 : Align(int64_t{7} * (batch + 1) * 4);
+  const int64_t o_bytes = Align(total_q * h * dv * 2);
+  const int64_t stats_bytes = Align(total_q * h * 4);
   DCP_RETURN_IF_ERROR(
       impl_->Reserve(size_t(index_bytes + o_bytes + stats_bytes + Align(graph->workspace_bytes))));
   auto* base = static_cast<std::byte*>(impl_->scratch);
   auto* index = reinterpret_cast<int32_t*>(base);
-  auto* o_scratch = reinterpret_cast<__nv_bfloat16*>(base + index_bytes);
-  auto* stats_scratch = reinterpret_cast<float*>(base + index_bytes + o_bytes);
+  auto* o = reinterpret_cast<__nv_bfloat16*>(base + index_bytes);
+  auto* stats = reinterpret_cast<float*>(base + index_bytes + o_bytes);
   void* workspace = base + index_bytes + o_bytes + stats_bytes;
-  float* out = p.out + int64_t{cu_q[0]} * p.out_token_stride;
-  float* lse = p.lse != nullptr ? p.lse + int64_t{cu_q[0]} * p.lse_token_stride : nullptr;
 
   // Base pointers at token cu_seqlens[0] (the offsets count from there).
   const auto* q = static_cast<const __nv_bfloat16*>(p.q) + int64_t{cu_q[0]} * p.q_token_stride;
@@ -435,11 +400,11 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
       {kQ, const_cast<__nv_bfloat16*>(q)},
       {kK, const_cast<__nv_bfloat16*>(k)},
       {kV, const_cast<__nv_bfloat16*>(v)},
-      {kO, fp32_out ? static_cast<void*>(out) : static_cast<void*>(o_scratch)},
-      {kStats, stats_in_scratch ? stats_scratch : lse},
+      {kO, o},
+      {kStats, stats},
       {kScale, &scale},
   };
-  if (!uniform) {
+  if (!form.uniform) {
     SdpaIndexParams ip;
     ip.cu_seqlens_q = p.cu_seqlens_q;
     ip.cu_seqlens_k = p.cu_seqlens_k;
@@ -448,8 +413,8 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
     ip.q_token_stride = p.q_token_stride;
     ip.k_token_stride = p.k_token_stride;
     ip.v_token_stride = p.v_token_stride;
-    ip.o_token_stride = form.o_token_stride;
-    ip.stats_token_stride = form.stats_token_stride;
+    ip.o_token_stride = h * dv;
+    ip.stats_token_stride = h;
     ip.seq_len_q = index;
     ip.seq_len_k = index + batch;
     ip.q_offsets = index + 2 * batch;
@@ -473,11 +438,10 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
   } catch (const std::exception& e) {
     return DCP_ERROR(Internal, "cuDNN SDPA execute threw: %s", e.what());
   }
-  // fp32 O: done unless a query sees no key. bf16 O: every row converted.
-  if (fp32_out && !some_row_empty) return absl::OkStatus();
+
   SdpaFinishParams fp;
-  fp.o = fp32_out ? nullptr : o_scratch;
-  fp.stats = fp32_out ? nullptr : stats_scratch;
+  fp.o = o;
+  fp.stats = stats;
   fp.cu_seqlens_q = p.cu_seqlens_q;
   fp.cu_seqlens_k = p.cu_seqlens_k;
   fp.num_seqs = p.num_seqs;
@@ -485,10 +449,10 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
   fp.v_dim = p.v_dim;
   fp.total_q = total_q;
   fp.first_q = cu_q[0];
-  fp.out = out;
+  fp.out = p.out + int64_t{cu_q[0]} * p.out_token_stride;
   fp.out_token_stride = p.out_token_stride;
   fp.out_head_stride = p.out_head_stride;
-  fp.lse = lse;
+  fp.lse = p.lse != nullptr ? p.lse + int64_t{cu_q[0]} * p.lse_token_stride : nullptr;
   fp.lse_token_stride = p.lse_token_stride;
   fp.causal = p.causal;
   return LaunchSdpaFinish(fp, impl_->stream);

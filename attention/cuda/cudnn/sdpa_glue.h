@@ -5,8 +5,7 @@
 // - SdpaFinish turns cuDNN's bf16 O [Tq, H, v_dim] and fp32 Stats [Tq, H] into DenseMha's
 //   contract: fp32 out and natural-log lse at the caller's strides, out 0 / lse -inf for a
 //   query that sees no key (an empty key range, or causal with more queries than keys), which
-//   cuDNN leaves undefined. With o null (cuDNN wrote fp32 out and the LSE in place) it only
-//   writes those rows without a key.
+//   cuDNN leaves undefined.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -36,7 +35,7 @@ struct SdpaIndexParams {
 };
 
 struct SdpaFinishParams {
-  const __nv_bfloat16* o = nullptr;  // [total_q, H, v_dim] packed, cuDNN's output; or null
+  const __nv_bfloat16* o = nullptr;  // [total_q, H, v_dim] packed, cuDNN's output
   const float* stats = nullptr;      // [total_q, H] natural-log LSE of the scaled scores
   const int32_t* cu_seqlens_q = nullptr;  // [num_seqs + 1] device
   const int32_t* cu_seqlens_k = nullptr;  // [num_seqs + 1] device
