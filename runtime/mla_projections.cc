@@ -59,6 +59,9 @@ absl::Status MlaProjections::UpProject(const void* rows, int64_t n, void* kv) {
   const int64_t ldc = int64_t{hl} * kv_width;
   const size_t element = dtype_size(storage_);
   auto* nope = static_cast<std::byte*>(kv) + size_t(dr) * element;  // kv[t][h][Dr:]
+  const int64_t targets = n * hl;
+  DCP_CHECK_ARG(targets <= broadcast_rows_,
+                "up-projection of %d rows, but the plan prepared %d", n, broadcast_rows_ / hl);
   if (w_kv_b_ != nullptr) {
     // [k_nope | v][t][h] = w_kv_b[h] kv_c[t]: per head [n, R] x [R, Dn + Dv] (w_kv_b[h] stored
     // [Dn + Dv, R]), one batched GEMM.
@@ -74,9 +77,6 @@ absl::Status MlaProjections::UpProject(const void* rows, int64_t n, void* kv) {
   }
   // k_pe is shared by the heads: one gather copies row t's k_pe in front of each head's k_nope
   // (row t * Hl + h of kv[:, :, :Dr] takes source row t), instead of a copy per head.
-  const int64_t targets = n * hl;
-  DCP_CHECK_ARG(targets <= broadcast_rows_,
-                "up-projection of %d rows, but the plan prepared %d", n, broadcast_rows_ / hl);
   return device_.GatherRows({static_cast<const std::byte*>(rows) + size_t(r) * element,
                              rope_index_.as<int32_t>(), kv, storage_, targets, n, dr, width,
                              kv_width});
