@@ -3,14 +3,19 @@
 # item 5): builds only what it needs, runs the dense/cuDNN GPU tests and the CUDA worker tests
 # (DCP_REQUIRE_GPU=1), then dcp_bench routes (the dense route at 128 and 16 heads through cudnn,
 # with its phases), kernels (the up-projection GEMMs, dense MHA through cudnn, the cache-write
-# scatter and the copy ceiling) and the torch peers of both. Logs and CSVs go to $OUT.
+# scatter and the copy ceiling) and the torch peers of both, packed into $OUT.
 #   DCP_ROUTE_STEPS="tests routes kernels peers" (default all), DCP_ROUTE_BACKENDS (routes,
 #   default "cudnn"), DCP_ATTENTION_FILTER / DCP_WORKER_FILTER (gtest filters), DCP_WORKER_NP
 #   (default "1 2"). Every step has its own timeout.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-out="${OUT:-/tmp/dense-route-out}"
-mkdir -p "$out"
+# Everything goes to a work folder, packed into $OUT/dense_route.tar.gz at the end with the
+# summary beside it (the device tool returns 8 files).
+final="${OUT:-/tmp/dense-route-out}"
+out=/tmp/dense-route-work
+rm -rf "$out" && mkdir -p "$out" "$final"
+pack() { tar czf "$final/dense_route.tar.gz" -C "$out" . ; cp "$out/summary.txt" "$final/"; }
+trap pack EXIT
 started=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - started ))s"; }
 steps="${DCP_ROUTE_STEPS:-tests routes kernels peers}"
