@@ -76,8 +76,12 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
     DCP_RETURN_IF_ERROR(Upload(device_, local_slots_, local_slots).status());
     DCP_RETURN_IF_ERROR(Upload(device_, reorganize_index_, reorganize).status());
     DCP_RETURN_IF_ERROR(Upload(device_, cu_seqlens_k_, cu_k).status());
-    const std::vector<float> empty(lse_count, -std::numeric_limits<float>::infinity());
-    DCP_RETURN_IF_ERROR(Upload(device_, empty_lse_, empty).status());
+    // -inf for every (token, head): constant, uploaded again only when a step needs more.
+    if (empty_lse_count_ < lse_count) {
+      const std::vector<float> empty(lse_count, -std::numeric_limits<float>::infinity());
+      DCP_RETURN_IF_ERROR(Upload(device_, empty_lse_, empty).status());
+      empty_lse_count_ = lse_count;
+    }
     for (ScratchBuffer* b : {&out_new_, &out_context_, &out_chunk_}) {
       DCP_RETURN_IF_ERROR(b->Reserve(device_, out_count * 4).status());
     }
