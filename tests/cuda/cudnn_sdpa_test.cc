@@ -166,7 +166,8 @@ class DensePrefillTest : public GpuTest {
     result->out.assign(tq * heads * dv, 0.f);
     result->lse.assign(tq * heads, 0.f);
     for (size_t t = 0; t < tq; ++t) {
-      std::copy_n(out_rows.data() + t * out_stride, heads * dv, result->out.data() + t * heads * dv);
+      std::copy_n(out_rows.data() + t * out_stride, heads * dv,
+                  result->out.data() + t * heads * dv);
       std::copy_n(lse_rows.data() + t * lse_stride, heads, result->lse.data() + t * heads);
       // The padding behind each row keeps its poison (NaN): nothing wrote past a row.
       for (int64_t i = int64_t{heads} * dv; i < out_stride; ++i) {
