@@ -86,7 +86,7 @@ struct Graph {
   int64_t workspace_bytes = 0;
 };
 
-// How a graph lays out its batch and writes its output.
+// How a graph lays out its batch.
 struct GraphForm {
   // Every sequence has the same (power-of-two) lengths: plain strided [b, h, s, d] tensors, no
   // ragged offsets, no padding mask (torch's configuration of the same call). Else ragged THD
