@@ -12,6 +12,7 @@ namespace dcp {
 absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
   const int hl = projections_.heads(), qk = model_.qk_head_dim(), dv = model_.v_head_dim;
   const int world = comm_.world_size(), width = model_.latent_width();
+  const int kv_width = MlaProjections::KvWidth(model_);
   const size_t element = dtype_size(device_.storage_dtype());
   const PlannedRequest* prefills = plan.requests.data() + plan.num_decodes;
   num_tokens_ = plan.num_tokens - plan.num_decode_tokens;
@@ -75,8 +76,12 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
     DCP_RETURN_IF_ERROR(Upload(device_, local_slots_, local_slots).status());
     DCP_RETURN_IF_ERROR(Upload(device_, reorganize_index_, reorganize).status());
     DCP_RETURN_IF_ERROR(Upload(device_, cu_seqlens_k_, cu_k).status());
-    const std::vector<float> empty(lse_count, -std::numeric_limits<float>::infinity());
-    DCP_RETURN_IF_ERROR(Upload(device_, empty_lse_, empty).status());
+    // -inf for every (token, head): constant, uploaded again only when a step needs more.
+    if (empty_lse_count_ < lse_count) {
+      const std::vector<float> empty(lse_count, -std::numeric_limits<float>::infinity());
+      DCP_RETURN_IF_ERROR(Upload(device_, empty_lse_, empty).status());
+      empty_lse_count_ = lse_count;
+    }
     for (ScratchBuffer* b : {&out_new_, &out_context_, &out_chunk_}) {
       DCP_RETURN_IF_ERROR(b->Reserve(device_, out_count * 4).status());
     }
@@ -86,18 +91,15 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
     DCP_RETURN_IF_ERROR(
         chunk_rows_.Reserve(device_, size_t(max_chunk_keys_) * width * element).status());
     DCP_RETURN_IF_ERROR(
-        k_chunk_.Reserve(device_, size_t(max_chunk_keys_) * hl * qk * element).status());
-    DCP_RETURN_IF_ERROR(
-        v_chunk_.Reserve(device_, size_t(max_chunk_keys_) * hl * dv * element).status());
+        kv_chunk_.Reserve(device_, size_t(max_chunk_keys_) * hl * kv_width * element).status());
   }
   DCP_RETURN_IF_ERROR(q_.Reserve(device_, size_t(tp) * hl * qk * element).status());
-  DCP_RETURN_IF_ERROR(k_new_.Reserve(device_, size_t(tp) * hl * qk * element).status());
-  DCP_RETURN_IF_ERROR(v_new_.Reserve(device_, size_t(tp) * hl * dv * element).status());
+  DCP_RETURN_IF_ERROR(kv_new_.Reserve(device_, size_t(tp) * hl * kv_width * element).status());
   return projections_.Prepare(std::max(tp, max_chunk_keys_));
 }
 
-absl::Status DenseRoute::ChunkKeys(const KvCacheView& cache, const ChunkSteps& chunk, void* k,
-                                   void* v, StepStats* stats) {
+absl::Status DenseRoute::ChunkKeys(const KvCacheView& cache, const ChunkSteps& chunk, void* kv,
+                                   StepStats* stats) {
   const int world = comm_.world_size(), hl = projections_.heads();
   const int width = model_.latent_width();
   const DType storage = device_.storage_dtype();
@@ -151,7 +153,7 @@ absl::Status DenseRoute::ChunkKeys(const KvCacheView& cache, const ChunkSteps& c
   timer.End(&ForwardStats::gather_s);
 
   timer.Restart();
-  DCP_RETURN_IF_ERROR(projections_.UpProject(rows, chunk.num_keys, k, v));
+  DCP_RETURN_IF_ERROR(projections_.UpProject(rows, chunk.num_keys, kv));
   timer.End(&ForwardStats::up_projection_s);
   if (stats) {
     stats->num_context_rows += chunk.num_keys;
@@ -165,26 +167,30 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
                              float* lse, StepStats* stats) {
   const ModelDims& m = model_;
   const int hl = projections_.heads(), dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim;
-  const int dv = m.v_head_dim, qk = dn + dr;
+  const int dv = m.v_head_dim, qk = dn + dr, kv_width = MlaProjections::KvWidth(m);
   const DType storage = device_.storage_dtype();
   const size_t element = dtype_size(storage);
   const int64_t tp = num_tokens_;
   if (tp == 0) return absl::OkStatus();
   PhaseTimer timer(stats);
 
-  // Queries [tp, Hl, Dn + Dr] = [q_nope | q_rope] of the prefill tokens.
+  // Queries [tp, Hl, Dr + Dn] = [q_rope | q_nope] of the prefill tokens: the head dims in the
+  // order of UpProject's keys [k_pe | k_nope] (a dot product does not care about the order).
   DCP_ASSIGN_OR_RETURN(void* q, q_.Get(size_t(tp) * hl * qk * element));
-  DCP_RETURN_IF_ERROR(device_.Copy2D(q, size_t(qk) * element, in.q_nope, size_t(dn) * element,
-                                     size_t(dn) * element, size_t(tp) * hl));
-  DCP_RETURN_IF_ERROR(device_.Copy2D(static_cast<std::byte*>(q) + size_t(dn) * element,
-                                     size_t(qk) * element, in.q_rope, size_t(dr) * element,
+  DCP_RETURN_IF_ERROR(device_.Copy2D(q, size_t(qk) * element, in.q_rope, size_t(dr) * element,
                                      size_t(dr) * element, size_t(tp) * hl));
-  // The new tokens' K/V from their latent rows.
-  DCP_ASSIGN_OR_RETURN(void* k_new, k_new_.Get(size_t(tp) * hl * qk * element));
-  DCP_ASSIGN_OR_RETURN(void* v_new, v_new_.Get(size_t(tp) * hl * dv * element));
-  DCP_RETURN_IF_ERROR(projections_.UpProject(in.kv_new, tp, k_new, v_new));
+  DCP_RETURN_IF_ERROR(device_.Copy2D(static_cast<std::byte*>(q) + size_t(dr) * element,
+                                     size_t(qk) * element, in.q_nope, size_t(dn) * element,
+                                     size_t(dn) * element, size_t(tp) * hl));
+  // The new tokens' K/V from their latent rows: kv [tp, Hl, Dr + Dn + Dv].
+  DCP_ASSIGN_OR_RETURN(void* kv_new, kv_new_.Get(size_t(tp) * hl * kv_width * element));
+  DCP_RETURN_IF_ERROR(projections_.UpProject(in.kv_new, tp, kv_new));
   timer.End(&ForwardStats::up_projection_s);
   if (stats) stats->flops += 2.0 * double(tp) * hl * m.kv_lora_rank * (dn + dv);
+  // K and V are views of a kv buffer: k = kv[:, :, :qk], v = kv[:, :, qk:].
+  const auto v_of = [&](void* kv) -> void* {
+    return static_cast<std::byte*>(kv) + size_t(qk) * element;
+  };
 
   DenseMhaParams base;
   base.q = q;
@@ -196,10 +202,10 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
   base.max_seqlen_q = max_query_len_;
   base.q_token_stride = int64_t{hl} * qk;
   base.q_head_stride = qk;
-  base.k_token_stride = int64_t{hl} * qk;
-  base.k_head_stride = qk;
-  base.v_token_stride = int64_t{hl} * dv;
-  base.v_head_stride = dv;
+  base.k_token_stride = int64_t{hl} * kv_width;
+  base.k_head_stride = kv_width;
+  base.v_token_stride = int64_t{hl} * kv_width;
+  base.v_head_stride = kv_width;
   base.out_token_stride = int64_t{hl} * dv;
   base.out_head_stride = dv;
   base.lse_token_stride = hl;
@@ -220,8 +226,8 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
     lse_new = static_cast<float*>(l);
   }
   DenseMhaParams causal = base;
-  causal.k = k_new;
-  causal.v = v_new;
+  causal.k = kv_new;
+  causal.v = v_of(kv_new);
   causal.out = out_new;
   causal.lse = lse_new;
   causal.cu_seqlens_k = base.cu_seqlens_q;  // new tokens: as many keys as queries
@@ -238,8 +244,8 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
   DCP_ASSIGN_OR_RETURN(void* lse_ctx_data, lse_context_.Get(lse_count * 4));
   DCP_ASSIGN_OR_RETURN(void* out_chunk_data, out_chunk_.Get(out_count * 4));
   DCP_ASSIGN_OR_RETURN(void* lse_chunk_data, lse_chunk_.Get(lse_count * 4));
-  DCP_ASSIGN_OR_RETURN(void* k, k_chunk_.Get(size_t(max_chunk_keys_) * hl * qk * element));
-  DCP_ASSIGN_OR_RETURN(void* v, v_chunk_.Get(size_t(max_chunk_keys_) * hl * dv * element));
+  DCP_ASSIGN_OR_RETURN(void* kv,
+                       kv_chunk_.Get(size_t(max_chunk_keys_) * hl * kv_width * element));
   auto* out_ctx = static_cast<float*>(out_ctx_data);
   auto* lse_ctx = static_cast<float*>(lse_ctx_data);
   auto* out_chunk = static_cast<float*>(out_chunk_data);
@@ -248,12 +254,12 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
   DCP_RETURN_IF_ERROR(device_.Copy(lse_ctx, empty_lse_.data(), lse_count * 4));
 
   for (const ChunkSteps& chunk : chunks_) {
-    DCP_RETURN_IF_ERROR(ChunkKeys(cache, chunk, k, v, stats));
+    DCP_RETURN_IF_ERROR(ChunkKeys(cache, chunk, kv, stats));
     // Every prefill's queries against its keys in this chunk (none: out 0, lse -inf).
     timer.Restart();
     DenseMhaParams context = base;
-    context.k = k;
-    context.v = v;
+    context.k = kv;
+    context.v = v_of(kv);
     context.out = out_chunk;
     context.lse = lse_chunk;
     context.cu_seqlens_k = cu_seqlens_k_.as<int32_t>() + chunk.cu_k_offset;

@@ -56,8 +56,9 @@ class DenseRoute {
     int max_keys = 0;
     double flops = 0;
   };
-  // Keys of one context chunk, up-projected: k [num_keys, Hl, Dn + Dr], v [num_keys, Hl, Dv].
-  absl::Status ChunkKeys(const KvCacheView& cache, const ChunkSteps& chunk, void* k, void* v,
+  // Keys of one context chunk, up-projected: kv [num_keys, Hl, Dr + Dn + Dv] (UpProject's
+  // layout).
+  absl::Status ChunkKeys(const KvCacheView& cache, const ChunkSteps& chunk, void* kv,
                          StepStats* stats);
 
   Device& device_;
@@ -77,9 +78,10 @@ class DenseRoute {
   // Host copies of the cu_seqlens arrays (the kernels check them without a copy back).
   std::vector<int32_t> cu_q_host_, cu_k_host_;
   ScratchBuffer cu_seqlens_q_, local_slots_, reorganize_index_, cu_seqlens_k_, empty_lse_;
-  ScratchBuffer q_, k_new_, v_new_;
+  size_t empty_lse_count_ = 0;  // -inf values held by empty_lse_
+  ScratchBuffer q_, kv_new_;
   ScratchBuffer out_new_, lse_new_, out_context_, lse_context_, out_chunk_, lse_chunk_;
-  ScratchBuffer chunk_rows_, k_chunk_, v_chunk_;
+  ScratchBuffer chunk_rows_, kv_chunk_;
 };
 
 }  // namespace dcp

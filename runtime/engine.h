@@ -47,6 +47,11 @@ namespace dcp {
 struct LayerWeightsView {
   const void* w_uk = nullptr;  // [H/W, Dn, R]
   const void* w_uv = nullptr;  // [H/W, R, Dv]
+  // Optional: the same weights as vLLM's kv_b_proj.weight holds them ([H (Dn + Dv), R], out x
+  // in), this rank's heads: [H/W, Dn + Dv, R], per head rows [0, Dn) = w_uk[h] and rows
+  // [Dn, Dn + Dv) = w_uv[h]^T (MlaProjections::CombineKvB builds it). When set, the dense
+  // route's up-projection is one GEMM instead of two.
+  const void* w_kv_b = nullptr;
 };
 
 // One layer's tensors for Run, in the batch's (caller) token order, device memory:

@@ -1,6 +1,7 @@
 #include "runtime/mla_projections.h"
 
 #include <cstddef>
+#include <limits>
 #include <vector>
 
 #include "core/status.h"
@@ -51,26 +52,69 @@ absl::Status MlaProjections::Absorb(const void* q_nope, const void* q_rope, int6
                         size_t(dr) * element, size_t(tx) * hl);
 }
 
-absl::Status MlaProjections::UpProject(const void* rows, int64_t n, void* k, void* v) {
+absl::Status MlaProjections::UpProject(const void* rows, int64_t n, void* kv) {
   const int dn = model_.qk_nope_head_dim, dr = model_.qk_rope_head_dim, dv = model_.v_head_dim;
-  const int r = model_.kv_lora_rank, hl = heads_, qk = dn + dr, width = model_.latent_width();
+  const int r = model_.kv_lora_rank, hl = heads_, width = model_.latent_width();
+  const int kv_width = KvWidth(model_);
+  const int64_t ldc = int64_t{hl} * kv_width;
   const size_t element = dtype_size(storage_);
-  // k_nope[t][h] = w_uk[h] @ kv_c[t]: per head [n, R] x [R, Dn] (w_uk[h] stored [Dn, R]),
-  // written into k[t][h][:Dn].
-  DCP_RETURN_IF_ERROR(HeadGemm({rows, width, 0, w_uk_, true, k, storage_,
-                                int64_t{hl} * qk, qk, n, dn, r}));
-  // v[t][h] = w_uv[h]^T kv_c[t]: per head [n, R] x [R, Dv].
-  DCP_RETURN_IF_ERROR(HeadGemm({rows, width, 0, w_uv_, false, v, storage_,
-                                int64_t{hl} * dv, dv, n, dv, r}));
-  // k_pe is shared by the heads: one gather copies row t's k_pe behind each head's k_nope
-  // (row t * Hl + h of k[:, :, Dn:] takes source row t), instead of a copy per head.
+  auto* nope = static_cast<std::byte*>(kv) + size_t(dr) * element;  // kv[t][h][Dr:]
   const int64_t targets = n * hl;
   DCP_CHECK_ARG(targets <= broadcast_rows_,
                 "up-projection of %d rows, but the plan prepared %d", n, broadcast_rows_ / hl);
+  if (w_kv_b_ != nullptr) {
+    // [k_nope | v][t][h] = w_kv_b[h] kv_c[t]: per head [n, R] x [R, Dn + Dv] (w_kv_b[h] stored
+    // [Dn + Dv, R]), one batched GEMM.
+    DCP_RETURN_IF_ERROR(
+        HeadGemm({rows, width, 0, w_kv_b_, true, nope, storage_, ldc, kv_width, n, dn + dv, r}));
+  } else {
+    // k_nope[t][h] = w_uk[h] @ kv_c[t]: per head [n, R] x [R, Dn] (w_uk[h] stored [Dn, R]).
+    DCP_RETURN_IF_ERROR(
+        HeadGemm({rows, width, 0, w_uk_, true, nope, storage_, ldc, kv_width, n, dn, r}));
+    // v[t][h] = w_uv[h]^T kv_c[t]: per head [n, R] x [R, Dv].
+    DCP_RETURN_IF_ERROR(HeadGemm({rows, width, 0, w_uv_, false, nope + size_t(dn) * element,
+                                  storage_, ldc, kv_width, n, dv, r}));
+  }
+  // k_pe is shared by the heads: one gather copies row t's k_pe in front of each head's k_nope
+  // (row t * Hl + h of kv[:, :, :Dr] takes source row t), instead of a copy per head.
   return device_.GatherRows({static_cast<const std::byte*>(rows) + size_t(r) * element,
-                             rope_index_.as<int32_t>(),
-                             static_cast<std::byte*>(k) + size_t(dn) * element, storage_,
-                             targets, n, dr, width, qk});
+                             rope_index_.as<int32_t>(), kv, storage_, targets, n, dr, width,
+                             kv_width});
+}
+
+absl::StatusOr<Buffer> MlaProjections::CombineKvB(Device& device, const ModelDims& m, int heads,
+                                                  const void* w_uk, const void* w_uv) {
+  const int64_t dn = m.qk_nope_head_dim, dv = m.v_head_dim, r = m.kv_lora_rank, hl = heads;
+  const DType dtype = device.storage_dtype();
+  const size_t element = dtype_size(dtype);
+  const int64_t uk_count = hl * dn * r, uv_count = hl * r * dv;
+  // Both weights side by side, then one element gather into the combined order.
+  DCP_ASSIGN_OR_RETURN(Buffer both, device.Allocate(size_t(uk_count + uv_count) * element));
+  DCP_RETURN_IF_ERROR(device.Copy(both.data(), w_uk, size_t(uk_count) * element));
+  DCP_RETURN_IF_ERROR(device.Copy(static_cast<std::byte*>(both.data()) + uk_count * element,
+                                  w_uv, size_t(uv_count) * element));
+  const int64_t total = uk_count + uv_count;
+  DCP_CHECK_ARG(total <= std::numeric_limits<int32_t>::max(),
+                "kv_b of %d elements exceeds the int32 gather index", total);
+  std::vector<int32_t> index(total);
+  for (int64_t h = 0; h < hl; ++h) {
+    int32_t* head = index.data() + h * (dn + dv) * r;
+    for (int64_t j = 0; j < dn; ++j) {  // rows [0, Dn): w_uk[h][j][:]
+      for (int64_t c = 0; c < r; ++c) head[j * r + c] = int32_t(h * dn * r + j * r + c);
+    }
+    for (int64_t j = 0; j < dv; ++j) {  // rows [Dn, Dn + Dv): w_uv[h][:][j]
+      for (int64_t c = 0; c < r; ++c) {
+        head[(dn + j) * r + c] = int32_t(uk_count + h * r * dv + c * dv + j);
+      }
+    }
+  }
+  ScratchBuffer index_buffer;
+  DCP_ASSIGN_OR_RETURN(int32_t* d_index, Upload(device, index_buffer, index));
+  DCP_ASSIGN_OR_RETURN(Buffer combined, device.Allocate(size_t(total) * element));
+  DCP_RETURN_IF_ERROR(
+      device.GatherRows({both.data(), d_index, combined.data(), dtype, total, total, 1, 1, 1}));
+  DCP_RETURN_IF_ERROR(device.Synchronize());
+  return combined;
 }
 
 absl::Status MlaProjections::ProjectOut(const void* o_lat, int64_t tx, float* out) {

@@ -1,7 +1,7 @@
 // The MLA projections of this rank's heads (DESIGN.md section 3), each one batched GEMM over
 // the heads on the rank's Device, in its storage dtype:
 //   Absorb:     q'[t][h] = [w_uk[h]^T q_nope[t][h] | q_rope[t][h]]          (sparse route)
-//   UpProject:  k[t][h] = [w_uk[h] kv_c[t] | k_pe[t]], v[t][h] = w_uv[h]^T kv_c[t]  (dense)
+//   UpProject:  kv[t][h] = [k_pe[t] | w_uk[h] kv_c[t] | w_uv[h]^T kv_c[t]]       (dense)
 //   ProjectOut: out[t][h] = w_uv[h]^T o_lat[t][h]                           (sparse route)
 // The weights are the caller's (device memory, storage dtype), bound per layer with Bind.
 #pragma once
@@ -25,17 +25,33 @@ class MlaProjections {
 
   // At plan time: UpProject will see at most `max_rows` rows (uploads the k_pe broadcast index).
   absl::Status Prepare(int64_t max_rows);
-  // The layer's weights: w_uk [Hl, Dn, R], w_uv [Hl, R, Dv], storage dtype, on the device.
-  void Bind(const void* w_uk, const void* w_uv) {
+  // The layer's weights: w_uk [Hl, Dn, R], w_uv [Hl, R, Dv], storage dtype, on the device;
+  // w_kv_b (optional, may be null) the same weights as vLLM's kv_b_proj holds them (see
+  // CombineKvB): UpProject then runs one GEMM instead of two.
+  void Bind(const void* w_uk, const void* w_uv, const void* w_kv_b = nullptr) {
     w_uk_ = w_uk;
     w_uv_ = w_uv;
+    w_kv_b_ = w_kv_b;
   }
+  // w_kv_b [Hl, Dn + Dv, R] from w_uk [Hl, Dn, R] and w_uv [Hl, R, Dv] (device, storage dtype):
+  // per head rows [0, Dn) are w_uk[h], rows [Dn, Dn + Dv) are w_uv[h]^T. This is vLLM's
+  // kv_b_proj.weight ([H (Dn + Dv), R], out x in) restricted to the rank's heads. Exact (a
+  // permutation of the elements); waits for the device.
+  static absl::StatusOr<Buffer> CombineKvB(Device& device, const ModelDims& model, int heads,
+                                           const void* w_uk, const void* w_uv);
 
   // q_nope [T, Hl, Dn], q_rope [T, Hl, Dr] -> q_latent [T, Hl, R + Dr].
   absl::Status Absorb(const void* q_nope, const void* q_rope, int64_t num_tokens,
                       void* q_latent);
-  // rows [n, R + Dr] -> k [n, Hl, Dn + Dr], v [n, Hl, Dv].
-  absl::Status UpProject(const void* rows, int64_t n, void* k, void* v);
+  // rows [n, R + Dr] -> kv [n, Hl, Dr + Dn + Dv]: per head [k_pe | k_nope | v], the layout the
+  // dense attention reads: k = kv[:, :, :Dr + Dn] (rope dims first: the queries are built as
+  // [q_rope | q_nope]), v = kv[:, :, Dr + Dn:]. With w_kv_b bound, one GEMM batched over the
+  // heads ([n, R] x [R, Dn + Dv] per head) writes k_nope and v; else one GEMM each. k_pe is
+  // broadcast to the heads by one gather.
+  static int KvWidth(const ModelDims& m) {
+    return m.qk_rope_head_dim + m.qk_nope_head_dim + m.v_head_dim;
+  }
+  absl::Status UpProject(const void* rows, int64_t n, void* kv);
   // o_lat [T, Hl, R] of the storage dtype -> out [T, Hl, Dv] F32.
   absl::Status ProjectOut(const void* o_lat, int64_t num_tokens, float* out);
 
@@ -65,6 +81,7 @@ class MlaProjections {
   DType storage_;
   const void* w_uk_ = nullptr;  // [Hl, Dn, R] of storage_
   const void* w_uv_ = nullptr;  // [Hl, R, Dv] of storage_
+  const void* w_kv_b_ = nullptr;  // [Hl, Dn + Dv, R] of storage_, optional
   ScratchBuffer rope_index_;    // i / Hl for i < broadcast_rows_: the k_pe broadcast's gather
   int64_t broadcast_rows_ = 0;
 };

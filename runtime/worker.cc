@@ -22,6 +22,17 @@ absl::StatusOr<Buffer> StageWeight(Device& device, const TensorView& view, DType
   return buffer;
 }
 
+// An input for the engine: the caller's device memory as is when it already has `dtype`
+// (nothing is copied), else staged (converted, or copied from the host) into `buffer`.
+absl::StatusOr<const void*> StageInput(Device& device, ScratchBuffer& buffer,
+                                       const TensorView& view, DType dtype) {
+  if (view.memory == device.memory_space() && view.dtype == dtype && view.data != nullptr) {
+    return view.data;
+  }
+  DCP_ASSIGN_OR_RETURN(void* staged, Stage(device, buffer, view, dtype));
+  return static_cast<const void*>(staged);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const DcpOptions& options,
@@ -54,6 +65,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(const DcpOptions& options
                                 true, device.memory_space()));
   DCP_ASSIGN_OR_RETURN(w.w_uk_, StageWeight(device, weights.w_uk, device.storage_dtype()));
   DCP_ASSIGN_OR_RETURN(w.w_uv_, StageWeight(device, weights.w_uv, device.storage_dtype()));
+  if (w.engine_->dense_mha_available()) {
+    DCP_ASSIGN_OR_RETURN(w.w_kv_b_, MlaProjections::CombineKvB(device, m, static_cast<int>(hl),
+                                                               w.w_uk_.data(), w.w_uv_.data()));
+  }
   const PlannerConfig& planner = w.engine_->planner();
   DCP_LOG(INFO) << "worker ready: " << hl << " heads, " << num_blocks << " KV blocks of "
                 << block_size << ", workspace S=" << planner.workspace.rows_per_chunk
@@ -97,7 +112,8 @@ absl::Status Worker::CheckInputs(absl::Span<const BatchRequest> batch, const Bat
 }
 
 absl::Status Worker::StageTopk(absl::Span<const BatchRequest> batch, const TensorView& topk) {
-  DCP_ASSIGN_OR_RETURN(void* staged, Stage(device_, topk_, topk, DType::kI32));
+  DCP_ASSIGN_OR_RETURN(const void* staged, StageInput(device_, topk_, topk, DType::kI32));
+  topk_data_ = static_cast<const int32_t*>(staged);
   if (!options_.attention.validate_topk) return absl::OkStatus();
   // This rank's share of the caller's rows: [begin, end) of T.
   const int64_t num_tokens = topk.shape[0], width = topk.shape[1];
@@ -185,9 +201,9 @@ absl::Status Worker::Forward(absl::Span<const BatchRequest> batch, const BatchIn
 
 absl::Status Worker::Execute(const BatchInputs& inputs, const BatchOutputs& outputs) {
   const DType storage = device_.storage_dtype();
-  DCP_ASSIGN_OR_RETURN(void* kv_new, Stage(device_, kv_new_, inputs.kv_new, storage));
-  DCP_ASSIGN_OR_RETURN(void* q_nope, Stage(device_, q_nope_, inputs.q_nope, storage));
-  DCP_ASSIGN_OR_RETURN(void* q_rope, Stage(device_, q_rope_, inputs.q_rope, storage));
+  DCP_ASSIGN_OR_RETURN(const void* kv_new, StageInput(device_, kv_new_, inputs.kv_new, storage));
+  DCP_ASSIGN_OR_RETURN(const void* q_nope, StageInput(device_, q_nope_, inputs.q_nope, storage));
+  DCP_ASSIGN_OR_RETURN(const void* q_rope, StageInput(device_, q_rope_, inputs.q_rope, storage));
   // Outputs straight into the caller's buffers when they are on the device, else through
   // scratch and a copy back.
   const bool out_direct = outputs.out.memory == device_.memory_space();
@@ -206,10 +222,11 @@ absl::Status Worker::Execute(const BatchInputs& inputs, const BatchOutputs& outp
   tensors.q_nope = q_nope;
   tensors.q_rope = q_rope;
   tensors.kv_new = kv_new;
-  tensors.topk = inputs.topk.shape.empty() ? nullptr : topk_.as<int32_t>();
+  tensors.topk = inputs.topk.shape.empty() ? nullptr : topk_data_;
   tensors.out = static_cast<float*>(out);
   tensors.lse = static_cast<float*>(lse);
-  DCP_RETURN_IF_ERROR(engine_->Run({w_uk_.data(), w_uv_.data()}, cache_->view(), tensors));
+  DCP_RETURN_IF_ERROR(
+      engine_->Run({w_uk_.data(), w_uv_.data(), w_kv_b_.data()}, cache_->view(), tensors));
   if (!out_direct) DCP_RETURN_IF_ERROR(device_.CopyToHost(outputs.out.data, out, out_bytes));
   if (!lse_direct) DCP_RETURN_IF_ERROR(device_.CopyToHost(outputs.lse.data, lse, lse_bytes));
   return device_.Synchronize();

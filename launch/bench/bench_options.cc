@@ -102,6 +102,17 @@ Setter StringListFlag(const char* name, std::vector<std::string> BenchOptions::*
   };
 }
 
+// A comma-separated list of names (--prefill_backend, --only): not batch specs.
+Setter NameListFlag(std::vector<std::string> BenchOptions::*field) {
+  return [=](BenchOptions& o, const std::string& v) -> absl::Status {
+    (o.*field).clear();
+    for (absl::string_view name : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
+      (o.*field).emplace_back(absl::StripAsciiWhitespace(name));
+    }
+    return absl::OkStatus();
+  };
+}
+
 const std::vector<Flag>& Flags() {
   static const std::vector<Flag>* flags = new std::vector<Flag>{
       {nullptr, "mode", "routes|kernels|collectives|engine", "what to measure (default routes)",
@@ -131,10 +142,10 @@ const std::vector<Flag>& Flags() {
       {nullptr, "prefill_backend", "LIST",
        "dense MHA prefill backends: auto, native, cudnn (kernels mode: a dense_mha row each; "
        "routes mode: the first) (default auto)",
-       StringListFlag("prefill_backend", &BenchOptions::prefill_backends)},
+       NameListFlag(&BenchOptions::prefill_backends)},
       {nullptr, "only", "LIST",
        "kernels mode: time only kernels whose name starts with one of these (e.g. dense_mha)",
-       StringListFlag("only", &BenchOptions::only)},
+       NameListFlag(&BenchOptions::only)},
       {"-w", "warmup_iters", "N", "warm-up iterations, not timed (default 2)",
        IntFlag("warmup_iters", &BenchOptions::warmup_iters, 0)},
       {"-n", "iters", "N", "timed iterations; the median is reported (default 10)",

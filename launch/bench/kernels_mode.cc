@@ -368,6 +368,9 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
       // rows [keys, R+Dr] x w_uk[h]^T -> k_nope [keys, H, qk]; x w_uv[h] -> v [keys, H, Dv]
       {"gemm_up_k", keys, dn, r, keys * width, int64_t{heads} * dn * r, keys * heads * qk, dtype},
       {"gemm_up_v", keys, dv, r, keys * width, int64_t{heads} * r * dv, keys * heads * dv, dtype},
+      // the dense route's one GEMM: x w_kv_b[h]^T -> [k_nope | v] inside kv [keys, H, Dr+Dn+Dv]
+      {"gemm_up_kv", keys, dn + dv, r, keys * width, int64_t{heads} * (dn + dv) * r,
+       keys * heads * (qk + dv), dtype},
       // q_nope [T, H, Dn] x w_uk[h] -> q' [T, H, R+Dr]
       {"gemm_absorb", t, r, dn, t * heads * dn, int64_t{heads} * dn * r, t * heads * width, dtype},
       // o_lat [T, H, R] x w_uv[h] -> out [T, H, Dv] F32
@@ -389,7 +392,12 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
     p.c_dtype = c.c_dtype;
     p.m = static_cast<int>(c.m), p.n = c.n, p.k = c.k, p.batch = heads;
     const std::string name = c.name;
-    if (name == "gemm_up_k" || name == "gemm_up_v") {
+    if (name == "gemm_up_kv") {
+      p.trans_b = true;  // w_kv_b[h] is stored [Dn + Dv, R]
+      p.lda = width, p.stride_a = 0;
+      p.ldb = r, p.stride_b = int64_t{r} * c.n;
+      p.ldc = int64_t{heads} * (qk + dv), p.stride_c = qk + dv;
+    } else if (name == "gemm_up_k" || name == "gemm_up_v") {
       p.trans_b = name == "gemm_up_k";  // w_uk[h] is stored [Dn, R]
       p.lda = width, p.stride_a = 0;
       p.ldb = p.trans_b ? r : dv;

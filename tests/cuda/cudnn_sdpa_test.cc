@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "attention/cuda/cudnn/cudnn_sdpa.h"
 #include "attention/cuda/dense_mha.h"
 #include "gtest/gtest.h"
@@ -40,6 +41,9 @@ struct Case {
   float q_scale = 1.f;
   float scale = 0.f;    // 0: 1/sqrt(qk)
   int check_rows = -1;  // -1: every (query, head) row; else this many sampled
+  // The dense route's layout: k and v of a head side by side in one buffer [Tk, H, qk + v],
+  // and out / lse rows with padding behind them (which must stay untouched).
+  bool route_layout = false;
 };
 
 // The inputs of one case: q [Tq, H, qk], k [Tk, H, qk], v [Tk, H, v] (separate, packed, as the
@@ -97,18 +101,36 @@ class DensePrefillTest : public GpuTest {
     return cudnn;
   }
 
-  // Runs `impl` over `in`; out and lse start poisoned (NaN).
+  // Runs `impl` over `in`; out and lse start poisoned (NaN). Outputs come back packed.
   absl::Status Run(Impl impl, const Case& c, const Inputs& in, Outputs* result) {
     const int heads = c.heads, qk = c.dims.qk, dv = c.dims.v;
-    const size_t tq = in.cu_q.back();
-    DeviceArray<bf16> q(in.q), k(in.k), v(in.v);
+    const size_t tq = in.cu_q.back(), tk = in.cu_k.back();
+    // Route layout: kv [Tk, H, qk + dv]; out rows padded by 8 floats, lse rows by 3.
+    const int64_t kv_width = qk + dv;
+    const int64_t out_stride = int64_t{heads} * dv + (c.route_layout ? 8 : 0);
+    const int64_t lse_stride = heads + (c.route_layout ? 3 : 0);
+    std::vector<bf16> kv_host;
+    if (c.route_layout) {
+      kv_host.resize(std::max<size_t>(tk, 1) * heads * kv_width);
+      for (size_t t = 0; t < tk; ++t) {
+        for (int h = 0; h < heads; ++h) {
+          bf16* row = kv_host.data() + (t * heads + h) * kv_width;
+          std::copy_n(in.k.data() + (t * heads + h) * qk, qk, row);
+          std::copy_n(in.v.data() + (t * heads + h) * dv, dv, row + qk);
+        }
+      }
+    }
+    DeviceArray<bf16> q(in.q), k(c.route_layout ? std::vector<bf16>() : in.k),
+        v(c.route_layout ? std::vector<bf16>() : in.v), kv(kv_host);
     DeviceArray<int32_t> cu_q(in.cu_q), cu_k(in.cu_k);
-    DeviceArray<float> out(std::max<size_t>(tq, 1) * heads * dv);
-    DeviceArray<float> lse(std::max<size_t>(tq, 1) * heads);
+    DeviceArray<float> out(std::max<size_t>(tq, 1) * out_stride);
+    DeviceArray<float> lse(std::max<size_t>(tq, 1) * lse_stride);
     out.Poison();
     lse.Poison();
     DenseMhaParams p;
-    p.q = q.get(), p.k = k.get(), p.v = v.get();
+    p.q = q.get();
+    p.k = c.route_layout ? static_cast<const void*>(kv.get()) : k.get();
+    p.v = c.route_layout ? static_cast<const void*>(kv.get() + qk) : v.get();
     p.out = out.get(), p.lse = lse.get();
     p.cu_seqlens_q = cu_q.get(), p.cu_seqlens_k = cu_k.get();
     p.dtype = DType::kBF16;
@@ -118,11 +140,15 @@ class DensePrefillTest : public GpuTest {
       p.max_seqlen_q = std::max(p.max_seqlen_q, lq);
       p.max_seqlen_k = std::max(p.max_seqlen_k, lk);
     }
-    p.q_token_stride = p.k_token_stride = int64_t{heads} * qk;
-    p.q_head_stride = p.k_head_stride = qk;
-    p.v_token_stride = p.out_token_stride = int64_t{heads} * dv;
-    p.v_head_stride = p.out_head_stride = dv;
-    p.lse_token_stride = heads;
+    p.q_token_stride = int64_t{heads} * qk;
+    p.q_head_stride = qk;
+    p.k_token_stride = c.route_layout ? heads * kv_width : int64_t{heads} * qk;
+    p.k_head_stride = c.route_layout ? kv_width : qk;
+    p.v_token_stride = c.route_layout ? heads * kv_width : int64_t{heads} * dv;
+    p.v_head_stride = c.route_layout ? kv_width : dv;
+    p.out_token_stride = out_stride;
+    p.out_head_stride = dv;
+    p.lse_token_stride = lse_stride;
     p.causal = c.causal;
     p.scale = c.scale != 0.f ? c.scale : 1.0f / std::sqrt(float(qk));
     absl::Status status;
@@ -136,8 +162,25 @@ class DensePrefillTest : public GpuTest {
     }
     if (!status.ok()) return status;
     if (cudaDeviceSynchronize() != cudaSuccess) return absl::InternalError("device error");
-    result->out = out.Download();
-    result->lse = lse.Download();
+    const std::vector<float> out_rows = out.Download(), lse_rows = lse.Download();
+    result->out.assign(tq * heads * dv, 0.f);
+    result->lse.assign(tq * heads, 0.f);
+    for (size_t t = 0; t < tq; ++t) {
+      std::copy_n(out_rows.data() + t * out_stride, heads * dv,
+                  result->out.data() + t * heads * dv);
+      std::copy_n(lse_rows.data() + t * lse_stride, heads, result->lse.data() + t * heads);
+      // The padding behind each row keeps its poison (NaN): nothing wrote past a row.
+      for (int64_t i = int64_t{heads} * dv; i < out_stride; ++i) {
+        if (!std::isnan(out_rows[t * out_stride + i])) {
+          return absl::InternalError(absl::StrCat("out padding of token ", t, " was written"));
+        }
+      }
+      for (int64_t i = heads; i < lse_stride; ++i) {
+        if (!std::isnan(lse_rows[t * lse_stride + i])) {
+          return absl::InternalError(absl::StrCat("lse padding of token ", t, " was written"));
+        }
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -245,6 +288,40 @@ TEST_P(DensePrefillSizesTest, NonCausalContextChunks) {
   c.causal = false;
   c.seqs = {{37, 250}, {100, 1}, {1, 64}, {65, 129}, {3, 0}};
   c.heads = 16;
+  RunAndCheck(c);
+}
+
+// Every sequence of the same power-of-two lengths: cuDNN runs these as plain strided batches
+// (no ragged offsets, no padding mask); causal square, causal bottom-right (queries after
+// context) and non-causal.
+TEST_P(DensePrefillSizesTest, UniformBatches) {
+  Case c;
+  c.dims = GetParam();
+  c.heads = 16;
+  c.check_rows = 1500;
+  c.seqs = {{256, 256}, {256, 256}};
+  RunAndCheck(c);
+  c.seqs = {{64, 256}, {64, 256}, {64, 256}, {64, 256}};
+  RunAndCheck(c);
+  c.causal = false;
+  c.seqs = {{128, 512}};
+  RunAndCheck(c);
+}
+
+// The dense route's layout: k and v interleaved per head in one buffer, out and lse rows with
+// padding; uniform and ragged batches, causal and context chunks (with empty key ranges).
+TEST_P(DensePrefillSizesTest, RouteLayout) {
+  Case c;
+  c.dims = GetParam();
+  c.heads = 16;
+  c.route_layout = true;
+  c.check_rows = 1500;
+  c.seqs = {{128, 128}, {128, 128}};
+  RunAndCheck(c);
+  c.seqs = {{1, 1}, {70, 70}, {130, 200}, {0, 10}, {10, 4}};
+  RunAndCheck(c);
+  c.causal = false;
+  c.seqs = {{37, 250}, {100, 1}, {3, 0}, {64, 64}};
   RunAndCheck(c);
 }
 

@@ -86,10 +86,20 @@ struct Graph {
   int64_t workspace_bytes = 0;
 };
 
-// Everything a graph depends on. Lengths and batch are bucketed; the rest is exact (the
-// softmax scale is an input, not part of the graph).
+// How a graph lays out its batch.
+struct GraphForm {
+  // Every sequence has the same (power-of-two) lengths: plain strided [b, h, s, d] tensors, no
+  // ragged offsets, no padding mask (torch's configuration of the same call). Else ragged THD
+  // with per-sequence lengths and the padding mask.
+  bool uniform = false;
+};
+
+// Everything a graph depends on. Lengths and batch are bucketed (exact for uniform graphs); the
+// rest is exact (the softmax scale is an input, not part of the graph).
 using GraphKey = std::tuple<int, int, int, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
-                            int64_t, int, int, int>;
+                            int64_t, int, int, int, bool>;
+
+bool PowerOfTwo(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 
 }  // namespace
 
@@ -120,15 +130,18 @@ struct CudnnSdpa::Impl {
   }
 
   absl::StatusOr<const Graph*> GetGraph(const DenseMhaParams& p, int batch, int max_q,
-                                        int max_k);
+                                        int max_k, const GraphForm& form);
+  // DCP_CUDNN_SDPA_RAGGED=1: every batch through ragged graphs (measures the uniform form).
+  bool ragged_only = false;
 };
 
 absl::StatusOr<const Graph*> CudnnSdpa::Impl::GetGraph(const DenseMhaParams& p, int batch,
-                                                        int max_q, int max_k) {
+                                                        int max_q, int max_k,
+                                                        const GraphForm& form) {
   const GraphKey key{p.num_heads,      p.qk_dim,         p.v_dim,          p.causal,
                      p.q_token_stride, p.q_head_stride,  p.k_token_stride, p.k_head_stride,
                      p.v_token_stride, p.v_head_stride,  batch,            max_q,
-                     max_k};
+                     max_k,            form.uniform};
   if (auto it = graphs.find(key); it != graphs.end()) return &it->second;
 
   const int64_t b = batch, h = p.num_heads, sq = max_q, skv = max_k, dqk = p.qk_dim,
@@ -145,36 +158,33 @@ absl::StatusOr<const Graph*> CudnnSdpa::Impl::GetGraph(const DenseMhaParams& p, 
                              .set_stride({1, 1, 1, 1})
                              .set_data_type(fe::DataType_t::INT32));
   };
-  auto seq_q = index("seq_q", kSeqQ, b);
-  auto seq_k = index("seq_k", kSeqK, b);
-  auto q_offsets = index("q_offsets", kQOffsets, b + 1);
-  auto k_offsets = index("k_offsets", kKOffsets, b + 1);
-  auto v_offsets = index("v_offsets", kVOffsets, b + 1);
-  auto o_offsets = index("o_offsets", kOOffsets, b + 1);
-  auto stats_offsets = index("stats_offsets", kStatsOffsets, b + 1);
-  // [b, h, s, d] views of the packed [tokens, h, d] tensors; sequence b starts at its ragged
-  // offset (elements), so the batch stride is never used for addressing.
-  auto q = graph->tensor(fe::graph::Tensor_attributes()
-                             .set_name("Q")
-                             .set_uid(kQ)
-                             .set_dim({b, h, sq, dqk})
-                             .set_stride({sq * p.q_token_stride, p.q_head_stride,
-                                          p.q_token_stride, 1})
-                             .set_ragged_offset(q_offsets));
-  auto k = graph->tensor(fe::graph::Tensor_attributes()
-                             .set_name("K")
-                             .set_uid(kK)
-                             .set_dim({b, h, skv, dqk})
-                             .set_stride({skv * p.k_token_stride, p.k_head_stride,
-                                          p.k_token_stride, 1})
-                             .set_ragged_offset(k_offsets));
-  auto v = graph->tensor(fe::graph::Tensor_attributes()
-                             .set_name("V")
-                             .set_uid(kV)
-                             .set_dim({b, h, skv, dv})
-                             .set_stride({skv * p.v_token_stride, p.v_head_stride,
-                                          p.v_token_stride, 1})
-                             .set_ragged_offset(v_offsets));
+  std::shared_ptr<fe::graph::Tensor_attributes> seq_q, seq_k, q_offsets, k_offsets, v_offsets,
+      o_offsets, stats_offsets;
+  if (!form.uniform) {
+    seq_q = index("seq_q", kSeqQ, b);
+    seq_k = index("seq_k", kSeqK, b);
+    q_offsets = index("q_offsets", kQOffsets, b + 1);
+    k_offsets = index("k_offsets", kKOffsets, b + 1);
+    v_offsets = index("v_offsets", kVOffsets, b + 1);
+    o_offsets = index("o_offsets", kOOffsets, b + 1);
+    stats_offsets = index("stats_offsets", kStatsOffsets, b + 1);
+  }
+  // [b, h, s, d] views of the packed [tokens, h, d] tensors. Ragged: sequence b starts at its
+  // ragged offset (elements), so the batch stride is never used for addressing. Uniform:
+  // sequence b starts at token b * s, which the batch stride says.
+  auto view = [&](const char* name, int64_t uid, int64_t s, int64_t d, int64_t token_stride,
+                  int64_t head_stride, std::shared_ptr<fe::graph::Tensor_attributes> offsets) {
+    auto t = graph->tensor(fe::graph::Tensor_attributes()
+                               .set_name(name)
+                               .set_uid(uid)
+                               .set_dim({b, h, s, d})
+                               .set_stride({s * token_stride, head_stride, token_stride, 1}));
+    if (!form.uniform) t->set_ragged_offset(offsets);
+    return t;
+  };
+  auto q = view("Q", kQ, sq, dqk, p.q_token_stride, p.q_head_stride, q_offsets);
+  auto k = view("K", kK, skv, dqk, p.k_token_stride, p.k_head_stride, k_offsets);
+  auto v = view("V", kV, skv, dv, p.v_token_stride, p.v_head_stride, v_offsets);
   auto scale = graph->tensor(fe::graph::Tensor_attributes()
                                  .set_name("attn_scale")
                                  .set_uid(kScale)
@@ -185,30 +195,40 @@ absl::StatusOr<const Graph*> CudnnSdpa::Impl::GetGraph(const DenseMhaParams& p, 
   auto options = fe::graph::SDPA_attributes()
                      .set_name("dcp_dense_mha")
                      .set_generate_stats(true)
-                     .set_attn_scale(scale)
-                     .set_padding_mask(true)
-                     .set_seq_len_q(seq_q)
-                     .set_seq_len_kv(seq_k);
-  if (p.causal) options.set_causal_mask_bottom_right(true);
+                     .set_attn_scale(scale);
+  if (!form.uniform) {
+    options.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_k);
+  }
+  if (p.causal) {
+    // Uniform with as many queries as keys: the top-left diagonal is the bottom-right one.
+    if (form.uniform && sq == skv) {
+      options.set_causal_mask(true);
+    } else {
+      options.set_causal_mask_bottom_right(true);
+    }
+  }
   auto [o, stats] = graph->sdpa(q, k, v, options);
   o->set_output(true)
       .set_uid(kO)
       .set_dim({b, h, sq, dv})
-      .set_stride({sq * h * dv, dv, h * dv, 1})
-      .set_ragged_offset(o_offsets);
+      .set_stride({sq * h * dv, dv, h * dv, 1});
   stats->set_output(true)
       .set_uid(kStats)
       .set_data_type(fe::DataType_t::FLOAT)
       .set_dim({b, h, sq, 1})
-      .set_stride({sq * h, 1, h, 1})
-      .set_ragged_offset(stats_offsets);
+      .set_stride({sq * h, 1, h, 1});
+  if (!form.uniform) {
+    o->set_ragged_offset(o_offsets);
+    stats->set_ragged_offset(stats_offsets);
+  }
 
   auto fail = [&](const char* step, fe::error_t error) {
     return DCP_ERROR(Unimplemented,
-                     "cuDNN SDPA graph (heads %d, qk %d, v %d, %s, batch %d, s_q %d, s_kv %d) "
-                     "failed at %s: %s",
+                     "cuDNN SDPA graph (heads %d, qk %d, v %d, %s, batch %d, s_q %d, s_kv %d, "
+                     "%s) failed at %s: %s",
                      p.num_heads, p.qk_dim, p.v_dim, p.causal ? "causal" : "non-causal", batch,
-                     max_q, max_k, step, error.get_message());
+                     max_q, max_k, form.uniform ? "uniform" : "ragged", step,
+                     error.get_message());
   };
   if (auto e = graph->validate(); !e.is_good()) return fail("validate", e);
   if (auto e = graph->build_operation_graph(handle); !e.is_good()) {
@@ -226,7 +246,8 @@ absl::StatusOr<const Graph*> CudnnSdpa::Impl::GetGraph(const DenseMhaParams& p, 
   }
   DCP_LOG(INFO) << "cuDNN SDPA graph built: heads " << p.num_heads << ", qk " << p.qk_dim
                 << ", v " << p.v_dim << (p.causal ? ", causal" : ", non-causal") << ", batch "
-                << batch << ", s_q " << max_q << ", s_kv " << max_k << ", workspace "
+                << batch << ", s_q " << max_q << ", s_kv " << max_k
+                << (form.uniform ? ", uniform" : ", ragged") << ", workspace "
                 << built.workspace_bytes << " B";
   return &graphs.emplace(key, std::move(built)).first->second;
 }
@@ -268,6 +289,8 @@ absl::StatusOr<std::unique_ptr<CudnnSdpa>> CudnnSdpa::Create(cudaStream_t stream
     return DCP_ERROR(Unavailable, "cuDNN could not be initialised: %s", e.what());
   }
   impl->stream = stream;
+  const char* ragged = std::getenv("DCP_CUDNN_SDPA_RAGGED");
+  impl->ragged_only = ragged != nullptr && std::string(ragged) == "1";
   return std::unique_ptr<CudnnSdpa>(new CudnnSdpa(std::move(impl)));
 }
 
@@ -291,11 +314,12 @@ absl::Status CudnnSdpa::Supports(int num_heads, int qk_dim, int v_dim) {
   p.v_token_stride = int64_t{num_heads} * v_dim;
   p.v_head_stride = v_dim;
   p.scale = 1.0f;
+  const GraphForm form;  // ragged
   try {
     for (const bool causal : {true, false}) {
       p.causal = causal;
       DCP_RETURN_IF_ERROR(
-          impl_->GetGraph(p, kMinBatchBucket, kMinLengthBucket, kMinLengthBucket).status());
+          impl_->GetGraph(p, kMinBatchBucket, kMinLengthBucket, kMinLengthBucket, form).status());
     }
   } catch (const std::exception& e) {
     return DCP_ERROR(Unavailable, "cuDNN SDPA check failed: %s", e.what());
@@ -335,18 +359,28 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
                      total_q, total_k);
   }
 
-  const int batch = Bucket(p.num_seqs, kMinBatchBucket);
-  const int bucket_q = Bucket(max_q, kMinLengthBucket);
-  const int bucket_k = Bucket(max_k, kMinLengthBucket);
+  // The graph's form. Uniform: every sequence has the same power-of-two lengths (a few graphs
+  // cover them, as the buckets do) and every query sees a key: plain strided tensors, no
+  // ragged offsets, no padding mask, no index kernel.
+  GraphForm form;
+  form.uniform = !impl_->ragged_only && PowerOfTwo(p.num_seqs) && PowerOfTwo(max_q) &&
+                 PowerOfTwo(max_k) && max_q >= 64 && max_k >= 64 && (!p.causal || max_q <= max_k);
+  for (int s = 0; s < p.num_seqs && form.uniform; ++s) {
+    form.uniform = cu_q[s + 1] - cu_q[s] == max_q && cu_k[s + 1] - cu_k[s] == max_k;
+  }
+  const int batch = form.uniform ? p.num_seqs : Bucket(p.num_seqs, kMinBatchBucket);
+  const int bucket_q = form.uniform ? max_q : Bucket(max_q, kMinLengthBucket);
+  const int bucket_k = form.uniform ? max_k : Bucket(max_k, kMinLengthBucket);
   const Graph* graph = nullptr;
   try {
-    DCP_ASSIGN_OR_RETURN(graph, impl_->GetGraph(p, batch, bucket_q, bucket_k));
+    DCP_ASSIGN_OR_RETURN(graph, impl_->GetGraph(p, batch, bucket_q, bucket_k, form));
   } catch (const std::exception& e) {
     return DCP_ERROR(Internal, "cuDNN SDPA graph build threw: %s", e.what());
   }
 
-  // Scratch: index arrays | O bf16 [total_q, h, dv] | Stats fp32 [total_q, h] | workspace.
-  const int64_t index_bytes = Align(int64_t{7} * (batch + 1) * 4);
+  // Scratch: index arrays (ragged) | O bf16 [total_q, h, dv] | Stats fp32 [total_q, h] |
+  // workspace.
+  const int64_t index_bytes = form.uniform ? 0 : Align(int64_t{7} * (batch + 1) * 4);
   const int64_t o_bytes = Align(total_q * h * dv * 2);
   const int64_t stats_bytes = Align(total_q * h * 4);
   DCP_RETURN_IF_ERROR(
@@ -356,25 +390,6 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
   auto* o = reinterpret_cast<__nv_bfloat16*>(base + index_bytes);
   auto* stats = reinterpret_cast<float*>(base + index_bytes + o_bytes);
   void* workspace = base + index_bytes + o_bytes + stats_bytes;
-
-  SdpaIndexParams ip;
-  ip.cu_seqlens_q = p.cu_seqlens_q;
-  ip.cu_seqlens_k = p.cu_seqlens_k;
-  ip.num_seqs = p.num_seqs;
-  ip.padded_seqs = batch;
-  ip.q_token_stride = p.q_token_stride;
-  ip.k_token_stride = p.k_token_stride;
-  ip.v_token_stride = p.v_token_stride;
-  ip.o_token_stride = h * dv;
-  ip.stats_token_stride = h;
-  ip.seq_len_q = index;
-  ip.seq_len_k = index + batch;
-  ip.q_offsets = index + 2 * batch;
-  ip.k_offsets = ip.q_offsets + (batch + 1);
-  ip.v_offsets = ip.k_offsets + (batch + 1);
-  ip.o_offsets = ip.v_offsets + (batch + 1);
-  ip.stats_offsets = ip.o_offsets + (batch + 1);
-  DCP_RETURN_IF_ERROR(LaunchSdpaIndex(ip, impl_->stream));
 
   // Base pointers at token cu_seqlens[0] (the offsets count from there).
   const auto* q = static_cast<const __nv_bfloat16*>(p.q) + int64_t{cu_q[0]} * p.q_token_stride;
@@ -387,15 +402,35 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
       {kV, const_cast<__nv_bfloat16*>(v)},
       {kO, o},
       {kStats, stats},
-      {kSeqQ, ip.seq_len_q},
-      {kSeqK, ip.seq_len_k},
-      {kQOffsets, ip.q_offsets},
-      {kKOffsets, ip.k_offsets},
-      {kVOffsets, ip.v_offsets},
-      {kOOffsets, ip.o_offsets},
-      {kStatsOffsets, ip.stats_offsets},
       {kScale, &scale},
   };
+  if (!form.uniform) {
+    SdpaIndexParams ip;
+    ip.cu_seqlens_q = p.cu_seqlens_q;
+    ip.cu_seqlens_k = p.cu_seqlens_k;
+    ip.num_seqs = p.num_seqs;
+    ip.padded_seqs = batch;
+    ip.q_token_stride = p.q_token_stride;
+    ip.k_token_stride = p.k_token_stride;
+    ip.v_token_stride = p.v_token_stride;
+    ip.o_token_stride = h * dv;
+    ip.stats_token_stride = h;
+    ip.seq_len_q = index;
+    ip.seq_len_k = index + batch;
+    ip.q_offsets = index + 2 * batch;
+    ip.k_offsets = ip.q_offsets + (batch + 1);
+    ip.v_offsets = ip.k_offsets + (batch + 1);
+    ip.o_offsets = ip.v_offsets + (batch + 1);
+    ip.stats_offsets = ip.o_offsets + (batch + 1);
+    DCP_RETURN_IF_ERROR(LaunchSdpaIndex(ip, impl_->stream));
+    pack.insert({{kSeqQ, ip.seq_len_q},
+                 {kSeqK, ip.seq_len_k},
+                 {kQOffsets, ip.q_offsets},
+                 {kKOffsets, ip.k_offsets},
+                 {kVOffsets, ip.v_offsets},
+                 {kOOffsets, ip.o_offsets},
+                 {kStatsOffsets, ip.stats_offsets}});
+  }
   try {
     if (auto e = graph->graph->execute(impl_->handle, pack, workspace); !e.is_good()) {
       return DCP_ERROR(Internal, "cuDNN SDPA execute failed: %s", e.get_message());

@@ -10,6 +10,9 @@
 // - Ragged (THD) Q/K/V/O/Stats with per-sequence offsets written on the device from
 //   cu_seqlens; the host copies of cu_seqlens (CudnnSdpaParams) pick the graph, so nothing is
 //   copied back and nothing waits.
+// - Uniform batches (every sequence the same power-of-two lengths, no query without keys) take
+//   plain strided graphs instead: no ragged offsets, no padding mask (DCP_CUDNN_SDPA_RAGGED=1
+//   keeps them ragged, to measure the difference).
 // - Graphs are built once per (heads, sizes, strides, causal, bucketed batch and lengths) and
 //   cached; the first call of a shape pays the build (tens of ms).
 // - cuDNN writes bf16 O and fp32 Stats into scratch owned here (grown on demand); a small

@@ -1,6 +1,6 @@
 // Kernels of sdpa_glue.h. SdpaIndex: one thread per sequence slot. SdpaFinish: one warp per
 // (token, head) row; the token's sequence comes from a binary search over cu_seqlens_q, each
-// lane converts v_dim / 32 values (v_dim is a multiple of 8: lanes take 8-wide chunks).
+// lane converts v_dim / 32 values (v_dim is a multiple of 8: lanes take 4-wide chunks).
 #include "attention/cuda/cudnn/sdpa_glue.h"
 
 #include "core/cuda/cuda_status.h"
@@ -47,29 +47,22 @@ __global__ void SdpaFinishKernel(const SdpaFinishParams p) {
   const int keys = p.causal ? min(len_k, len_k - len_q + query + 1) : len_k;
   const bool empty = keys <= 0;
 
+  // 4-wide chunks: every lane busy at v_dim 128 (8-byte loads, 16-byte stores).
   float* out = p.out + token * p.out_token_stride + head * p.out_head_stride;
   const __nv_bfloat16* o = p.o + row * p.v_dim;
-  for (int c = lane * 8; c < p.v_dim; c += 32 * 8) {
-    float values[8];
-    if (empty) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) values[i] = 0.f;
-    } else {
-      const uint4 raw = *reinterpret_cast<const uint4*>(o + c);
+  const bool aligned = (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+  for (int c = lane * 4; c < p.v_dim; c += 32 * 4) {
+    float4 values = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (!empty) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(o + c);
       const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(pairs[i]);
-        values[2 * i] = f.x;
-        values[2 * i + 1] = f.y;
-      }
+      const float2 a = __bfloat1622float2(pairs[0]), b = __bfloat1622float2(pairs[1]);
+      values = make_float4(a.x, a.y, b.x, b.y);
     }
-    if ((reinterpret_cast<uintptr_t>(out + c) & 15) == 0) {
-      reinterpret_cast<float4*>(out + c)[0] = make_float4(values[0], values[1], values[2], values[3]);
-      reinterpret_cast<float4*>(out + c)[1] = make_float4(values[4], values[5], values[6], values[7]);
+    if (aligned) {
+      *reinterpret_cast<float4*>(out + c) = values;
     } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) out[c + i] = values[i];
+      out[c] = values.x, out[c + 1] = values.y, out[c + 2] = values.z, out[c + 3] = values.w;
     }
   }
   if (p.lse != nullptr && lane == 0) {

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The dense route's speed on the GPU machine in one call (docs/dense_prefill_cudnn.md, issue 13
+# item 5): builds only what it needs, runs the dense/cuDNN GPU tests and the CUDA worker tests
+# (DCP_REQUIRE_GPU=1), then dcp_bench routes (the dense route at 128 and 16 heads through cudnn,
+# with its phases), kernels (the up-projection GEMMs, dense MHA through cudnn, the cache-write
+# scatter and the copy ceiling) and the torch peers of both, packed into $OUT.
+#   DCP_ROUTE_STEPS="tests routes kernels peers" (default all), DCP_ROUTE_BACKENDS (routes,
+#   default "cudnn"), DCP_ATTENTION_FILTER / DCP_WORKER_FILTER (gtest filters), DCP_WORKER_NP
+#   (default "1 2"). Every step has its own timeout.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+# Everything goes to a work folder, packed into $OUT/dense_route.tar.gz at the end with the
+# summary beside it (the device tool returns 8 files).
+final="${OUT:-/tmp/dense-route-out}"
+out=/tmp/dense-route-work
+rm -rf "$out" && mkdir -p "$out" "$final"
+pack() { tar czf "$final/dense_route.tar.gz" -C "$out" . ; cp "$out/summary.txt" "$final/"; }
+trap pack EXIT
+started=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - started ))s"; }
+steps="${DCP_ROUTE_STEPS:-tests routes kernels peers}"
+has_step() { [[ " $steps " == *" $1 "* ]]; }
+summary="$out/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export PYTHONUNBUFFERED=1
+
+prefix=/tmp/dcp-prefix
+rm -rf "$prefix" && mkdir -p "$prefix"
+for deb in .debs/*.deb; do dpkg -x "$deb" "$prefix"; done
+if ! find /usr /usr/local -path '*cmake/GTest/GTestConfig.cmake' 2>/dev/null | grep -q .; then
+  for deb in .debs/fallback/*.deb; do dpkg -x "$deb" "$prefix"; done
+fi
+export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+python_cudnn=$(python3 -c 'import nvidia.cudnn, os; print(nvidia.cudnn.__path__[0])' 2>/dev/null)
+[ -n "$python_cudnn" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$python_cudnn/lib"
+
+build=/tmp/build-dense-route
+echo "== configure + build ($(elapsed))"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
+    -DCMAKE_CXX_FLAGS="-include cstdint" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+grep -E "prefill_backend cudnn" "$out/build.log" | tee -a "$summary"
+ninja -C "$build" -k 0 attention_cuda_test worker_multirank_test dcp_bench >>"$out/build.log" 2>&1 \
+    || { grep -E "error|FAILED" "$out/build.log" | head -30 | tee -a "$summary"; note "build: FAILED"; }
+note "build done ($(elapsed))"
+
+if has_step tests; then
+  echo "== tests ($(elapsed))"
+  DCP_REQUIRE_GPU=1 timeout 60 "$build/tests/cuda/attention_cuda_test" \
+      --gtest_filter="${DCP_ATTENTION_FILTER:-*DensePrefill*:*DenseMha*:*CudnnSdpa*}" \
+      >"$out/test_attention.log" 2>&1
+  note "attention_cuda_test (dense + cudnn): exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_attention.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]|Failure|error' "$out/test_attention.log" | head -20 | tee -a "$summary"
+  for np in ${DCP_WORKER_NP:-1 2}; do
+    DCP_REQUIRE_GPU=1 DCP_TEST_DEVICE=cuda timeout 60 mpirun --allow-run-as-root \
+        --oversubscribe --bind-to none -np $np --mca pml ob1 --mca btl self,vader,tcp \
+        "$build/tests/multirank/worker_multirank_test" --gtest_filter="${DCP_WORKER_FILTER:-*}" \
+        >"$out/test_worker_np$np.log" 2>&1
+    note "worker cuda np $np: exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_worker_np$np.log" | head -2 | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]' "$out/test_worker_np$np.log" | head -10 | tee -a "$summary"
+  done
+fi
+
+bench="$build/launch/bench/dcp_bench"
+if has_step routes; then
+  echo "== routes ($(elapsed))"
+  for backend in ${DCP_ROUTE_BACKENDS:-cudnn}; do
+    timeout 40 "$bench" --mode routes --device cuda --model deepseek_v32 --heads 128 \
+        --prefill_backend $backend --batches 2q2k,4q1k,8q512,q1k,4q512s2k -w 2 -n 5 --check 0 \
+        --csv "$out/routes_128_$backend.csv" >"$out/routes_128_$backend.log" 2>&1
+    note "routes 128 $backend: exit $? ($(elapsed))"
+    timeout 20 "$bench" --mode routes --device cuda --model deepseek_v32 --heads 16 \
+        --prefill_backend $backend --batches 4q2k,q2k -w 2 -n 5 --check 0 \
+        --csv "$out/routes_16_$backend.csv" >"$out/routes_16_$backend.log" 2>&1
+    note "routes 16 $backend: exit $? ($(elapsed))"
+  done
+fi
+if has_step kernels; then
+  echo "== kernels ($(elapsed))"
+  kernel_batches=q1k,2q2k,4q1k,8q512,4q2k,q8k
+  timeout 40 "$bench" --mode kernels --device cuda --model deepseek_v32 --heads 16,128 \
+      --prefill_backend cudnn --only dense_mha,gemm_up,scatter_rows,copy \
+      --batches $kernel_batches -b 4M -e 64M -f 4 -w 3 -n 10 \
+      --csv "$out/kernels.csv" >"$out/kernels.log" 2>&1
+  note "kernels: exit $? ($(elapsed))"
+  # The same dense MHA rows with every batch through ragged graphs (the form before uniform).
+  DCP_CUDNN_SDPA_RAGGED=1 timeout 30 "$bench" --mode kernels --device cuda --model deepseek_v32 \
+      --heads 16,128 --prefill_backend cudnn --only dense_mha --batches $kernel_batches \
+      -w 3 -n 10 --csv "$out/kernels_ragged.csv" >"$out/kernels_ragged.log" 2>&1
+  note "kernels (ragged graphs): exit $? ($(elapsed))"
+fi
+if has_step peers; then
+  echo "== torch peers ($(elapsed))"
+  [ -f "$out/kernels.csv" ] && timeout 40 python3 scripts/peer_torch.py \
+      --kernels "$out/kernels.csv" -w 2 -n 5 --out "$out/peers_kernels.csv" >"$out/peers.log" 2>&1
+  note "peers kernels: exit $? ($(elapsed))"
+  for f in "$out"/routes_128_cudnn.csv "$out"/routes_16_cudnn.csv; do
+    [ -f "$f" ] || continue
+    timeout 25 python3 scripts/peer_torch.py --routes "$f" -w 2 -n 5 \
+        --out "${f%.csv}_peers.csv" >>"$out/peers.log" 2>&1
+    note "peers routes $(basename "$f"): exit $? ($(elapsed))"
+  done
+fi
+note "done ($(elapsed))"
