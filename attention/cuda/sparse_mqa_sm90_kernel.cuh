@@ -112,7 +112,8 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
   const uint32_t own_lo = (lane8 / 4) * kTileBytes + TileChunk(group, pair_chunk);
   const uint32_t own_hi = (lane8 / 4) * kTileBytes + TileChunk(group, pair_chunk + 1);
   const uint32_t own_rope = (Config::kTiles - 1) * kTileBytes + TileChunk(group, lane8);
-  const uint8_t* kv_lane = kv + 16 * lane8;  // this thread's 16 bytes of each 128-code tile
+  // This thread's 16 bytes of each 128-code tile and of the rope (the scales: 16 lane8 back).
+  const uint8_t* kv_lane = kv + 16 * lane8;
   int32_t row_slot[2][4];                     // the cache slot of each row, or -1 when skipped
   auto load_rows = [&](int which, int block) {
 #pragma unroll
@@ -142,7 +143,8 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
       }
       // The row's 4 scales, into the second chunk of this thread's own pair in tile 2 f0 (every
       // lane its own copy: the 8 lanes of a row ask for the same 16 bytes in one instruction).
-      CpAsync16(row + 2 * f0 * kTileBytes + own_hi, src + fp8_ds_mla::kScaleOffset, valid);
+      CpAsync16(row + 2 * f0 * kTileBytes + own_hi, src - 16 * lane8 + fp8_ds_mla::kScaleOffset,
+                valid);
       if (rope) {
         CpAsync16(row + own_rope, src + fp8_ds_mla::kRopeOffset, valid);
       }
