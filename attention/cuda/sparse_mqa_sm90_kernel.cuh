@@ -79,24 +79,23 @@ enum Sm90Barrier : int { kBarQ = 1, kBarMax = 2, kBarP = 3, kBarSum = 4 };
 //     tile f of the half (f0, f0 + 1; L: f0 = 0, R: f0 = 2), the 16 codes [16 lane8, +16):
 //     values 128 f + 16 lane8 + i, which land in bf16 tile 2 f + lane8 / 4 as the two
 //     16-byte chunks 2 (lane8 % 4) and 2 (lane8 % 4) + 1 of the row (an aligned 32-byte pair
-//     in the swizzle). The raw 16 codes are cp.async'd into the first chunk of that pair, the
-//     row's 16-byte scale block into the second chunk of the thread's pair in tile 2 f0 (each
-//     lane its own copy; the 8 lanes of a row ask for the same 16 bytes in one instruction).
-//     Once landed, each thread dequantizes its own chunks in place (e4m3 x scale in fp32,
-//     rounded to bf16, as DequantizeFp8x8ToBf16 does for the mma.sync kernel): it reads and
-//     writes only its own chunks, so no barrier is needed. No staging buffer.
+//     in the swizzle). The raw 16 codes are cp.async'd into the first chunk of that pair; the
+//     row's 16-byte scale block goes (lane8 0 only) into the second chunk of its pair in tile
+//     2 f0. Once landed, each thread dequantizes its own chunks in place (e4m3 x scale in fp32,
+//     rounded to bf16, as DequantizeFp8x8ToBf16 does for the mma.sync kernel); a __syncwarp
+//     between the reads and the writes of a row orders lane8 0's scale chunk (read by the 8
+//     lanes of the row, all in one warp) before it is overwritten. No staging buffer.
 //   - The rope tile (R halves) is bf16 already: cp.async straight into tile 8.
-//   - Order per pair: issue L0, R1, R0, L1 as the consumers free them (L0 / R1 after their
-//     own PV, R0 / L1 after the cross PV), then convert L0, R1, R0, L1 as their cp.async
-//     groups land: L0 and R1 are converted while R0's rows are still in flight. Every half of
-//     a pair is converted before the next pair's free barriers are waited on (those are only
-//     released once the consumers have used the whole pair, so this cannot deadlock).
+//   - Order per pair: issue L0, R1; convert L0 (not on the first pair); issue R0, L1 (freed
+//     last, after the consumers' cross PV); convert (L0,) R1, R0, L1 as their cp.async groups
+//     land. Every half of a pair is converted before the next pair's free barriers are waited
+//     on: those are only released once the consumers have used the whole pair.
 //   - Each thread's st.shared are made visible to the wgmma (async proxy) with
 //     fence.proxy.async before its plain mbarrier arrive (ready barriers count 128 arrivals).
 template <class Config>
 __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
     const SparseMqaParams& p, const SparseMqaWork& work, int first_block, int num_pairs,
-    uint8_t* smem, uint32_t smem_base, const uint32_t (&k_base)[2], uint32_t index_base,
+    const uint32_t (&k_base)[2], uint32_t index_base,
     uint32_t ready_bar, uint32_t free_bar) {
   using namespace sm90;
   constexpr int kTileBytes = Config::kTileBytes;
@@ -111,9 +110,9 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
   const uint32_t pair_chunk = 2 * (lane8 % 4);
   const uint32_t own_lo = (lane8 / 4) * kTileBytes + TileChunk(group, pair_chunk);
   const uint32_t own_hi = (lane8 / 4) * kTileBytes + TileChunk(group, pair_chunk + 1);
+  const uint32_t own_scale = TileChunk(group, 1);
   const uint32_t own_rope = (Config::kTiles - 1) * kTileBytes + TileChunk(group, lane8);
-  // This thread's 16 bytes of each 128-code tile and of the rope (the scales: 16 lane8 back).
-  const uint8_t* kv_lane = kv + 16 * lane8;
+  const uint8_t* kv_lane = kv + 16 * lane8;  // this thread's 16 bytes of each 128-code tile
   int32_t row_slot[2][4];                     // the cache slot of each row, or -1 when skipped
   auto load_rows = [&](int which, int block) {
 #pragma unroll
@@ -141,10 +140,9 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
         CpAsync16Prefetch(row + 2 * (f0 + f) * kTileBytes + own_lo,
                           src + (f0 + f) * fp8_ds_mla::kTileSize, valid);
       }
-      // The row's 4 scales, into the second chunk of this thread's own pair in tile 2 f0 (every
-      // lane its own copy: the 8 lanes of a row ask for the same 16 bytes in one instruction).
-      CpAsync16(row + 2 * f0 * kTileBytes + own_hi, src - 16 * lane8 + fp8_ds_mla::kScaleOffset,
-                valid);
+      if (lane8 == 0) {
+        CpAsync16(row + 2 * f0 * kTileBytes + own_scale, src + fp8_ds_mla::kScaleOffset, valid);
+      }
       if (rope) {
         CpAsync16(row + own_rope, src + fp8_ds_mla::kRopeOffset, valid);
       }
@@ -158,27 +156,25 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
                key < key_end ? token_indices + key : token_indices, key < key_end);
     }
   };
-  // Dequantize this thread's chunks of a landed half in place, then publish it. A thread reads
-  // and writes only its own pairs of chunks (codes and its copy of the scales): no barrier;
-  // plain C++ accesses so that the compiler may batch the loads (they stay after the
-  // cp.async wait, which clobbers memory).
+  // Dequantize this thread's chunks of a landed half in place, then publish it. Per row: the
+  // scale block and the codes of tile f0 are read, a __syncwarp, then tile f0's chunks are
+  // written (lane8 0's write overwrites the scale block), then tile f0 + 1 (own chunks only).
   auto convert = [&](int which, int f0, int half) {
-    uint8_t* buffer = smem + (Opaque(k_base[which]) - smem_base);
+    __syncwarp();  // lane8 0's scale chunks landed (each lane waited for its own cp.async)
+    const uint32_t buffer = Opaque(k_base[which]);
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      uint8_t* row = buffer + 2048 * r;
-      uint4* lo[2] = {reinterpret_cast<uint4*>(row + 2 * f0 * kTileBytes + own_lo),
-                      reinterpret_cast<uint4*>(row + 2 * (f0 + 1) * kTileBytes + own_lo)};
-      uint4* hi[2] = {reinterpret_cast<uint4*>(row + 2 * f0 * kTileBytes + own_hi),
-                      reinterpret_cast<uint4*>(row + 2 * (f0 + 1) * kTileBytes + own_hi)};
-      const float4 scales = *reinterpret_cast<const float4*>(hi[0]);
-      const uint4 raw[2] = {*lo[0], *lo[1]};
+      const uint32_t row = buffer + 2048 * r;
+      const float4 scales = LdShared128f(row + 2 * f0 * kTileBytes + own_scale);
 #pragma unroll
       for (int f = 0; f < 2; ++f) {
+        const uint32_t tile = row + 2 * (f0 + f) * kTileBytes;
+        const uint4 raw = LdShared128(tile + own_lo);
+        if (f == 0) __syncwarp();  // every lane of the row has read lane8 0's scale chunk
         const float scale = f0 == 0 ? (f == 0 ? scales.x : scales.y)
                                     : (f == 0 ? scales.z : scales.w);
-        *lo[f] = DequantizeFp8x8ToBf16(make_uint2(raw[f].x, raw[f].y), scale);
-        *hi[f] = DequantizeFp8x8ToBf16(make_uint2(raw[f].z, raw[f].w), scale);
+        StShared128(tile + own_lo, DequantizeFp8x8ToBf16(make_uint2(raw.x, raw.y), scale));
+        StShared128(tile + own_hi, DequantizeFp8x8ToBf16(make_uint2(raw.z, raw.w), scale));
       }
     }
     FenceProxyAsync();
@@ -197,17 +193,23 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
     issue(1, 2, true);
     copy_indices(1, b1);
     CpAsyncCommit();
+    // L0 and R1 are freed by the consumers' own PV, R0 and L1 only after the cross PV: convert
+    // L0 while waiting for those, except on the first pair, where everything is free and R0 /
+    // L1 are issued at once.
+    if (pair > 0) {
+      CpAsyncWaitGroup<1>();
+      convert(0, 0, kL0);
+    }
     MbarrierWait(free_bar + 8 * kR0, free_parity);
     issue(0, 2, true);
     CpAsyncCommit();
     MbarrierWait(free_bar + 8 * kL1, free_parity);
     issue(1, 0, false);
     CpAsyncCommit();
-    // Convert in the order the consumers need the halves; L0 and R1 landed long ago (freed
-    // at the consumers' own PV), R0 and L1 were freed only after the cross PV: their
-    // conversion hides in R0's gather latency.
-    CpAsyncWaitGroup<3>();
-    convert(0, 0, kL0);
+    if (pair == 0) {
+      CpAsyncWaitGroup<3>();
+      convert(0, 0, kL0);
+    }
     CpAsyncWaitGroup<2>();
     convert(1, 2, kR1);
     CpAsyncWaitGroup<1>();
@@ -273,8 +275,8 @@ __global__ void __launch_bounds__(384, 1)
     if (warpgroup == 2) {
       // ----------------------------------------------------- producer, fp8_ds_mla rows
       RegistersDecrease<56>();
-      SparseMqaSm90Fp8Producer<Config>(p, work, first_block, num_pairs, smem, base, k_base,
-                                       index_base, ready_bar, free_bar);
+      SparseMqaSm90Fp8Producer<Config>(p, work, first_block, num_pairs, k_base, index_base,
+                                       ready_bar, free_bar);
       return;
     }
   } else if (warpgroup == 2) {
