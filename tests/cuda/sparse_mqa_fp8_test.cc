@@ -32,6 +32,10 @@ struct Fp8Case {
   bool integer = false;  // integer q, kv_c (exactly quantized) and k_pe, scale 1: exact logits
   int empty_tokens = 0;  // leading tokens whose rows are all -1
   int num_splits = 0;    // > 1: split-KV forced, with a workspace (0: the launcher's choice)
+  // Rows scaled by 1e6 (tile scales ~1e4, past 2^8) and 1e-30 (scales ~1e-32): the
+  // dequantization's extremes. Logits then reach ~1e5, where bf16 inputs cannot match a float64
+  // softmax, so such a case checks only the exact equality with the bf16 rows.
+  bool extreme_scales = false;
 };
 
 struct Fp8Data {
@@ -56,7 +60,9 @@ Fp8Data MakeData(const Fp8Case& c, std::mt19937_64& rng) {
       if (c.integer) {
         x[i] = i % 128 == 0 ? 7.f : float(small(rng));
       } else {
-        x[i] = bf16_to_float(float_to_bf16(normal(rng) * (s % 3 == 1 ? 0.01f : 1.f)));
+        float magnitude = s % 3 == 1 ? 0.01f : 1.f;
+        if (c.extreme_scales) magnitude = s % 4 == 1 ? 1e6f : s % 4 == 2 ? 1e-30f : magnitude;
+        x[i] = bf16_to_float(float_to_bf16(normal(rng) * magnitude));
         if (s % 5 == 2 && i >= 384) x[i] = 0.f;  // an all-zero tile
       }
     }
@@ -164,6 +170,7 @@ class SparseMqaFp8CudaTest : public GpuTest {
       ASSERT_FALSE(std::isnan(got_lse[i])) << "lse[" << i << "]";
       ASSERT_EQ(got_lse[i], peer_lse[i]) << "lse[" << i << "]";
     }
+    if (c.extreme_scales) return;
 
     double diff = 0, norm = 0;
     std::vector<double> scores, ref(kR);
@@ -242,6 +249,12 @@ TEST_F(SparseMqaFp8CudaTest, OneKeyAndEmptyCache) {
   c.tokens = 2, c.heads = 64, c.topk = 1, c.slots = 1;
   RunAndCheck(c);
   c.tokens = 2, c.heads = 8, c.topk = 16, c.slots = 16, c.empty_tokens = 2;
+  RunAndCheck(c);
+}
+
+TEST_F(SparseMqaFp8CudaTest, ExtremeTileScalesDequantizeExactly) {
+  Fp8Case c;
+  c.tokens = 2, c.heads = 64, c.topk = 256, c.slots = 300, c.extreme_scales = true;
   RunAndCheck(c);
 }
 
