@@ -71,30 +71,6 @@ enum Sm90Half : int { kL0 = 0, kR0 = 1, kL1 = 2, kR1 = 3 };
 // Named barriers of the two consumer warpgroups (256 threads); 0 is __syncthreads.
 enum Sm90Barrier : int { kBarQ = 1, kBarMax = 2, kBarP = 3, kBarSum = 4 };
 
-// 8 E4M3 codes (little-endian) times `scale`, rounded to 8 bf16: DequantizeFp8x8ToBf16 bit for
-// bit, without the conversion pipe (cvt.f16x2.e4m3x2 and the f16 -> f32 step cost the
-// producer more issue time than the gathers). A code's 7 magnitude bits placed at bit 20 of a
-// float, its sign at bit 31, are the code's value times 2^-120 exactly (subnormal codes
-// become float denormals); times 2^120 is then exact, and times the scale rounds once, as
-// there. The NaN codes 0x7F / 0xFF, which the quantizer never writes, read as +-480.
-__device__ __forceinline__ uint4 DequantizeE4m3x8ToBf16Alu(uint2 codes, float scale) {
-  uint32_t out[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t word = (i < 2 ? codes.x : codes.y) >> ((i & 1) * 16);
-    float value[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const uint32_t code = (word >> (8 * k)) & 0xFFu;
-      const float tiny = __uint_as_float(((code & 0x80u) << 24) | ((code & 0x7Fu) << 20));
-      value[k] = __fmul_rn(__fmul_rn(tiny, 0x1p120f), scale);
-    }
-    const __nv_bfloat162 rounded = __floats2bfloat162_rn(value[0], value[1]);
-    out[i] = *reinterpret_cast<const uint32_t*>(&rounded);
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
 // The producer warpgroup for fp8_ds_mla rows (656 bytes: 512 e4m3 values in 4 tiles of 128,
 // their 4 float32 scales at byte 512, 64 bf16 k_pe at byte 528). It fills the same bf16
 // swizzled half buffers as the bf16 producer (the consumers do not know the difference), in
@@ -106,8 +82,7 @@ __device__ __forceinline__ uint4 DequantizeE4m3x8ToBf16Alu(uint2 codes, float sc
 //     in the swizzle). The raw 16 codes are cp.async'd into the first chunk of that pair; the
 //     row's 16-byte scale block goes (lane8 0 only) into the second chunk of its pair in tile
 //     2 f0. Once landed, each thread dequantizes its own chunks in place (e4m3 x scale in fp32,
-//     rounded to bf16: the mma.sync kernel's DequantizeFp8x8ToBf16 bit for bit, with integer
-//     ops in place of the conversion pipe: DequantizeE4m3x8ToBf16Alu); a __syncwarp
+//     rounded to bf16, as DequantizeFp8x8ToBf16 does for the mma.sync kernel); a __syncwarp
 //     between the reads and the writes of a row orders lane8 0's scale chunk (read by the 8
 //     lanes of the row, all in one warp) before it is overwritten. No staging buffer.
 //   - The rope tile (R halves) is bf16 already: cp.async straight into tile 8.
@@ -198,8 +173,8 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
         if (f == 0) __syncwarp();  // every lane of the row has read lane8 0's scale chunk
         const float scale = f0 == 0 ? (f == 0 ? scales.x : scales.y)
                                     : (f == 0 ? scales.z : scales.w);
-        StShared128(tile + own_lo, DequantizeE4m3x8ToBf16Alu(make_uint2(raw.x, raw.y), scale));
-        StShared128(tile + own_hi, DequantizeE4m3x8ToBf16Alu(make_uint2(raw.z, raw.w), scale));
+        StShared128(tile + own_lo, DequantizeFp8x8ToBf16(make_uint2(raw.x, raw.y), scale));
+        StShared128(tile + own_hi, DequantizeFp8x8ToBf16(make_uint2(raw.z, raw.w), scale));
       }
     }
     FenceProxyAsync();
