@@ -64,9 +64,6 @@ absl::Status Check(const SparseMqaParams& p) {
                   "SparseMqa (CUDA): fp8_ds_mla rows are %d bytes, got a kv_row_stride of %d bytes",
                   fp8_ds_mla::kRowBytes, p.kv_row_stride);
     DCP_CHECK_ARG(Aligned16(p.kv_cache), "SparseMqa (CUDA): kv_cache must be 16-byte aligned");
-    DCP_CHECK_ARG(p.kernel != 2,
-                  "SparseMqa (CUDA): the wgmma kernel (kernel 2) does not read fp8_ds_mla rows; "
-                  "use kernel 0 or 1 (the mma.sync kernel)");
   } else {
     DCP_CHECK_ARG(Aligned16(p.kv_cache) && p.kv_row_stride % 8 == 0 &&
                       (p.kv_row_stride >= p.head_dim || p.num_slots <= 1),
@@ -89,8 +86,7 @@ absl::Status Check(const SparseMqaParams& p) {
 
 int SparseMqaResolveKernel(const SparseMqaParams& params) {
   if (params.kernel == 1 || params.kernel == 2) return params.kernel;
-  // Only the mma.sync kernel reads fp8_ds_mla rows.
-  if (params.kv_format == KvCacheDType::kFp8DsMla) return 1;
+  // Both kernels read bf16 and fp8_ds_mla rows.
   return SparseMqaSm90Available() ? 2 : 1;
 }
 
@@ -156,7 +152,10 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
     split.part_out = static_cast<float*>(params.workspace);
     split.part_lse = split.part_out + rows * params.v_dim;
   }
-  if (kernel == 2) {
+  if (kernel == 2 && params.kv_format == KvCacheDType::kFp8DsMla) {
+    DCP_RETURN_IF_ERROR(
+        (LaunchSparseMqaSm90<576, 512, KvCacheDType::kFp8DsMla>(params, split, stream)));
+  } else if (kernel == 2) {
     DCP_RETURN_IF_ERROR((LaunchSparseMqaSm90<576, 512>(params, split, stream)));
   } else if (params.kv_format == KvCacheDType::kFp8DsMla) {
     DCP_RETURN_IF_ERROR(

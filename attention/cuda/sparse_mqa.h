@@ -43,13 +43,12 @@ int SparseMqaChooseSplits(const SparseMqaParams& params, int kernel, int num_sms
 // Bytes of params.workspace that `splits` splits need (0 for one split).
 int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& params, int splits);
 
-// The kernels for one compiled (head_dim, v_dim) and, for the mma.sync kernel, cache row
-// format; params already checked. Defined in sparse_mqa_kernel.cuh / sparse_mqa_sm90_kernel.cuh,
+// The kernels for one compiled (head_dim, v_dim) and cache row format; params already checked. Defined in sparse_mqa_kernel.cuh / sparse_mqa_sm90_kernel.cuh,
 // instantiated in instantiations/.
 template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16>
 absl::Status LaunchSparseMqa(const SparseMqaParams& params, const SparseMqaSplit& split,
                              cudaStream_t stream);
-template <int kHeadDim, int kVDim>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16>
 absl::Status LaunchSparseMqaSm90(const SparseMqaParams& params, const SparseMqaSplit& split,
                                  cudaStream_t stream);
 // Whether the wgmma kernel was compiled for the current device (sm_90a code in the binary).

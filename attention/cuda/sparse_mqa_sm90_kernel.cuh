@@ -39,6 +39,8 @@
 #include "attention/cuda/sparse_mqa_work.cuh"
 #include "attention/cuda/wgmma_sm90.cuh"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/fp8_e4m3.cuh"
+#include "core/kv_cache_format.h"
 
 namespace dcp::cuda {
 
@@ -69,7 +71,155 @@ enum Sm90Half : int { kL0 = 0, kR0 = 1, kL1 = 2, kR1 = 3 };
 // Named barriers of the two consumer warpgroups (256 threads); 0 is __syncthreads.
 enum Sm90Barrier : int { kBarQ = 1, kBarMax = 2, kBarP = 3, kBarSum = 4 };
 
-template <int kHeadDim, int kVDim>
+// The producer warpgroup for fp8_ds_mla rows (656 bytes: 512 e4m3 values in 4 tiles of 128,
+// their 4 float32 scales at byte 512, 64 bf16 k_pe at byte 528). It fills the same bf16
+// swizzled half buffers as the bf16 producer (the consumers do not know the difference), in
+// the same order L0, R1, R0, L1, gathering half the bytes:
+//   - Thread t (group = t / 8, lane8 = t % 8) owns rows group + 16 r (r < 4) and, in each fp8
+//     tile f of the half (f0, f0 + 1; L: f0 = 0, R: f0 = 2), the 16 codes [16 lane8, +16):
+//     values 128 f + 16 lane8 + i, which land in bf16 tile 2 f + lane8 / 4 as the two
+//     16-byte chunks 2 (lane8 % 4) and 2 (lane8 % 4) + 1 of the row (an aligned 32-byte pair
+//     in the swizzle). The raw 16 codes are cp.async'd into the first chunk of that pair; the
+//     row's 16-byte scale block goes (lane8 0 only) into the second chunk of its pair in tile
+//     2 f0. Once landed, each thread dequantizes its own chunks in place (e4m3 x scale in fp32,
+//     rounded to bf16, as DequantizeFp8x8ToBf16 does for the mma.sync kernel); a __syncwarp
+//     between the reads and the writes of a row orders lane8 0's scale chunk (read by the 8
+//     lanes of the row, all in one warp) before it is overwritten. No staging buffer.
+//   - The rope tile (R halves) is bf16 already: cp.async straight into tile 8.
+//   - Order per pair: issue L0, R1; convert L0 (not on the first pair); issue R0, L1 (freed
+//     last, after the consumers' cross PV); convert (L0,) R1, R0, L1 as their cp.async groups
+//     land. Every half of a pair is converted before the next pair's free barriers are waited
+//     on: those are only released once the consumers have used the whole pair.
+//   - Each thread's st.shared are made visible to the wgmma (async proxy) with
+//     fence.proxy.async before its plain mbarrier arrive (ready barriers count 128 arrivals).
+template <class Config>
+__device__ __forceinline__ void SparseMqaSm90Fp8Producer(
+    const SparseMqaParams& p, const SparseMqaWork& work, int first_block, int num_pairs,
+    const uint32_t (&k_base)[2], uint32_t index_base,
+    uint32_t ready_bar, uint32_t free_bar) {
+  using namespace sm90;
+  constexpr int kTileBytes = Config::kTileBytes;
+  const int t = threadIdx.x % 128;
+  const int group = t / 8, lane8 = t % 8;
+  const auto* kv = static_cast<const uint8_t*>(p.kv_cache);
+  const int32_t* token_indices = p.indices + int64_t(work.token) * p.indices_token_stride;
+  const int key_end = work.key_end;
+  // This thread's shared-memory offsets inside a buffer, for row `group` (row group + 16 r is
+  // 2048 r bytes further: same swizzle phase): its pair of chunks in tile 2 f + lane8 / 4
+  // (add 2 f tiles), the scale chunk in tile 2 f0 (add 2 f0 tiles), its rope chunk in tile 8.
+  const uint32_t pair_chunk = 2 * (lane8 % 4);
+  const uint32_t own_lo = (lane8 / 4) * kTileBytes + TileChunk(group, pair_chunk);
+  const uint32_t own_hi = (lane8 / 4) * kTileBytes + TileChunk(group, pair_chunk + 1);
+  const uint32_t own_scale = TileChunk(group, 1);
+  const uint32_t own_rope = (Config::kTiles - 1) * kTileBytes + TileChunk(group, lane8);
+  const uint8_t* kv_lane = kv + 16 * lane8;  // this thread's 16 bytes of each 128-code tile
+  int32_t row_slot[2][4];                     // the cache slot of each row, or -1 when skipped
+  auto load_rows = [&](int which, int block) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int key = block * 64 + group + 16 * r;
+      int32_t slot = -1;
+      if (key < key_end) {
+        slot = __ldg(token_indices + key);
+        if (slot < 0 || slot >= p.num_slots) slot = -1;
+      }
+      row_slot[which][r] = slot;
+    }
+  };
+  auto issue = [&](int which, int f0, bool rope) {
+    const uint32_t buffer = Opaque(k_base[which]);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int32_t slot = row_slot[which][r];
+      const bool valid = slot >= 0;
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(Opaque(reinterpret_cast<uint64_t>(
+          kv_lane + int64_t(valid ? slot : 0) * fp8_ds_mla::kRowBytes)));
+      const uint32_t row = buffer + 2048 * r;
+#pragma unroll
+      for (int f = 0; f < 2; ++f) {
+        CpAsync16Prefetch(row + 2 * (f0 + f) * kTileBytes + own_lo,
+                          src + (f0 + f) * fp8_ds_mla::kTileSize, valid);
+      }
+      if (lane8 == 0) {
+        CpAsync16(row + 2 * f0 * kTileBytes + own_scale, src + fp8_ds_mla::kScaleOffset, valid);
+      }
+      if (rope) {
+        CpAsync16(row + own_rope, src + fp8_ds_mla::kRopeOffset, valid);
+      }
+    }
+  };
+  // The 64 indices of a block, for the consumers' masks (zero past key_end: masked there).
+  auto copy_indices = [&](int which, int block) {
+    if (t < 64) {
+      const int key = block * 64 + t;
+      CpAsync4(index_base + (which * 64 + t) * 4,
+               key < key_end ? token_indices + key : token_indices, key < key_end);
+    }
+  };
+  // Dequantize this thread's chunks of a landed half in place, then publish it. Per row: the
+  // scale block and the codes of tile f0 are read, a __syncwarp, then tile f0's chunks are
+  // written (lane8 0's write overwrites the scale block), then tile f0 + 1 (own chunks only).
+  auto convert = [&](int which, int f0, int half) {
+    __syncwarp();  // lane8 0's scale chunks landed (each lane waited for its own cp.async)
+    const uint32_t buffer = Opaque(k_base[which]);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const uint32_t row = buffer + 2048 * r;
+      const float4 scales = LdShared128f(row + 2 * f0 * kTileBytes + own_scale);
+#pragma unroll
+      for (int f = 0; f < 2; ++f) {
+        const uint32_t tile = row + 2 * (f0 + f) * kTileBytes;
+        const uint4 raw = LdShared128(tile + own_lo);
+        if (f == 0) __syncwarp();  // every lane of the row has read lane8 0's scale chunk
+        const float scale = f0 == 0 ? (f == 0 ? scales.x : scales.y)
+                                    : (f == 0 ? scales.z : scales.w);
+        StShared128(tile + own_lo, DequantizeFp8x8ToBf16(make_uint2(raw.x, raw.y), scale));
+        StShared128(tile + own_hi, DequantizeFp8x8ToBf16(make_uint2(raw.z, raw.w), scale));
+      }
+    }
+    FenceProxyAsync();
+    MbarrierArrive(ready_bar + 8 * half);
+  };
+  for (int pair = 0; pair < num_pairs; ++pair) {
+    const int b0 = first_block + 2 * pair, b1 = b0 + 1;
+    const int free_parity = (pair & 1) ^ 1;
+    load_rows(0, b0);
+    load_rows(1, b1);
+    MbarrierWait(free_bar + 8 * kL0, free_parity);
+    issue(0, 0, false);
+    copy_indices(0, b0);
+    CpAsyncCommit();
+    MbarrierWait(free_bar + 8 * kR1, free_parity);
+    issue(1, 2, true);
+    copy_indices(1, b1);
+    CpAsyncCommit();
+    // L0 and R1 are freed by the consumers' own PV, R0 and L1 only after the cross PV: convert
+    // L0 while waiting for those, except on the first pair, where everything is free and R0 /
+    // L1 are issued at once.
+    if (pair > 0) {
+      CpAsyncWaitGroup<1>();
+      convert(0, 0, kL0);
+    }
+    MbarrierWait(free_bar + 8 * kR0, free_parity);
+    issue(0, 2, true);
+    CpAsyncCommit();
+    MbarrierWait(free_bar + 8 * kL1, free_parity);
+    issue(1, 0, false);
+    CpAsyncCommit();
+    if (pair == 0) {
+      CpAsyncWaitGroup<3>();
+      convert(0, 0, kL0);
+    }
+    CpAsyncWaitGroup<2>();
+    convert(1, 2, kR1);
+    CpAsyncWaitGroup<1>();
+    convert(0, 2, kR0);
+    CpAsyncWaitGroup<0>();
+    convert(1, 0, kL1);
+  }
+}
+
+template <int kHeadDim, int kVDim, KvCacheDType kFormat>
 __global__ void __launch_bounds__(384, 1)
     SparseMqaSm90Kernel(const SparseMqaParams p, const SparseMqaSplit split) {
 #if SPARSE_MQA_SM90_ENABLED
@@ -121,7 +271,15 @@ __global__ void __launch_bounds__(384, 1)
   // whole grid with griddepcontrol.wait, so only its launch and scheduling overlap this one.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
-  if (warpgroup == 2) {
+  if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
+    if (warpgroup == 2) {
+      // ----------------------------------------------------- producer, fp8_ds_mla rows
+      RegistersDecrease<56>();
+      SparseMqaSm90Fp8Producer<Config>(p, work, first_block, num_pairs, k_base, index_base,
+                                       ready_bar, free_bar);
+      return;
+    }
+  } else if (warpgroup == 2) {
     // ---------------------------------------------------------------- producer
     RegistersDecrease<56>();
     // Thread t copies chunk t % 8 of each 128-byte tile row of rows (t / 8) + 16 r, r < 4:
@@ -370,11 +528,11 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-template <int kHeadDim, int kVDim>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat>
 absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit& split,
                                  cudaStream_t stream) {
   using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
-  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim>;
+  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat>;
   // Once per device: the attribute call costs host time on every decode step otherwise.
   static std::atomic<uint64_t> configured{0};
   int device = 0;

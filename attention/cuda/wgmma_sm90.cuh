@@ -141,6 +141,35 @@ __device__ __forceinline__ void CpAsyncWaitAll() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
+// cp.async.wait_group with a memory clobber: the shared-memory reads that follow are not moved
+// above it (mma_sm80.cuh's CpAsyncWait has none).
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWaitGroup() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ uint4 LdShared128(uint32_t smem) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(smem)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 LdShared128f(uint32_t smem) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(smem)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void StShared128(uint32_t smem, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }

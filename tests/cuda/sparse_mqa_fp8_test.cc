@@ -1,9 +1,11 @@
-// The CUDA sparse MQA kernel reading fp8_ds_mla rows directly (kv_format kFp8DsMla) against the
+// The CUDA sparse MQA kernels (the mma.sync kernel, and the sm_90a wgmma kernel where the device
+// has it) reading fp8_ds_mla rows directly (kv_format kFp8DsMla) against the
 // float64 reference computed on the DEQUANTIZED cache (rows quantized and dequantized by the
 // independent host model of tests/reference). The kernel rounds dequantized values to bf16 for
 // the tensor cores, so outputs are held to the bf16 kernel's tolerance and LSEs to 1e-2 (see
-// below). A second, tighter check: the bf16 kernel run on the bf16-rounded dequantized rows
-// must give the same result bit for bit, since both feed the same tile to the same MMAs.
+// below). A second, tighter check: the same kernel run on the bf16-rounded dequantized rows as
+// bf16 rows must give the same result bit for bit, since both feed the same tile to the same
+// MMAs (the wgmma kernel's producer dequantizes into the tiles its bf16 producer gathers).
 // Ragged top-k with holes and out-of-range entries, partial head blocks, 1-3+ key blocks,
 // empty selections, one key, exact huge logits, bad input.
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attention/cuda/sparse_mqa.h"
@@ -29,6 +32,10 @@ struct Fp8Case {
   bool integer = false;  // integer q, kv_c (exactly quantized) and k_pe, scale 1: exact logits
   int empty_tokens = 0;  // leading tokens whose rows are all -1
   int num_splits = 0;    // > 1: split-KV forced, with a workspace (0: the launcher's choice)
+  // Rows scaled by 1e6 (tile scales ~1e4, past 2^8) and 1e-30 (scales ~1e-32): the
+  // dequantization's extremes. Logits then reach ~1e5, where bf16 inputs cannot match a float64
+  // softmax, so such a case checks only the exact equality with the bf16 rows.
+  bool extreme_scales = false;
 };
 
 struct Fp8Data {
@@ -53,7 +60,9 @@ Fp8Data MakeData(const Fp8Case& c, std::mt19937_64& rng) {
       if (c.integer) {
         x[i] = i % 128 == 0 ? 7.f : float(small(rng));
       } else {
-        x[i] = bf16_to_float(float_to_bf16(normal(rng) * (s % 3 == 1 ? 0.01f : 1.f)));
+        float magnitude = s % 3 == 1 ? 0.01f : 1.f;
+        if (c.extreme_scales) magnitude = s % 4 == 1 ? 1e6f : s % 4 == 2 ? 1e-30f : magnitude;
+        x[i] = bf16_to_float(float_to_bf16(normal(rng) * magnitude));
         if (s % 5 == 2 && i >= 384) x[i] = 0.f;  // an all-zero tile
       }
     }
@@ -103,11 +112,32 @@ SparseMqaParams Params(const Fp8Case& c, const Fp8Data& d, const void* q, const 
   return p;
 }
 
+// The kernels a case runs: the wgmma kernel (2) when the device has it, the mma.sync kernel (1).
+std::vector<int> Kernels() {
+  std::vector<int> kernels = {1};
+  if (cuda::SparseMqaSm90Available()) kernels.insert(kernels.begin(), 2);
+  int device = 0, major = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (major == 9 && !cuda::SparseMqaSm90Available()) {
+    ADD_FAILURE() << "an sm_90 device without the wgmma kernel: build with "
+                     "CMAKE_CUDA_ARCHITECTURES=90a";
+  }
+  return kernels;
+}
+
 class SparseMqaFp8CudaTest : public GpuTest {
  protected:
   void RunAndCheck(const Fp8Case& c) {
     std::mt19937_64 rng(TestSeed());
-    const Fp8Data d = MakeData(c, rng);
+    const Fp8Data d = MakeData(c, rng);  // the host quantizer is slow: once for both kernels
+    for (int kernel : Kernels()) {
+      SCOPED_TRACE("kernel " + std::to_string(kernel));
+      RunAndCheck(c, d, kernel);
+      if (HasFailure()) return;
+    }
+  }
+  void RunAndCheck(const Fp8Case& c, const Fp8Data& d, int kernel) {
     DeviceArray<bf16> q(d.q), kv_bf16(d.dequantized_bf16);
     DeviceArray<uint8_t> cache(d.cache);
     DeviceArray<int32_t> indices(d.indices);
@@ -116,15 +146,14 @@ class SparseMqaFp8CudaTest : public GpuTest {
     out.Poison(), lse.Poison(), out_bf16.Poison(), lse_bf16.Poison();
     SparseMqaParams p = Params(c, d, q.get(), cache.get(), indices.get(), out.get(), lse.get());
     p.num_splits = c.num_splits;
+    p.kernel = kernel;
     const int64_t split_bytes = cuda::SparseMqaWorkspaceBytes(p, std::max(c.num_splits, 1));
     DeviceArray<uint8_t> workspace(size_t(std::max<int64_t>(split_bytes, 16)));
     if (split_bytes > 0) p.workspace = workspace.get(), p.workspace_bytes = split_bytes;
     absl::Status status = cuda::SparseMqa(p, nullptr);
     ASSERT_TRUE(status.ok()) << status;
-    // The bf16 mma.sync kernel (the one that reads fp8 rows; kernel 0 picks it for them) over
-    // the bf16-rounded dequantized rows, with the same splits.
+    // The same kernel over the bf16-rounded dequantized rows as bf16 rows, with the same splits.
     SparseMqaParams b = p;
-    b.kernel = 1;
     b.kv_format = KvCacheDType::kBF16;
     b.kv_cache = kv_bf16.get(), b.kv_row_stride = kWidth;
     b.out = out_bf16.get(), b.lse = lse_bf16.get();
@@ -135,12 +164,13 @@ class SparseMqaFp8CudaTest : public GpuTest {
     const std::vector<float> peer = out_bf16.Download(), peer_lse = lse_bf16.Download();
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_TRUE(std::isfinite(got[i])) << "out[" << i << "]";
-      ASSERT_EQ(got[i], peer[i]) << "fp8 and bf16 kernels differ at out[" << i << "]";
+      ASSERT_EQ(got[i], peer[i]) << "fp8 and bf16 rows differ at out[" << i << "]";
     }
     for (size_t i = 0; i < got_lse.size(); ++i) {
       ASSERT_FALSE(std::isnan(got_lse[i])) << "lse[" << i << "]";
       ASSERT_EQ(got_lse[i], peer_lse[i]) << "lse[" << i << "]";
     }
+    if (c.extreme_scales) return;
 
     double diff = 0, norm = 0;
     std::vector<double> scores, ref(kR);
@@ -222,10 +252,32 @@ TEST_F(SparseMqaFp8CudaTest, OneKeyAndEmptyCache) {
   RunAndCheck(c);
 }
 
+TEST_F(SparseMqaFp8CudaTest, ExtremeTileScalesDequantizeExactly) {
+  Fp8Case c;
+  c.tokens = 2, c.heads = 64, c.topk = 256, c.slots = 300, c.extreme_scales = true;
+  RunAndCheck(c);
+}
+
 TEST_F(SparseMqaFp8CudaTest, ExactHugeLogits) {
   Fp8Case c;
   c.tokens = 2, c.heads = 64, c.topk = 192, c.slots = 256, c.integer = true;
   RunAndCheck(c);
+}
+
+// A decode token at DeepSeek-V3.2's top-k over fp8 rows: one split (16 pairs of blocks through
+// one producer), the split count the wgmma kernel's heuristic picks at 128 heads (16) and a few
+// others; 64 heads (one full head block) and 16 (padded rows).
+TEST_F(SparseMqaFp8CudaTest, DecodeSplitsAtFullTopk) {
+  Fp8Case c;
+  c.tokens = 1, c.topk = 2048, c.slots = 2100, c.skip_fraction = 0.1;
+  for (int heads : {64, 16}) {
+    for (int splits : heads == 64 ? std::vector<int>{1, 16} : std::vector<int>{4, 32}) {
+      SCOPED_TRACE(std::to_string(heads) + " heads, " + std::to_string(splits) + " splits");
+      c.heads = heads, c.num_splits = splits;
+      RunAndCheck(c);
+      if (HasFailure()) return;
+    }
+  }
 }
 
 // Split-KV over fp8 rows: the partials and the LSE merge as for bf16 rows.
@@ -259,12 +311,6 @@ TEST_F(SparseMqaFp8CudaTest, BadInputIsAClearError) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("aligned"), std::string::npos) << status.message();
   p.kv_cache = cache.get();
-  p.kernel = 2;  // the wgmma kernel does not read fp8 rows
-  status = cuda::SparseMqa(p, nullptr);
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("does not read fp8_ds_mla rows"), std::string::npos)
-      << status.message();
-  p.kernel = 0;
   p.kv_format = static_cast<KvCacheDType>(3);
   status = cuda::SparseMqa(p, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);

@@ -20,7 +20,7 @@ bool SparseMqaSm90Available() {
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
       major == 9) {
     cudaFuncAttributes attributes;
-    if (cudaFuncGetAttributes(&attributes, SparseMqaSm90Kernel<576, 512>) == cudaSuccess) {
+    if (cudaFuncGetAttributes(&attributes, SparseMqaSm90Kernel<576, 512, KvCacheDType::kBF16>) == cudaSuccess) {
       available = attributes.binaryVersion == 90;
     } else {
       cudaGetLastError();  // a missing image is not an error of the next call
