@@ -109,7 +109,8 @@ class Communicator {
 
 // One outcome for the whole group: OK when every rank's `local` is OK, else the error of the
 // lowest failing rank (its message, naming that rank) on every rank. A rank that fails alone
-// therefore never leaves its peers waiting in a later collective.
+// therefore never leaves its peers waiting in a later collective. A world of one returns
+// `local` without a collective.
 absl::Status AgreeOnStatus(Communicator& comm, const absl::Status& local);
 
 // The argument check every AllToAllV shares: four spans of `world_size` entries each.
