@@ -1,8 +1,10 @@
 #include "attention/cuda/gemm_cublas.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "attention/cuda/cublas_status.h"
+#include "attention/cuda/gemm_small_m.h"
 #include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
@@ -12,9 +14,20 @@ cudaDataType_t CudaType(DType dtype) {
   return dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
-}  // namespace
+absl::Status SideCopyAsync(const GemmParams::SideCopy& side, cudaStream_t stream) {
+  if (side.rows == 0 || side.row_bytes == 0) return absl::OkStatus();
+  DCP_CHECK_ARG(side.dst != nullptr && side.src != nullptr, "Gemm: side copy with a null pointer");
+  DCP_CHECK_ARG(side.rows > 0 && side.row_bytes > 0 && side.dst_pitch >= side.row_bytes &&
+                    side.src_pitch >= side.row_bytes,
+                "Gemm: side copy of %d rows of %d bytes with pitches (%d, %d)", side.rows,
+                side.row_bytes, side.dst_pitch, side.src_pitch);
+  DCP_CUDA_CHECK(cudaMemcpy2DAsync(side.dst, size_t(side.dst_pitch), side.src,
+                                   size_t(side.src_pitch), size_t(side.row_bytes),
+                                   size_t(side.rows), cudaMemcpyDeviceToDevice, stream));
+  return absl::OkStatus();
+}
 
-absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream) {
+absl::Status CheckParams(const GemmParams& p) {
   DCP_CHECK_ARG(p.m >= 0 && p.n >= 0 && p.k >= 0 && p.batch >= 0,
                 "Gemm: negative size (m %d, n %d, k %d, batch %d)", p.m, p.n, p.k, p.batch);
   DCP_CHECK_ARG(p.a_dtype == p.b_dtype && p.a_dtype != DType::kI32,
@@ -34,6 +47,26 @@ absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t strea
                 p.lda, p.ldb, p.ldc, p.m, p.n, p.k);
   DCP_CHECK_ARG(p.batch == 1 || p.stride_c != 0, "Gemm: stride_c 0 with batch %d would race",
                 p.batch);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool SmallMGemmEnabled() {
+  static const bool disabled = std::getenv("DCP_NO_SMALL_M_GEMM") != nullptr;
+  return !disabled;
+}
+
+absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream) {
+  DCP_RETURN_IF_ERROR(CheckParams(p));
+  if (SmallMGemmEnabled() && SmallMGemmFits(p)) return GemmSmallM(p, stream);
+  return GemmCublas(handle, p, stream);
+}
+
+absl::Status GemmCublas(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream) {
+  DCP_RETURN_IF_ERROR(CheckParams(p));
+  DCP_RETURN_IF_ERROR(SideCopyAsync(p.side, stream));
+  if (p.m == 0 || p.n == 0 || p.batch == 0) return absl::OkStatus();
   // BLAS rules, which cuBLAS follows: beta == 0 never reads C; k == 0 gives C = beta * C.
   DCP_CUBLAS_CHECK(cublasSetStream(handle, stream));
   const float alpha = p.alpha, beta = p.beta;

@@ -1,0 +1,33 @@
+// Small-M GEMM batched over heads: C[h] = alpha * A[h] op(B[h]) + beta * C[h] with few rows per
+// head (the decode projections: M = tokens, one GEMM per head). cuBLAS runs these as a
+// latency-bound GEMV per head (~1 TFLOP/s at M = 1); here the weights are streamed once at
+// close to copy bandwidth and the rows of A are applied to each weight vector as it arrives
+// (CUDA-core FMAs, fp32 accumulation). Row-major, strided per head exactly as GemmParams.
+// Supported: A and B BF16, trans_a false, 1 <= m <= kSmallMGemmMaxM, k >= 1, C F32 or BF16;
+// B as stored [K, N] (trans_b false: N contiguous, n % 8 == 0) or [N, K] (trans_b true: K
+// contiguous, k % 8 == 0); B 16-byte aligned with ldb and stride_b multiples of 8. A and C have
+// no alignment needs. GemmParams::side (a byte copy) is done by the same launch.
+// cuda::Gemm (gemm_cublas.h) dispatches here when SmallMGemmFits; call GemmSmallM directly only
+// to compare against cuBLAS.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+#include "attention/attention_params.h"
+
+namespace dcp::cuda {
+
+// Rows per head up to which the small-M kernel runs (measured crossover against cuBLAS on the
+// H200: docs/engine_decode_latency.md).
+constexpr int kSmallMGemmMaxM = 16;
+
+// Whether the small-M kernel takes these params (dtypes, shape, alignment, shared memory).
+bool SmallMGemmFits(const GemmParams& params);
+
+// Launches the small-M kernel on `stream`; InvalidArgument when !SmallMGemmFits. On sm_90 it is
+// a programmatic dependent launch: the weights are prefetched into L2 before the previous grid
+// in the stream has finished, A and C are touched only after it.
+absl::Status GemmSmallM(const GemmParams& params, cudaStream_t stream);
+
+}  // namespace dcp::cuda
