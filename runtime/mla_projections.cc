@@ -17,8 +17,9 @@ absl::Status MlaProjections::Prepare(int64_t max_rows) {
   return absl::OkStatus();
 }
 
-absl::Status MlaProjections::HeadGemm(const HeadGemmArgs& g) {
+absl::Status MlaProjections::HeadGemm(const HeadGemmArgs& g, const GemmParams::SideCopy& side) {
   GemmParams p;
+  p.side = side;
   p.a = g.a;
   p.b = g.weights;
   p.c = g.c;
@@ -43,12 +44,16 @@ absl::Status MlaProjections::Absorb(const void* q_nope, const void* q_rope, int6
   const int hl = heads_, r = model_.kv_lora_rank, dn = model_.qk_nope_head_dim;
   const int dr = model_.qk_rope_head_dim, width = model_.latent_width();
   const size_t element = dtype_size(storage_);
-  // Per head [tx, Dn] x [Dn, R] (w_uk[h] as stored), written into q'[t][h][:R].
-  DCP_RETURN_IF_ERROR(HeadGemm({q_nope, int64_t{hl} * dn, dn, w_uk_, false, q_latent,
-                                storage_, int64_t{hl} * width, width, tx, r, dn}));
-  return device_.Copy2D(static_cast<std::byte*>(q_latent) + size_t(r) * element,
-                        size_t(width) * element, q_rope, size_t(dr) * element,
-                        size_t(dr) * element, size_t(tx) * hl);
+  // Per head [tx, Dn] x [Dn, R] (w_uk[h] as stored), written into q'[t][h][:R]; q_rope goes
+  // behind it as the GEMM's side copy (inside the GEMM's launch where the device can).
+  GemmParams::SideCopy rope;
+  rope.dst = static_cast<std::byte*>(q_latent) + size_t(r) * element;
+  rope.src = q_rope;
+  rope.dst_pitch = int64_t(width) * element;
+  rope.src_pitch = rope.row_bytes = int64_t(dr) * element;
+  rope.rows = tx * hl;
+  return HeadGemm({q_nope, int64_t{hl} * dn, dn, w_uk_, false, q_latent, storage_,
+                   int64_t{hl} * width, width, tx, r, dn}, rope);
 }
 
 absl::Status MlaProjections::UpProject(const void* rows, int64_t n, void* k, void* v) {

@@ -57,7 +57,8 @@ class MlaProjections {
     int64_t m;
     int n, k;
   };
-  absl::Status HeadGemm(const HeadGemmArgs& args);
+  // `side`: a byte copy done by the same call (GemmParams::SideCopy); none by default.
+  absl::Status HeadGemm(const HeadGemmArgs& args, const GemmParams::SideCopy& side = {});
 
   Device& device_;
   ModelDims model_;
