@@ -17,9 +17,8 @@ absl::Status MlaProjections::Prepare(int64_t max_rows) {
   return absl::OkStatus();
 }
 
-absl::Status MlaProjections::HeadGemm(const HeadGemmArgs& g, const GemmParams::SideCopy& side) {
+GemmParams MlaProjections::HeadGemmParams(const HeadGemmArgs& g) const {
   GemmParams p;
-  p.side = side;
   p.a = g.a;
   p.b = g.weights;
   p.c = g.c;
@@ -36,6 +35,12 @@ absl::Status MlaProjections::HeadGemm(const HeadGemmArgs& g, const GemmParams::S
   p.stride_a = g.stride_a;
   p.stride_b = int64_t{g.k} * g.n;
   p.stride_c = g.stride_c;
+  return p;
+}
+
+absl::Status MlaProjections::HeadGemm(const HeadGemmArgs& g, const GemmParams::SideCopy& side) {
+  GemmParams p = HeadGemmParams(g);
+  p.side = side;
   return device_.Gemm(p);
 }
 
@@ -78,11 +83,22 @@ absl::Status MlaProjections::UpProject(const void* rows, int64_t n, void* k, voi
                              targets, n, dr, width, qk});
 }
 
-absl::Status MlaProjections::ProjectOut(const void* o_lat, int64_t tx, float* out) {
+absl::Status MlaProjections::ProjectOut(const float* o_lat, void* o_lat_storage, int64_t tx,
+                                        float* out) {
   const int hl = heads_, r = model_.kv_lora_rank, dv = model_.v_head_dim;
   // out[t][h] = w_uv[h]^T o_lat[t][h]: per head [tx, R] x [R, Dv].
-  return HeadGemm({o_lat, int64_t{hl} * r, r, w_uv_, false, out, DType::kF32,
-                   int64_t{hl} * dv, dv, tx, dv, r});
+  GemmParams p = HeadGemmParams({o_lat, int64_t{hl} * r, r, w_uv_, false, out, DType::kF32,
+                                 int64_t{hl} * dv, dv, tx, dv, r});
+  p.a_dtype = DType::kF32;
+  if (storage_ != DType::kF32 && !device_.GemmSupports(p)) {
+    const size_t count = size_t(tx) * hl * r;
+    DCP_CHECK_ARG(o_lat_storage != nullptr, "ProjectOut needs a %s copy of o_lat here",
+                  dtype_name(storage_));
+    DCP_RETURN_IF_ERROR(device_.Convert(o_lat_storage, storage_, o_lat, DType::kF32, count));
+    p.a = o_lat_storage;
+    p.a_dtype = storage_;
+  }
+  return device_.Gemm(p);
 }
 
 }  // namespace dcp

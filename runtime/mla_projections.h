@@ -36,8 +36,11 @@ class MlaProjections {
                       void* q_latent);
   // rows [n, R + Dr] -> k [n, Hl, Dn + Dr], v [n, Hl, Dv].
   absl::Status UpProject(const void* rows, int64_t n, void* k, void* v);
-  // o_lat [T, Hl, R] of the storage dtype -> out [T, Hl, Dv] F32.
-  absl::Status ProjectOut(const void* o_lat, int64_t num_tokens, float* out);
+  // o_lat [T, Hl, R] F32 -> out [T, Hl, Dv] F32. Read as F32 where the device's GEMM takes
+  // F32 with storage-dtype weights (Device::GemmSupports: no conversion launch), else first
+  // converted into o_lat_storage ([T, Hl, R] of the storage dtype, scratch).
+  absl::Status ProjectOut(const float* o_lat, void* o_lat_storage, int64_t num_tokens,
+                          float* out);
 
   int heads() const { return heads_; }
 
@@ -59,6 +62,7 @@ class MlaProjections {
   };
   // `side`: a byte copy done by the same call (GemmParams::SideCopy); none by default.
   absl::Status HeadGemm(const HeadGemmArgs& args, const GemmParams::SideCopy& side = {});
+  GemmParams HeadGemmParams(const HeadGemmArgs& args) const;
 
   Device& device_;
   ModelDims model_;

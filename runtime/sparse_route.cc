@@ -221,15 +221,14 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
   }
   timer.End(&ForwardStats::combine_s);
 
-  // out[t][h] = w_uv[h]^T o_lat[t][h], from o_lat in the storage dtype.
+  // out[t][h] = w_uv[h]^T o_lat[t][h]: o_lat read as fp32 where the device's GEMM can (no
+  // conversion launch), else converted to the storage dtype first (into o_lat_storage_).
   timer.Restart();
-  const void* o_lat = combined;
+  void* o_lat_storage = nullptr;
   if (storage != DType::kF32) {
-    DCP_ASSIGN_OR_RETURN(void* converted, o_lat_storage_.Get(part_count * element));
-    DCP_RETURN_IF_ERROR(device_.Convert(converted, storage, combined, DType::kF32, part_count));
-    o_lat = converted;
+    DCP_ASSIGN_OR_RETURN(o_lat_storage, o_lat_storage_.Get(part_count * element));
   }
-  DCP_RETURN_IF_ERROR(projections_.ProjectOut(o_lat, tx, out));
+  DCP_RETURN_IF_ERROR(projections_.ProjectOut(combined, o_lat_storage, tx, out));
   timer.End(&ForwardStats::up_projection_s);
   if (stats) stats->flops += 2.0 * double(tx) * hl * (double(dn) * r + double(r) * dv);
   return absl::OkStatus();

@@ -30,8 +30,10 @@ absl::Status SideCopyAsync(const GemmParams::SideCopy& side, cudaStream_t stream
 absl::Status CheckParams(const GemmParams& p) {
   DCP_CHECK_ARG(p.m >= 0 && p.n >= 0 && p.k >= 0 && p.batch >= 0,
                 "Gemm: negative size (m %d, n %d, k %d, batch %d)", p.m, p.n, p.k, p.batch);
-  DCP_CHECK_ARG(p.a_dtype == p.b_dtype && p.a_dtype != DType::kI32,
-                "Gemm (CUDA): A and B must both be BF16 or both F32 (got %s, %s)",
+  DCP_CHECK_ARG((p.a_dtype == p.b_dtype && p.a_dtype != DType::kI32) ||
+                    (p.a_dtype == DType::kF32 && p.b_dtype == DType::kBF16),
+                "Gemm (CUDA): A and B must both be BF16 or both F32, or A F32 with B BF16 "
+                "(got %s, %s)",
                 dtype_name(p.a_dtype), dtype_name(p.b_dtype));
   DCP_CHECK_ARG(p.c_dtype == DType::kF32 || p.c_dtype == DType::kBF16,
                 "Gemm (CUDA): C must be F32 or BF16 (got %s)", dtype_name(p.c_dtype));
@@ -57,6 +59,12 @@ bool SmallMGemmEnabled() {
   return !disabled;
 }
 
+bool GemmSupports(const GemmParams& p) {
+  if (p.a_dtype == p.b_dtype) return p.a_dtype == DType::kF32 || p.a_dtype == DType::kBF16;
+  return p.a_dtype == DType::kF32 && p.b_dtype == DType::kBF16 && SmallMGemmEnabled() &&
+         SmallMGemmFits(p);
+}
+
 absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream) {
   DCP_RETURN_IF_ERROR(CheckParams(p));
   if (SmallMGemmEnabled() && SmallMGemmFits(p)) return GemmSmallM(p, stream);
@@ -65,6 +73,10 @@ absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t strea
 
 absl::Status GemmCublas(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream) {
   DCP_RETURN_IF_ERROR(CheckParams(p));
+  DCP_CHECK_ARG(p.a_dtype == p.b_dtype,
+                "Gemm (cuBLAS): A %s with B %s is taken by the small-M kernel only (BF16 B, m "
+                "<= %d, aligned; see gemm_small_m.h), not m %d n %d k %d",
+                dtype_name(p.a_dtype), dtype_name(p.b_dtype), kSmallMGemmMaxM, p.m, p.n, p.k);
   DCP_RETURN_IF_ERROR(SideCopyAsync(p.side, stream));
   if (p.m == 0 || p.n == 0 || p.batch == 0) return absl::OkStatus();
   // BLAS rules, which cuBLAS follows: beta == 0 never reads C; k == 0 gives C = beta * C.

@@ -2,7 +2,8 @@
 // fp32 compute (CUBLAS_COMPUTE_32F: no TF32, no reduced-precision reductions). Supported
 // dtypes: A and B both BF16 or both F32; C F32 or BF16. Other mixes are InvalidArgument.
 // Row-major C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T, i.e. cuBLAS
-// gets (B, A) swapped with (n, m); no data moves. Pointers are device memory.
+// gets (B, A) swapped with (n, m); no data moves. Pointers are device memory. A F32 with B BF16
+// is taken by the small-M kernel only (GemmSupports).
 #pragma once
 
 #include <cublas_v2.h>
@@ -25,5 +26,10 @@ absl::Status GemmCublas(cublasHandle_t handle, const GemmParams& params, cudaStr
 
 // Whether Gemm may take the small-M kernel (false when DCP_NO_SMALL_M_GEMM is set).
 bool SmallMGemmEnabled();
+
+// Whether Gemm takes these dtypes: A and B of one dtype always; A F32 with B BF16 (o_lat
+// straight from the attention's fp32 output, no conversion launch) only where the small-M
+// kernel runs (enabled and SmallMGemmFits).
+bool GemmSupports(const GemmParams& params);
 
 }  // namespace dcp::cuda

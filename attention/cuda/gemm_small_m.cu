@@ -61,7 +61,8 @@ absl::Status Launch(const GemmSmallMArgs& args, bool nk, dim3 grid, int64_t shar
 }  // namespace
 
 bool SmallMGemmFits(const GemmParams& p) {
-  if (p.a_dtype != DType::kBF16 || p.b_dtype != DType::kBF16) return false;
+  if (p.b_dtype != DType::kBF16) return false;
+  if (p.a_dtype != DType::kBF16 && p.a_dtype != DType::kF32) return false;
   if (p.c_dtype != DType::kF32 && p.c_dtype != DType::kBF16) return false;
   if (p.trans_a || p.m < 1 || p.m > kSmallMGemmMaxM || p.n < 1 || p.k < 1) return false;
   if (p.batch < 1 || p.batch > 65535) return false;  // one head per grid row
@@ -88,7 +89,8 @@ absl::Status GemmSmallM(const GemmParams& p, cudaStream_t stream) {
                 p.m, p.n, p.k, p.batch, dtype_name(p.a_dtype), dtype_name(p.b_dtype),
                 dtype_name(p.c_dtype), p.trans_a, p.trans_b, p.ldb, p.stride_b);
   GemmSmallMArgs args{};
-  args.a = static_cast<const __nv_bfloat16*>(p.a);
+  args.a = p.a;
+  args.a_f32 = p.a_dtype == DType::kF32;
   args.b = static_cast<const __nv_bfloat16*>(p.b);
   args.c = p.c;
   args.c_bf16 = p.c_dtype == DType::kBF16;

@@ -3,7 +3,7 @@
 // latency-bound GEMV per head (~1 TFLOP/s at M = 1); here the weights are streamed once at
 // close to copy bandwidth and the rows of A are applied to each weight vector as it arrives
 // (CUDA-core FMAs, fp32 accumulation). Row-major, strided per head exactly as GemmParams.
-// Supported: A and B BF16, trans_a false, 1 <= m <= kSmallMGemmMaxM, k >= 1, C F32 or BF16;
+// Supported: B BF16, A BF16 or F32 (o_lat straight from an fp32 output), trans_a false, 1 <= m <= kSmallMGemmMaxM, k >= 1, C F32 or BF16;
 // B as stored [K, N] (trans_b false: N contiguous, n % 8 == 0) or [N, K] (trans_b true: K
 // contiguous, k % 8 == 0); B 16-byte aligned with ldb and stride_b multiples of 8. A and C have
 // no alignment needs. GemmParams::side (a byte copy) is done by the same launch.

@@ -1,7 +1,8 @@
 // Small-M GEMM kernels batched over heads (gemm_small_m.h). Each streams its head's weights B
 // once, 16 bytes (8 bf16) per load, and applies all rows of A (staged as fp32 in shared memory)
-// to each weight vector as it arrives: fp32 FMAs on CUDA cores, fp32 accumulation. MT is the
-// compiled row tile (1, 2, 4, 8 or 16 >= m); rows m..MT-1 of the tile are zeros, never stored.
+// to each weight vector as it arrives: fp32 FMAs on CUDA cores, fp32 accumulation (an F32 A is
+// taken as is). MT is the compiled row tile (1, 2, 4, 8 or 16 >= m); rows m..MT-1 of the tile
+// are zeros, never stored.
 //
 // GemmSmallMKnKernel, B stored [K, N] (N contiguous): block = (64-column tile, head), 256
 //   threads. Thread (warp w, lane l) owns columns n0 = tile * 64 + (l % 8) * 8 .. n0 + 7 and
@@ -30,7 +31,8 @@ constexpr int kNkRows = 32;  // columns of C (rows of B) per block (B stored [N,
 constexpr int kNkRowsPerWarp = 4;
 
 struct GemmSmallMArgs {
-  const __nv_bfloat16* a;  // [batch][m, k]: A[h][i][x] at a[h * stride_a + i * lda + x]
+  const void* a;           // [batch][m, k]: A[h][i][x] at a[h * stride_a + i * lda + x]
+  bool a_f32;              // A's dtype: F32, else BF16
   const __nv_bfloat16* b;  // kn: [batch][k, n] at b[h * stride_b + x * ldb + j];
                            // nk: [batch][n, k] at b[h * stride_b + j * ldb + x]
   void* c;                 // [batch][m, n]: C[h][i][j] at c[h * stride_c + i * ldc + j]
@@ -75,6 +77,11 @@ __device__ __forceinline__ void Unpack(const uint4& v, float (&w)[8]) {
     w[2 * i] = __uint_as_float(words[i] << 16);
     w[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
   }
+}
+
+__device__ __forceinline__ float LoadA(const GemmSmallMArgs& p, int64_t index) {
+  return p.a_f32 ? static_cast<const float*>(p.a)[index]
+                 : __bfloat162float(static_cast<const __nv_bfloat16*>(p.a)[index]);
 }
 
 __device__ __forceinline__ void StoreC(const GemmSmallMArgs& p, int64_t index, float sum) {
@@ -147,10 +154,10 @@ __global__ void __launch_bounds__(kSmallMThreads) GemmSmallMKnKernel(const GemmS
     for (int x = group; x < p.k; x += kKnRowGroups) PrefetchL2(b + x * p.ldb);
   }
   GridDependencyWait();
-  const __nv_bfloat16* a = p.a + head * p.stride_a;
+  const int64_t a_base = head * p.stride_a;
   for (int i = tid; i < MT * p.k; i += kSmallMThreads) {
     const int m = i / p.k, x = i - m * p.k;
-    shared[x * MT + m] = m < p.m ? __bfloat162float(a[m * p.lda + x]) : 0.f;
+    shared[x * MT + m] = m < p.m ? LoadA(p, a_base + m * p.lda + x) : 0.f;
   }
   __syncthreads();
 
@@ -218,10 +225,10 @@ __global__ void __launch_bounds__(kSmallMThreads) GemmSmallMNkKernel(const GemmS
     for (int x = lane * 8; x < p.k; x += 256) PrefetchL2(b + (first + r) * p.ldb + x);
   }
   GridDependencyWait();
-  const __nv_bfloat16* a = p.a + head * p.stride_a;
+  const int64_t a_base = head * p.stride_a;
   for (int i = tid; i < MT * p.k; i += kSmallMThreads) {
     const int m = i / p.k, x = i - m * p.k;
-    shared[i] = m < p.m ? __bfloat162float(a[m * p.lda + x]) : 0.f;
+    shared[i] = m < p.m ? LoadA(p, a_base + m * p.lda + x) : 0.f;
   }
   __syncthreads();
 

@@ -2,8 +2,8 @@
 // dispatch, against float64 loops written here: both weight orientations (B stored [K, N] and
 // [N, K]), BF16 and F32 outputs, M = 1, odd M, M at the crossover (kSmallMGemmMaxM), odd batch
 // counts, N and K off the kernel's tiles, padded leading dimensions, heads interleaved in C (the
-// absorb's layout: ldc = H * width, stride_c = width), a shared A (stride 0), alpha / beta, and
-// the side copy (16-byte and byte paths). Outputs start poisoned (NaN): every element in range
+// absorb's layout: ldc = H * width, stride_c = width), a shared A (stride 0), A in F32, alpha /
+// beta, and the side copy (16-byte and byte paths). Outputs start poisoned (NaN): every element in range
 // must be written and finite, every element outside untouched.
 #include <cublas_v2.h>
 
@@ -30,6 +30,7 @@ struct Case {
   int64_t stride_a, stride_b, stride_c;
   float alpha = 1.f, beta = 0.f;
   bool through_dispatch = false;    // cuda::Gemm instead of GemmSmallM
+  bool a_f32 = false;               // A F32 (B stays BF16)
   std::string name;
 };
 
@@ -58,12 +59,17 @@ class GemmSmallMTest : public GpuTest {
     const int64_t a_count = Span(c.batch, c.stride_a, c.m, c.lda, c.k);
     const int64_t b_count = Span(c.batch, c.stride_b, b_rows, c.ldb, b_cols);
     const int64_t c_count = Span(c.batch, c.stride_c, c.m, c.ldc, c.n);
-    const std::vector<bf16> a = ToBf16(RandomFloats(rng, a_count));
+    // A as the kernel sees it (bf16-rounded unless F32), in float and double.
+    const std::vector<float> a_float = RandomFloats(rng, a_count);
+    const std::vector<bf16> a_bf16 = ToBf16(a_float);
+    const std::vector<double> a = c.a_f32 ? std::vector<double>(a_float.begin(), a_float.end())
+                                          : ToDouble(a_bf16);
     const std::vector<bf16> b = ToBf16(RandomFloats(rng, b_count, -0.1f, 0.1f));
     // C starts NaN (beta == 0: must not be read) or random (beta != 0: it is read).
     std::vector<float> c0_float = RandomFloats(rng, c_count);
     if (c.beta == 0.f) c0_float.assign(c_count, std::nanf(""));
-    DeviceArray<bf16> da(a), db(b);
+    DeviceArray<bf16> da(c.a_f32 ? std::vector<bf16>() : a_bf16), db(b);
+    DeviceArray<float> da_f32(c.a_f32 ? a_float : std::vector<float>());
     DeviceArray<float> dc_f32;
     DeviceArray<bf16> dc_bf16;
     std::vector<bf16> c0_bf16 = ToBf16(c0_float);
@@ -73,10 +79,11 @@ class GemmSmallMTest : public GpuTest {
       dc_f32 = DeviceArray<float>(c0_float);
     }
     GemmParams p;
-    p.a = da.get();
+    p.a = c.a_f32 ? static_cast<const void*>(da_f32.get()) : static_cast<const void*>(da.get());
     p.b = db.get();
     p.c = c.bf16_out ? static_cast<void*>(dc_bf16.get()) : static_cast<void*>(dc_f32.get());
-    p.a_dtype = p.b_dtype = DType::kBF16;
+    p.a_dtype = c.a_f32 ? DType::kF32 : DType::kBF16;
+    p.b_dtype = DType::kBF16;
     p.c_dtype = c.bf16_out ? DType::kBF16 : DType::kF32;
     p.trans_b = c.trans_b;
     p.m = c.m, p.n = c.n, p.k = c.k, p.batch = c.batch;
@@ -84,6 +91,7 @@ class GemmSmallMTest : public GpuTest {
     p.stride_a = c.stride_a, p.stride_b = c.stride_b, p.stride_c = c.stride_c;
     p.alpha = c.alpha, p.beta = c.beta;
     ASSERT_TRUE(cuda::SmallMGemmFits(p));
+    ASSERT_TRUE(cuda::GemmSupports(p));
     const absl::Status status =
         c.through_dispatch ? cuda::Gemm(handle_, p, nullptr) : cuda::GemmSmallM(p, nullptr);
     ASSERT_TRUE(status.ok()) << status;
@@ -106,7 +114,7 @@ class GemmSmallMTest : public GpuTest {
         for (int j = 0; j < c.n; ++j) {
           double sum = 0;
           for (int x = 0; x < c.k; ++x) {
-            const double av = bf16_to_float(a[h * c.stride_a + i * c.lda + x]);
+            const double av = a[h * c.stride_a + i * c.lda + x];
             const int64_t bi = c.trans_b ? h * c.stride_b + int64_t(j) * c.ldb + x
                                          : h * c.stride_b + int64_t(x) * c.ldb + j;
             sum += av * double(bf16_to_float(b[bi]));
@@ -162,6 +170,9 @@ TEST_F(GemmSmallMTest, BothOrientationsBothOutputs) {
       Run(rng, Plain(9, 8, 8, 1, trans_b, bf16_out, 0, "one head, tiny"));
       Run(rng, Plain(2, 40, 520, 9, trans_b, bf16_out, 8, "m2, k past 512"));
       Run(rng, Plain(5, 520, 24, 2, trans_b, bf16_out, 0, "m5, k below a warp's load"));
+      Case f32 = Plain(6, 136, 72, 3, trans_b, bf16_out, 8, "A F32");
+      f32.a_f32 = true;
+      Run(rng, f32);
     }
   }
 }
@@ -184,6 +195,9 @@ TEST_F(GemmSmallMTest, DecodeProjectionShapes) {
                int64_t{heads} * dv, r, int64_t{r} * dv, dv};
       out.through_dispatch = true;
       out.name = "project out";
+      Run(rng, out);
+      out.a_f32 = true;  // o_lat straight from the attention's fp32 output
+      out.name = "project out, o_lat F32";
       Run(rng, out);
       // Up-projection of a few rows: kv_c [n, R] (shared by the heads) x w_uk[h]^T -> k.
       Case up{tokens, dn, r, heads, true, true, width, r, int64_t{heads} * (dn + dr), 0,
@@ -275,6 +289,18 @@ TEST_F(GemmSmallMTest, RefusesWhatItCannotRun) {
   q = p;
   q.a_dtype = q.b_dtype = DType::kF32;
   refused(q, "fp32 inputs");
+  q = p;
+  q.a_dtype = DType::kBF16;
+  q.b_dtype = DType::kF32;
+  refused(q, "F32 weights");
+  // A F32 with B BF16 beyond the small-M kernel: not supported, and Gemm says so.
+  q = p;
+  q.a_dtype = DType::kF32;
+  q.m = cuda::kSmallMGemmMaxM + 1;
+  EXPECT_FALSE(cuda::GemmSupports(q));
+  const absl::Status mixed = cuda::Gemm(handle_, q, nullptr);
+  EXPECT_EQ(mixed.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(mixed.message()).find("small-M"), std::string::npos) << mixed;
   q = p;
   q.b = b.get() + 1;
   refused(q, "B not 16-byte aligned");
