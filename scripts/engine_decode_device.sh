@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The decode latency of the engine layer on the GPU machine in one call
 # (docs/engine_decode_latency.md): builds only what it needs, runs the GEMM, engine-graph and
-# CUDA-device tests (DCP_REQUIRE_GPU=1) and the worker's CUDA ranks, compute-sanitizer on the
+# CUDA-device tests (DCP_REQUIRE_GPU=1) and the worker suite on one CUDA rank, compute-sanitizer on the
 # small-M GEMM tests, then dcp_bench: the small-M GEMM against cuBLAS (--mode kernels --only
 # gemm_) and the engine layer (--mode engine) with the small-M kernel and without it
 # (DCP_NO_SMALL_M_GEMM=1, same binary). Logs and CSVs go to $OUT (at most 8 files).
@@ -61,7 +61,7 @@ if has_step tests; then
   run_test "gemm (small-M, cuBLAS)" "$build/tests/cuda/attention_cuda_test" --gtest_filter='Gemm*'
   run_test "engine graph" "$build/tests/cuda/engine_graph_test"
   run_test "cuda device" "$build/tests/cuda/cuda_device_test"
-  for np in 1 2; do
+  for np in 1; do
     run_test "worker cuda np $np" env DCP_TEST_DEVICE=cuda mpirun --allow-run-as-root \
         --oversubscribe --bind-to none -np $np --mca pml ob1 --mca btl self,vader,tcp \
         "$build/tests/multirank/worker_multirank_test"
