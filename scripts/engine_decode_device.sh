@@ -4,7 +4,7 @@
 # CUDA-device tests (DCP_REQUIRE_GPU=1) and the worker suite on one CUDA rank, compute-sanitizer on the
 # small-M GEMM tests, then dcp_bench: the small-M GEMM against cuBLAS (--mode kernels --only
 # gemm_) and the engine layer (--mode engine) with the small-M kernel and without it
-# (DCP_NO_SMALL_M_GEMM=1, same binary). Logs and CSVs go to $OUT (at most 8 files).
+# (DCP_NO_SMALL_M_GEMM=1, same binary). Logs and CSVs go to $OUT (8 files: the tool's limit).
 #   DCP_DECODE_STEPS="tests sanitize kernels engine" (default all)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -98,9 +98,11 @@ if has_step engine; then
     timeout 120 "${extra[@]}" mpirun -np 1 "$bench" --mode engine \
         --device cuda --comm nccl --model deepseek_v32 --heads 16,128 --index_topk 2048 \
         -w 3 -n 50 --batches q1s4k,4q1s4k,16q1s4k,64q1s4k --csv "$out/engine_$variant.csv" \
-        >"$out/engine_$variant.txt" 2>&1
+        >"$out/one_engine.txt" 2>&1
     note "engine $variant: exit $? ($(elapsed))"
-    grep -E "^ +[0-9a-z]+ " "$out/engine_$variant.txt" | head -12 | tee -a "$summary"
+    grep -E "^ +[0-9a-z]+ " "$out/one_engine.txt" | head -12 | tee -a "$summary"
+    { echo "=== engine $variant"; cat "$out/one_engine.txt"; } >>"$out/engine.txt"
+    rm -f "$out/one_engine.txt"
   done
 fi
 note "failures: $failures ($(elapsed))"
