@@ -5,7 +5,7 @@
 # small-M GEMM tests, then dcp_bench: the small-M GEMM against cuBLAS (--mode kernels --only
 # gemm_) and the engine layer (--mode engine) with the small-M kernel and without it
 # (DCP_NO_SMALL_M_GEMM=1, same binary). Logs and CSVs go to $OUT (8 files: the tool's limit).
-#   DCP_DECODE_STEPS="tests sanitize kernels engine" (default all)
+#   DCP_DECODE_STEPS="tests sanitize kernels engine" (default all), DCP_DEBS_DIR (default .debs)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out="${OUT:-/tmp/engine-decode-out}"
@@ -23,10 +23,11 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 prefix=/tmp/dcp-prefix
+debs="${DCP_DEBS_DIR:-.debs}"  # scripts/fetch_debs.sh's packages (another checkout's, if given)
 rm -rf "$prefix" && mkdir -p "$prefix"
-for deb in .debs/*.deb; do dpkg -x "$deb" "$prefix"; done
+for deb in "$debs"/*.deb; do dpkg -x "$deb" "$prefix"; done
 if ! find /usr /usr/local -path '*cmake/GTest/GTestConfig.cmake' 2>/dev/null | grep -q .; then
-  for deb in .debs/fallback/*.deb; do dpkg -x "$deb" "$prefix"; done
+  for deb in "$debs"/fallback/*.deb; do dpkg -x "$deb" "$prefix"; done
 fi
 export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
