@@ -5,7 +5,8 @@
 # small-M GEMM tests, then dcp_bench: the small-M GEMM against cuBLAS (--mode kernels --only
 # gemm_) and the engine layer (--mode engine) with the small-M kernel and without it
 # (DCP_NO_SMALL_M_GEMM=1, same binary). Logs and CSVs go to $OUT (8 files: the tool's limit).
-#   DCP_DECODE_STEPS="tests sanitize kernels engine" (default all), DCP_DEBS_DIR (default .debs)
+#   DCP_DECODE_STEPS="tests sanitize kernels engine" (default all), DCP_DEBS_DIR (default .debs),
+#   DCP_CUDNN_FRONTEND_INCLUDE_DIR (passed to CMake when set)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out="${OUT:-/tmp/engine-decode-out}"
@@ -36,7 +37,9 @@ build=/tmp/build-engine-decode
 echo "== configure + build ($(elapsed))"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
-    -DCMAKE_CXX_FLAGS="-include cstdint" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+    -DCMAKE_CXX_FLAGS="-include cstdint" \
+    ${DCP_CUDNN_FRONTEND_INCLUDE_DIR:+-DDCP_CUDNN_FRONTEND_INCLUDE_DIR="$DCP_CUDNN_FRONTEND_INCLUDE_DIR"} \
+    >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 if ! ninja -C "$build" -k 0 attention_cuda_test engine_graph_test cuda_device_test \
     worker_multirank_test dcp_bench >>"$out/build.log" 2>&1; then
   grep -E "error|FAILED" "$out/build.log" | head -30
@@ -93,12 +96,15 @@ if has_step kernels; then
 fi
 if has_step engine; then
   echo "== engine ($(elapsed))"
-  for variant in small_m cublas; do
+  for variant in small_m cublas small_m_no_pdl; do
     extra=()
     [ "$variant" = cublas ] && extra=(env DCP_NO_SMALL_M_GEMM=1)
+    [ "$variant" = small_m_no_pdl ] && extra=(env DCP_NO_PDL=1)
+    csv=("--csv" "$out/engine_$variant.csv")
+    [ "$variant" = small_m_no_pdl ] && csv=()  # 8 files come back: its table is in engine.txt
     timeout 120 "${extra[@]}" mpirun -np 1 "$bench" --mode engine \
         --device cuda --comm nccl --model deepseek_v32 --heads 16,128 --index_topk 2048 \
-        -w 3 -n 50 --batches q1s4k,4q1s4k,16q1s4k,64q1s4k --csv "$out/engine_$variant.csv" \
+        -w 3 -n 50 --batches q1s4k,4q1s4k,16q1s4k,64q1s4k "${csv[@]}" \
         >"$out/one_engine.txt" 2>&1
     note "engine $variant: exit $? ($(elapsed))"
     grep -E "^ +[0-9a-z]+ " "$out/one_engine.txt" | head -12 | tee -a "$summary"

@@ -89,6 +89,17 @@ Setter IntListFlag(const char* name, std::vector<int> BenchOptions::*field) {
 }
 
 // A batch list in dcp_run's grammar (launch/batch_spec.h); '' is the empty list.
+// A comma-separated list of names (kernel name prefixes), not checked against the batch grammar.
+Setter NameListFlag(std::vector<std::string> BenchOptions::*field) {
+  return [=](BenchOptions& o, const std::string& v) -> absl::Status {
+    (o.*field).clear();
+    for (absl::string_view piece : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
+      (o.*field).emplace_back(absl::StripAsciiWhitespace(piece));
+    }
+    return absl::OkStatus();
+  };
+}
+
 Setter StringListFlag(const char* name, std::vector<std::string> BenchOptions::*field) {
   return [=](BenchOptions& o, const std::string& v) -> absl::Status {
     if (absl::StripAsciiWhitespace(v).empty()) {
@@ -134,7 +145,7 @@ const std::vector<Flag>& Flags() {
        StringListFlag("prefill_backend", &BenchOptions::prefill_backends)},
       {nullptr, "only", "LIST",
        "kernels mode: time only kernels whose name starts with one of these (e.g. dense_mha)",
-       StringListFlag("only", &BenchOptions::only)},
+       NameListFlag(&BenchOptions::only)},
       {"-w", "warmup_iters", "N", "warm-up iterations, not timed (default 2)",
        IntFlag("warmup_iters", &BenchOptions::warmup_iters, 0)},
       {"-n", "iters", "N", "timed iterations; the median is reported (default 10)",

@@ -565,21 +565,26 @@ absl::Status KernelBench::MeasureSmallMGemm() {
       const double bytes = double(weight_count) * 2 +
                            double(m) * (shape.trans_b ? 1 : kHeads) * shape.k * 2 +
                            double(m) * kHeads * shape.n * (shape.bf16_out ? 2 : 4);
+      // "_hot": one copy of the weights, L2-resident after the first run (a benchmark that
+      // repeats one layer's weights, as dcp_bench --mode engine does), at M = 1 only.
+      for (int copies : {kCopies, 1}) {
       for (bool small : {true, false}) {
         p.b = weights.data();
-        if (small && !cuda::SmallMGemmFits(p)) continue;
-        const KernelRow row{absl::StrCat("gemm_", shape.name, "_m", m, small ? "_small" : "_cublas"),
+        if ((small && !cuda::SmallMGemmFits(p)) || (copies == 1 && m > 1)) continue;
+        const KernelRow row{absl::StrCat("gemm_", shape.name, "_m", m, small ? "_small" : "_cublas",
+                                         copies == 1 ? "_hot" : ""),
                             nullptr, kHeads, int64_t(weight_count) * 2, 0, bytes};
         int copy = 0;
         DCP_RETURN_IF_ERROR(Measure(
             row, prepared, nullptr,
             [&] {
               p.b = static_cast<const std::byte*>(weights.data()) + weight_count * 2 * copy;
-              copy = (copy + 1) % kCopies;
+              copy = (copy + 1) % copies;
               return small ? cuda::GemmSmallM(p, cuda_device->stream())
                            : cuda::GemmCublas(cuda_device->cublas(), p, cuda_device->stream());
             },
             nullptr));
+      }
       }
     }
   }
