@@ -24,10 +24,24 @@ int RowTile(int m) {
   return tile;
 }
 
+// Threads per row of B in the [K, N] kernel (8 columns each): about KnPreload vectors a
+// thread (c = 256 * preload / k), no wider than the columns there are, within shared memory.
+int ColumnThreads(const GemmParams& p) {
+  const int tile = RowTile(p.m);
+  const int preload = tile <= 2 ? 16 : (tile <= 4 ? 8 : 4);  // KnPreload
+  int threads = 8;
+  while (threads < 32 && int64_t{threads} * 2 * p.k <= int64_t{256} * preload &&
+         threads * 2 * 8 <= std::max(p.n, 64) &&
+         int64_t{tile} * threads * 2 * 256 <= kMaxSharedBytes) {
+    threads *= 2;
+  }
+  return threads;
+}
+
 int64_t SharedBytes(const GemmParams& p) {
   const int64_t tile = RowTile(p.m);
   const int64_t a = tile * p.k;
-  const int64_t partials = p.trans_b ? 0 : (kSmallMThreads / 32) * tile * kKnColumns;
+  const int64_t partials = p.trans_b ? 0 : (kSmallMThreads / 32) * tile * ColumnThreads(p) * 8;
   return std::max(a, partials) * int64_t{sizeof(float)};
 }
 
@@ -110,7 +124,9 @@ absl::Status GemmSmallM(const GemmParams& p, cudaStream_t stream) {
                        side.src_pitch % 16 == 0 && side.row_bytes % 16 == 0;
   }
   const bool nk = p.trans_b;
-  const int tiles = nk ? (p.n + kNkRows - 1) / kNkRows : (p.n + kKnColumns - 1) / kKnColumns;
+  args.col_threads = ColumnThreads(p);
+  const int columns = args.col_threads * 8;
+  const int tiles = nk ? (p.n + kNkRows - 1) / kNkRows : (p.n + columns - 1) / columns;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.batch));
   const int64_t shared = SharedBytes(p);
   switch (RowTile(p.m)) {

@@ -4,16 +4,21 @@
 // taken as is). MT is the compiled row tile (1, 2, 4, 8 or 16 >= m); rows m..MT-1 of the tile
 // are zeros, never stored.
 //
-// GemmSmallMKnKernel, B stored [K, N] (N contiguous): block = (64-column tile, head), 256
-//   threads. Thread (warp w, lane l) owns columns n0 = tile * 64 + (l % 8) * 8 .. n0 + 7 and
-//   rows k = g, g + 32, ... of B with g = 4 w + l / 8: one warp load covers 4 rows x 128
-//   contiguous bytes. The 32 row groups' partial sums are added by two shuffles (the 4 groups
-//   of a warp), then over the 8 warps through shared memory (A's space, reused).
+// GemmSmallMKnKernel, B stored [K, N] (N contiguous): block = (8 c columns, head), 256
+//   threads, c = col_threads (8, 16 or 32, picked on the host so that a thread gets about
+//   KnPreload weight vectors). Thread (warp w, lane l) owns columns n0 = tile * 8c + (l % c) * 8
+//   .. n0 + 7 and rows k = g, g + G, ... of B, with G = 256 / c row groups and g = w * 32 / c +
+//   l / c: one warp load covers 32 / c rows x 16 c contiguous bytes. Its first KnPreload
+//   vectors are loaded into registers before A is ready. The row groups' partial sums are added
+//   by shuffles (the groups of a warp), then over the 8 warps through shared memory (A's space,
+//   reused).
 // GemmSmallMNkKernel, B stored [N, K] (K contiguous): block = (32-row tile of N, head), 256
 //   threads. Warp w owns rows n = tile * 32 + 4 w + r (r < 4); lane l reads k = 8 l + 256 i of
-//   each; every (row, m) dot product is summed over the warp by shuffles.
+//   each, chunk i + 1 loaded while chunk i is used (chunk 0 before A is ready); every (row, m)
+//   dot product is summed over the warp by shuffles.
 // Launched as a programmatic dependent (sm_90): before griddepcontrol.wait only B is touched,
-// by L2 prefetches (weights are not written by the stream); A, C and the side copy after it.
+// loaded into registers or prefetched into L2 (weights are never written by the stream); A, C
+// and the side copy only after it.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,8 +30,6 @@
 namespace dcp::cuda {
 
 constexpr int kSmallMThreads = 256;
-constexpr int kKnColumns = 64;  // columns of C per block (B stored [K, N])
-constexpr int kKnRowGroups = 32;
 constexpr int kNkRows = 32;  // columns of C (rows of B) per block (B stored [N, K])
 constexpr int kNkRowsPerWarp = 4;
 
@@ -38,6 +41,7 @@ struct GemmSmallMArgs {
   void* c;                 // [batch][m, n]: C[h][i][j] at c[h * stride_c + i * ldc + j]
   bool c_bf16;             // C's dtype: BF16, else F32
   int m, n, k;
+  int col_threads;  // [K, N] kernel: threads per row of B (8, 16 or 32: 8 columns each)
   int64_t lda, ldb, ldc;
   int64_t stride_a, stride_b, stride_c;
   float alpha, beta;  // beta == 0: C is not read
@@ -140,18 +144,36 @@ __device__ __forceinline__ void FmaRow(float (&acc)[MT][8], const uint4& v, cons
   }
 }
 
-// Shared memory (floats): A^T [k][MT], then the warps' partials [8][MT][64].
+// Weight vectors a thread of the [K, N] kernel loads before A is ready (kept in registers).
+template <int MT>
+constexpr int KnPreload() {
+  return MT <= 2 ? 16 : (MT <= 4 ? 8 : 4);
+}
+
+// Shared memory (floats): A^T [k][MT], then the warps' partials [8][MT][8 * col_threads].
 template <int MT>
 __global__ void __launch_bounds__(kSmallMThreads) GemmSmallMKnKernel(const GemmSmallMArgs p) {
+  constexpr int kPreload = KnPreload<MT>();
   extern __shared__ float4 shared_kn[];
   float* shared = reinterpret_cast<float*>(shared_kn);
   const int head = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int group = warp * 4 + (lane >> 3);
-  const int n0 = blockIdx.x * kKnColumns + (lane & 7) * 8;
+  const int col_threads = p.col_threads, columns = col_threads * 8;
+  const int groups = kSmallMThreads / col_threads;  // row groups: split of K inside the block
+  const int group = warp * (32 / col_threads) + lane / col_threads;
+  const int n0 = blockIdx.x * columns + (lane % col_threads) * 8;
   const bool active = n0 < p.n;  // n % 8 == 0: a vector is wholly inside or outside
   const __nv_bfloat16* b = p.b + head * p.stride_b + n0;
+  // The first kPreload weight vectors go to registers before the previous grid is waited for
+  // (weights are never written by the stream), the rest towards L2: the weight stream does not
+  // wait for A.
+  uint4 first[kPreload];
+#pragma unroll
+  for (int u = 0; u < kPreload; ++u) {
+    const int x = group + u * groups;
+    first[u] = active && x < p.k ? LoadWeights(b + x * p.ldb) : make_uint4(0, 0, 0, 0);
+  }
   if (active) {
-    for (int x = group; x < p.k; x += kKnRowGroups) PrefetchL2(b + x * p.ldb);
+    for (int x = group + kPreload * groups; x < p.k; x += groups) PrefetchL2(b + x * p.ldb);
   }
   GridDependencyWait();
   const int64_t a_base = head * p.stride_a;
@@ -167,45 +189,49 @@ __global__ void __launch_bounds__(kSmallMThreads) GemmSmallMKnKernel(const GemmS
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[m][j] = 0.f;
   }
+#pragma unroll
+  for (int u = 0; u < kPreload; ++u) {
+    const int x = group + u * groups;
+    if (x < p.k) FmaRow<MT>(acc, first[u], shared + x * MT);  // zeros when inactive
+  }
   if (active) {
-    int x = group;
+    int x = group + kPreload * groups;
     // Four loads in flight per thread, then their FMAs.
-    for (; x + 3 * kKnRowGroups < p.k; x += 4 * kKnRowGroups) {
+    for (; x + 3 * groups < p.k; x += 4 * groups) {
       uint4 v[4];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) v[u] = LoadWeights(b + (x + u * kKnRowGroups) * p.ldb);
+      for (int u = 0; u < 4; ++u) v[u] = LoadWeights(b + (x + u * groups) * p.ldb);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) FmaRow<MT>(acc, v[u], shared + (x + u * kKnRowGroups) * MT);
+      for (int u = 0; u < 4; ++u) FmaRow<MT>(acc, v[u], shared + (x + u * groups) * MT);
     }
-    for (; x < p.k; x += kKnRowGroups) FmaRow<MT>(acc, LoadWeights(b + x * p.ldb), shared + x * MT);
+    for (; x < p.k; x += groups) FmaRow<MT>(acc, LoadWeights(b + x * p.ldb), shared + x * MT);
   }
   TriggerDependents();
-  // The 4 row groups of the warp (lanes l, l ^ 8, l ^ 16, l ^ 24).
+  // The row groups of the warp (lanes l, l ^ col_threads, ...).
+  for (int offset = col_threads; offset < 32; offset *= 2) {
 #pragma unroll
-  for (int m = 0; m < MT; ++m) {
+    for (int m = 0; m < MT; ++m) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      acc[m][j] += __shfl_xor_sync(0xffffffffu, acc[m][j], 8);
-      acc[m][j] += __shfl_xor_sync(0xffffffffu, acc[m][j], 16);
+      for (int j = 0; j < 8; ++j) acc[m][j] += __shfl_xor_sync(0xffffffffu, acc[m][j], offset);
     }
   }
   __syncthreads();  // A's space becomes the partials
-  if (lane < 8) {
+  if (lane < col_threads) {
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
-      float4* dst = reinterpret_cast<float4*>(shared + (warp * MT + m) * kKnColumns + lane * 8);
+      float4* dst = reinterpret_cast<float4*>(shared + (warp * MT + m) * columns + lane * 8);
       dst[0] = make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
       dst[1] = make_float4(acc[m][4], acc[m][5], acc[m][6], acc[m][7]);
     }
   }
   __syncthreads();
-  for (int i = tid; i < MT * kKnColumns; i += kSmallMThreads) {
-    const int m = i / kKnColumns, column = i % kKnColumns;
-    const int n = blockIdx.x * kKnColumns + column;
+  for (int i = tid; i < MT * columns; i += kSmallMThreads) {
+    const int m = i / columns, column = i - m * columns;
+    const int n = blockIdx.x * columns + column;
     if (m >= p.m || n >= p.n) continue;
     float sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < kSmallMThreads / 32; ++w) sum += shared[(w * MT + m) * kKnColumns + column];
+    for (int w = 0; w < kSmallMThreads / 32; ++w) sum += shared[(w * MT + m) * columns + column];
     StoreC(p, head * p.stride_c + m * p.ldc + n, sum);
   }
   SideCopy(p);
@@ -219,11 +245,17 @@ __global__ void __launch_bounds__(kSmallMThreads) GemmSmallMNkKernel(const GemmS
   const int head = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int first = blockIdx.x * kNkRows + warp * kNkRowsPerWarp;
   const __nv_bfloat16* b = p.b + head * p.stride_b;
+  // Software pipelined over the lane's chunks of K (x = 8 lane + 256 i): chunk i + 1 is loaded
+  // before chunk i is used; chunk 0 before A is ready (weights are never written by the stream).
+  auto load = [&](int x, uint4 (&v)[kNkRowsPerWarp]) {
 #pragma unroll
-  for (int r = 0; r < kNkRowsPerWarp; ++r) {
-    if (first + r >= p.n) break;
-    for (int x = lane * 8; x < p.k; x += 256) PrefetchL2(b + (first + r) * p.ldb + x);
-  }
+    for (int r = 0; r < kNkRowsPerWarp; ++r) {
+      v[r] = first + r < p.n && x < p.k ? LoadWeights(b + (first + r) * p.ldb + x)
+                                        : make_uint4(0, 0, 0, 0);
+    }
+  };
+  uint4 current[kNkRowsPerWarp];
+  load(lane * 8, current);
   GridDependencyWait();
   const int64_t a_base = head * p.stride_a;
   for (int i = tid; i < MT * p.k; i += kSmallMThreads) {
@@ -239,14 +271,11 @@ __global__ void __launch_bounds__(kSmallMThreads) GemmSmallMNkKernel(const GemmS
     for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
   }
   for (int x = lane * 8; x < p.k; x += 256) {
+    uint4 next[kNkRowsPerWarp];
+    load(x + 256, next);
     float w[kNkRowsPerWarp][8];
-    uint4 v[kNkRowsPerWarp];
 #pragma unroll
-    for (int r = 0; r < kNkRowsPerWarp; ++r) {
-      v[r] = first + r < p.n ? LoadWeights(b + (first + r) * p.ldb + x) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int r = 0; r < kNkRowsPerWarp; ++r) Unpack(v[r], w[r]);
+    for (int r = 0; r < kNkRowsPerWarp; ++r) Unpack(current[r], w[r]);
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
       const float4 lo = *reinterpret_cast<const float4*>(shared + m * p.k + x);
@@ -258,6 +287,8 @@ __global__ void __launch_bounds__(kSmallMThreads) GemmSmallMNkKernel(const GemmS
         for (int j = 0; j < 8; ++j) acc[r][m] = fmaf(a[j], w[r][j], acc[r][m]);
       }
     }
+#pragma unroll
+    for (int r = 0; r < kNkRowsPerWarp; ++r) current[r] = next[r];
   }
   TriggerDependents();
 #pragma unroll
