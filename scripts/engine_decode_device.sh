@@ -6,7 +6,7 @@
 # gemm_) and the engine layer (--mode engine) with the small-M kernel and without it
 # (DCP_NO_SMALL_M_GEMM=1, same binary). Logs and CSVs go to $OUT (8 files: the tool's limit).
 #   DCP_DECODE_STEPS="tests sanitize kernels engine" (default all), DCP_DEBS_DIR (default .debs),
-#   DCP_CUDNN_FRONTEND_INCLUDE_DIR (passed to CMake when set)
+#   DCP_CUDNN_FRONTEND_INCLUDE_DIR (passed to CMake when set), DCP_WORKER_FILTER (a gtest filter)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out="${OUT:-/tmp/engine-decode-out}"
@@ -68,7 +68,7 @@ if has_step tests; then
   for np in 1; do
     run_test "worker cuda np $np" env DCP_TEST_DEVICE=cuda mpirun --allow-run-as-root \
         --oversubscribe --bind-to none -np $np --mca pml ob1 --mca btl self,vader,tcp \
-        "$build/tests/multirank/worker_multirank_test"
+        "$build/tests/multirank/worker_multirank_test" ${DCP_WORKER_FILTER:+--gtest_filter="$DCP_WORKER_FILTER"}
   done
 fi
 
