@@ -59,15 +59,22 @@ bool SmallMGemmEnabled() {
   return !disabled;
 }
 
+namespace {
+
+bool TakesSmallM(const GemmParams& p) {
+  return SmallMGemmEnabled() && p.m <= kSmallMGemmDispatchMaxM && SmallMGemmFits(p);
+}
+
+}  // namespace
+
 bool GemmSupports(const GemmParams& p) {
   if (p.a_dtype == p.b_dtype) return p.a_dtype == DType::kF32 || p.a_dtype == DType::kBF16;
-  return p.a_dtype == DType::kF32 && p.b_dtype == DType::kBF16 && SmallMGemmEnabled() &&
-         SmallMGemmFits(p);
+  return p.a_dtype == DType::kF32 && p.b_dtype == DType::kBF16 && TakesSmallM(p);
 }
 
 absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream) {
   DCP_RETURN_IF_ERROR(CheckParams(p));
-  if (SmallMGemmEnabled() && SmallMGemmFits(p)) return GemmSmallM(p, stream);
+  if (TakesSmallM(p)) return GemmSmallM(p, stream);
   return GemmCublas(handle, p, stream);
 }
 
@@ -76,7 +83,8 @@ absl::Status GemmCublas(cublasHandle_t handle, const GemmParams& p, cudaStream_t
   DCP_CHECK_ARG(p.a_dtype == p.b_dtype,
                 "Gemm (cuBLAS): A %s with B %s is taken by the small-M kernel only (BF16 B, m "
                 "<= %d, aligned; see gemm_small_m.h), not m %d n %d k %d",
-                dtype_name(p.a_dtype), dtype_name(p.b_dtype), kSmallMGemmMaxM, p.m, p.n, p.k);
+                dtype_name(p.a_dtype), dtype_name(p.b_dtype), kSmallMGemmDispatchMaxM, p.m, p.n,
+                p.k);
   DCP_RETURN_IF_ERROR(SideCopyAsync(p.side, stream));
   if (p.m == 0 || p.n == 0 || p.batch == 0) return absl::OkStatus();
   // BLAS rules, which cuBLAS follows: beta == 0 never reads C; k == 0 gives C = beta * C.

@@ -7,8 +7,8 @@
 // B as stored [K, N] (trans_b false: N contiguous, n % 8 == 0) or [N, K] (trans_b true: K
 // contiguous, k % 8 == 0); B 16-byte aligned with ldb and stride_b multiples of 8. A and C have
 // no alignment needs. GemmParams::side (a byte copy) is done by the same launch.
-// cuda::Gemm (gemm_cublas.h) dispatches here when SmallMGemmFits; call GemmSmallM directly only
-// to compare against cuBLAS.
+// cuda::Gemm (gemm_cublas.h) dispatches here when SmallMGemmFits and m <=
+// kSmallMGemmDispatchMaxM; call GemmSmallM directly for other m (tests, benchmarks).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,9 +18,12 @@
 
 namespace dcp::cuda {
 
-// Rows per head up to which the small-M kernel runs (measured crossover against cuBLAS on the
-// H200: docs/engine_decode_latency.md).
+// Rows per head the small-M kernel takes (row tiles 1..16 compiled).
 constexpr int kSmallMGemmMaxM = 16;
+// Rows per head up to which cuda::Gemm sends a GEMM here: the measured crossover against cuBLAS
+// on the H200 (docs/engine_decode_latency.md): at 4 rows and beyond cuBLAS's kernels take less
+// device time (the host time of its call is another matter).
+constexpr int kSmallMGemmDispatchMaxM = 2;
 
 // Whether the small-M kernel takes these params (dtypes, shape, alignment, shared memory).
 bool SmallMGemmFits(const GemmParams& params);

@@ -520,7 +520,8 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
 // The decode projections at 128 heads (DeepSeek-V3.2: Dn 128, R 512, Dv 128) with M rows per
 // head, the small-M kernel (gemm_small_m.h) against cuBLAS in the same run: memory rows (bytes =
 // weights + A + C), the weights rotated over enough copies to miss L2 (60 MB on the H200) as a
-// model's 61 layers would. CUDA ranks with bf16 storage only.
+// model's 61 layers would, 16 launches per timed CUDA-graph replay (time_us is theirs: divide
+// by 16). CUDA ranks with bf16 storage only.
 absl::Status KernelBench::MeasureSmallMGemm() {
 #if DCP_WITH_CUDA
   auto* cuda_device = dynamic_cast<CudaDevice*>(env_.device);
@@ -528,7 +529,7 @@ absl::Status KernelBench::MeasureSmallMGemm() {
     return absl::OkStatus();
   }
   constexpr int kHeads = 128, kDn = 128, kR = 512, kDv = 128, kWidth = 576, kCopies = 8;
-  constexpr int kMaxM = 64;
+  constexpr int kMaxM = 64, kLaunches = 16;
   struct Shape {
     const char* name;
     int n, k;
@@ -568,23 +569,54 @@ absl::Status KernelBench::MeasureSmallMGemm() {
       // "_hot": one copy of the weights, L2-resident after the first run (a benchmark that
       // repeats one layer's weights, as dcp_bench --mode engine does), at M = 1 only.
       for (int copies : {kCopies, 1}) {
-      for (bool small : {true, false}) {
-        p.b = weights.data();
-        if ((small && !cuda::SmallMGemmFits(p)) || (copies == 1 && m > 1)) continue;
-        const KernelRow row{absl::StrCat("gemm_", shape.name, "_m", m, small ? "_small" : "_cublas",
-                                         copies == 1 ? "_hot" : ""),
-                            nullptr, kHeads, int64_t(weight_count) * 2, 0, bytes};
-        int copy = 0;
-        DCP_RETURN_IF_ERROR(Measure(
-            row, prepared, nullptr,
-            [&] {
-              p.b = static_cast<const std::byte*>(weights.data()) + weight_count * 2 * copy;
-              copy = (copy + 1) % copies;
-              return small ? cuda::GemmSmallM(p, cuda_device->stream())
-                           : cuda::GemmCublas(cuda_device->cublas(), p, cuda_device->stream());
-            },
-            nullptr));
-      }
+        for (bool small : {true, false}) {
+          p.b = weights.data();
+          if ((small && !cuda::SmallMGemmFits(p)) || (copies == 1 && m > 1)) continue;
+          const KernelRow row{
+              absl::StrCat("gemm_", shape.name, "_m", m, small ? "_small" : "_cublas",
+                           copies == 1 ? "_hot" : "", "_x", kLaunches),
+              nullptr, kHeads, int64_t(weight_count) * 2, 0, bytes * kLaunches};
+          // kLaunches launches captured in one CUDA graph and replayed: device time only (an
+          // eager launch per timed step would add the host's launch latency, which is most of
+          // a 4-us kernel and all of cuBLAS's call overhead).
+          cudaStream_t stream = cuda_device->stream();
+          cudaGraph_t graph = nullptr;
+          cudaGraphExec_t exec = nullptr;
+          absl::Status captured = prepared;
+          if (captured.ok() && cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) !=
+                                   cudaSuccess) {
+            captured = DCP_ERROR(Internal, "cudaStreamBeginCapture failed");
+          }
+          if (captured.ok()) {
+            for (int launch = 0; launch < kLaunches && captured.ok(); ++launch) {
+              p.b = static_cast<const std::byte*>(weights.data()) +
+                    weight_count * 2 * (launch % copies);
+              captured = small ? cuda::GemmSmallM(p, stream)
+                               : cuda::GemmCublas(cuda_device->cublas(), p, stream);
+            }
+            const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+            if (captured.ok() && ended != cudaSuccess) {
+              captured = DCP_ERROR(Internal, "capture: %s", cudaGetErrorString(ended));
+            }
+            if (captured.ok() && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+              captured = DCP_ERROR(Internal, "cudaGraphInstantiate failed");
+            }
+          }
+          cudaGetLastError();
+          const absl::Status measured = Measure(
+              row, captured, nullptr,
+              [&]() -> absl::Status {
+                const cudaError_t code = cudaGraphLaunch(exec, stream);
+                if (code != cudaSuccess) {
+                  return DCP_ERROR(Internal, "cudaGraphLaunch: %s", cudaGetErrorString(code));
+                }
+                return absl::OkStatus();
+              },
+              nullptr);
+          if (exec != nullptr) cudaGraphExecDestroy(exec);
+          if (graph != nullptr) cudaGraphDestroy(graph);
+          DCP_RETURN_IF_ERROR(measured);
+        }
       }
     }
   }

@@ -91,7 +91,7 @@ class GemmSmallMTest : public GpuTest {
     p.stride_a = c.stride_a, p.stride_b = c.stride_b, p.stride_c = c.stride_c;
     p.alpha = c.alpha, p.beta = c.beta;
     ASSERT_TRUE(cuda::SmallMGemmFits(p));
-    ASSERT_TRUE(cuda::GemmSupports(p));
+    if (c.through_dispatch) ASSERT_TRUE(cuda::GemmSupports(p));
     const absl::Status status =
         c.through_dispatch ? cuda::Gemm(handle_, p, nullptr) : cuda::GemmSmallM(p, nullptr);
     ASSERT_TRUE(status.ok()) << status;
@@ -178,22 +178,24 @@ TEST_F(GemmSmallMTest, BothOrientationsBothOutputs) {
 }
 
 // The decode projections exactly as runtime/mla_projections.cc issues them (DeepSeek-V3.2:
-// Dn 128, R 512, Dr 64, Dv 128), at 128 and at an odd number of heads, through the dispatch.
+// Dn 128, R 512, Dr 64, Dv 128), at 128 and at an odd number of heads.
 TEST_F(GemmSmallMTest, DecodeProjectionShapes) {
   std::mt19937_64 rng(TestSeed());
   constexpr int dn = 128, r = 512, dr = 64, dv = 128, width = r + dr;
   for (int heads : {128, 13}) {
-    for (int tokens : {1, 4, cuda::kSmallMGemmMaxM}) {
+    for (int tokens : {1, cuda::kSmallMGemmDispatchMaxM, 4, cuda::kSmallMGemmMaxM}) {
+      // Through cuda::Gemm up to the dispatch's crossover, the kernel directly beyond it.
+      const bool dispatch = tokens <= cuda::kSmallMGemmDispatchMaxM;
       // Absorb: q_nope [T, H, Dn] x w_uk[h] [Dn, R] -> q' [T, H, R + Dr] (bf16).
       Case absorb{tokens, r, dn, heads, false, true, int64_t{heads} * dn, r,
                   int64_t{heads} * width, dn, int64_t{dn} * r, width};
-      absorb.through_dispatch = true;
+      absorb.through_dispatch = dispatch;
       absorb.name = "absorb";
       Run(rng, absorb);
       // Output: o_lat [T, H, R] x w_uv[h] [R, Dv] -> out [T, H, Dv] (fp32).
       Case out{tokens, dv, r, heads, false, false, int64_t{heads} * r, dv,
                int64_t{heads} * dv, r, int64_t{r} * dv, dv};
-      out.through_dispatch = true;
+      out.through_dispatch = dispatch;
       out.name = "project out";
       Run(rng, out);
       out.a_f32 = true;  // o_lat straight from the attention's fp32 output
@@ -202,7 +204,7 @@ TEST_F(GemmSmallMTest, DecodeProjectionShapes) {
       // Up-projection of a few rows: kv_c [n, R] (shared by the heads) x w_uk[h]^T -> k.
       Case up{tokens, dn, r, heads, true, true, width, r, int64_t{heads} * (dn + dr), 0,
               int64_t{dn} * r, dn + dr};
-      up.through_dispatch = true;
+      up.through_dispatch = dispatch;
       up.name = "up-projection, shared A";
       Run(rng, up);
     }
@@ -293,10 +295,10 @@ TEST_F(GemmSmallMTest, RefusesWhatItCannotRun) {
   q.a_dtype = DType::kBF16;
   q.b_dtype = DType::kF32;
   refused(q, "F32 weights");
-  // A F32 with B BF16 beyond the small-M kernel: not supported, and Gemm says so.
+  // A F32 with B BF16 beyond the dispatch's crossover: not supported, and Gemm says so.
   q = p;
   q.a_dtype = DType::kF32;
-  q.m = cuda::kSmallMGemmMaxM + 1;
+  q.m = cuda::kSmallMGemmDispatchMaxM + 1;
   EXPECT_FALSE(cuda::GemmSupports(q));
   const absl::Status mixed = cuda::Gemm(handle_, q, nullptr);
   EXPECT_EQ(mixed.code(), absl::StatusCode::kInvalidArgument);
