@@ -1,8 +1,11 @@
 // Small-M GEMM batched over heads: C[h] = alpha * A[h] op(B[h]) + beta * C[h] with few rows per
-// head (the decode projections: M = tokens, one GEMM per head). cuBLAS runs these as a
-// latency-bound GEMV per head (~1 TFLOP/s at M = 1); here the weights are streamed once at
-// close to copy bandwidth and the rows of A are applied to each weight vector as it arrives
-// (CUDA-core FMAs, fp32 accumulation). Row-major, strided per head exactly as GemmParams.
+// head (the decode projections: M = tokens, one GEMM per head). The weights are streamed once
+// and the rows of A applied to each weight vector as it arrives (CUDA-core FMAs, fp32
+// accumulation). Row-major, strided per head exactly as GemmParams. What it buys over cuBLAS
+// is not device time (H200, M = 1, 128 heads x 128 x 512: 7.3 us against cuBLAS's 6.5, 55%
+// and 62% of copy bandwidth; docs/engine_decode_latency.md) but the call: a plain launch
+// instead of cuBLAS's host path, A in F32 with BF16 weights, and a side copy in the same
+// launch, which take two launches and ~30 us of host time off a decode layer.
 // Supported: B BF16, A BF16 or F32 (o_lat straight from an fp32 output), trans_a false, 1 <= m <= kSmallMGemmMaxM, k >= 1, C F32 or BF16;
 // B as stored [K, N] (trans_b false: N contiguous, n % 8 == 0) or [N, K] (trans_b true: K
 // contiguous, k % 8 == 0); B 16-byte aligned with ldb and stride_b multiples of 8. A and C have
@@ -20,9 +23,10 @@ namespace dcp::cuda {
 
 // Rows per head the small-M kernel takes (row tiles 1..16 compiled).
 constexpr int kSmallMGemmMaxM = 16;
-// Rows per head up to which cuda::Gemm sends a GEMM here: the measured crossover against cuBLAS
-// on the H200 (docs/engine_decode_latency.md): at 4 rows and beyond cuBLAS's kernels take less
-// device time (the host time of its call is another matter).
+// Rows per head up to which cuda::Gemm sends a GEMM here, from the H200 measurements
+// (docs/engine_decode_latency.md): at 1 row the decode layer is faster both eager and
+// graph-replayed; at 4 rows the small-M kernels' extra device time (~11 us for the two
+// projections) outweighs the launches saved in a replayed graph, so 4 and more go to cuBLAS.
 constexpr int kSmallMGemmDispatchMaxM = 2;
 
 // Whether the small-M kernel takes these params (dtypes, shape, alignment, shared memory).
