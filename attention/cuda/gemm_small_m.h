@@ -24,10 +24,11 @@ namespace dcp::cuda {
 // Rows per head the small-M kernel takes (row tiles 1..16 compiled).
 constexpr int kSmallMGemmMaxM = 16;
 // Rows per head up to which cuda::Gemm sends a GEMM here, from the H200 measurements
-// (docs/engine_decode_latency.md): at 1 row the decode layer is faster both eager and
-// graph-replayed; at 4 rows the small-M kernels' extra device time (~11 us for the two
-// projections) outweighs the launches saved in a replayed graph, so 4 and more go to cuBLAS.
-constexpr int kSmallMGemmDispatchMaxM = 2;
+// (docs/engine_decode_latency.md): at 1 row the decode layer is faster on the host, eager and
+// graph-replayed; at 2 rows the two projections' extra device time (~3 us) exceeds what the
+// two saved launches give back in a replayed graph, at 4 rows by ~4 us (measured), so 2 and
+// more rows go to cuBLAS.
+constexpr int kSmallMGemmDispatchMaxM = 1;
 
 // Whether the small-M kernel takes these params (dtypes, shape, alignment, shared memory).
 bool SmallMGemmFits(const GemmParams& params);
