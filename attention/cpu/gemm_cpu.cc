@@ -176,7 +176,8 @@ absl::Status Gemm(const GemmParams& params) {
   DCP_RETURN_IF_ERROR(CheckGemmParams(params));
   const GemmParams::SideCopy& side = params.side;
   if (side.rows > 0 && side.row_bytes > 0) {
-    DCP_CHECK_ARG(side.dst != nullptr && side.src != nullptr, "Gemm: side copy with a null pointer");
+    DCP_CHECK_ARG(side.dst != nullptr && side.src != nullptr,
+                  "Gemm: side copy with a null pointer");
     DCP_CHECK_ARG(side.dst_pitch >= side.row_bytes && side.src_pitch >= side.row_bytes,
                   "Gemm: side copy pitches (%d, %d) below its row of %d bytes", side.dst_pitch,
                   side.src_pitch, side.row_bytes);

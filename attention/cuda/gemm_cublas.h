@@ -16,9 +16,10 @@ namespace dcp::cuda {
 
 // `handle` must be bound to `stream` by the caller (cublasSetStream) or is bound here.
 // Shapes the small-M kernel takes (gemm_small_m.h: BF16 weights, m <= kSmallMGemmDispatchMaxM
-// rows per batch entry: the decode projections) run there, in one launch with the side copy and no cuBLAS call; everything else
-// (and everything when the environment sets DCP_NO_SMALL_M_GEMM, a switch for measuring the
-// difference, read once per process) goes to cuBLAS, the side copy then a copy of its own.
+// rows per batch entry: the 1-token decode projections) run there, in one launch with the side
+// copy and no cuBLAS call; everything else (and everything when the environment sets
+// DCP_NO_SMALL_M_GEMM, a switch for measuring the difference, read once per process) goes to
+// cuBLAS, the side copy then a copy of its own.
 absl::Status Gemm(cublasHandle_t handle, const GemmParams& params, cudaStream_t stream);
 
 // Always cuBLAS (the peer the small-M kernel is measured against).

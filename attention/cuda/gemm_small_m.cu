@@ -1,8 +1,7 @@
-#include "attention/cuda/gemm_small_m.h"
-
 #include <algorithm>
 #include <cstdint>
 
+#include "attention/cuda/gemm_small_m.h"
 #include "attention/cuda/gemm_small_m_kernel.cuh"
 #include "attention/cuda/merge_states.h"
 #include "core/cuda/cuda_status.h"
@@ -130,11 +129,16 @@ absl::Status GemmSmallM(const GemmParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.batch));
   const int64_t shared = SharedBytes(p);
   switch (RowTile(p.m)) {
-    case 1: return Launch<1>(args, nk, grid, shared, stream);
-    case 2: return Launch<2>(args, nk, grid, shared, stream);
-    case 4: return Launch<4>(args, nk, grid, shared, stream);
-    case 8: return Launch<8>(args, nk, grid, shared, stream);
-    case 16: return Launch<16>(args, nk, grid, shared, stream);
+    case 1:
+      return Launch<1>(args, nk, grid, shared, stream);
+    case 2:
+      return Launch<2>(args, nk, grid, shared, stream);
+    case 4:
+      return Launch<4>(args, nk, grid, shared, stream);
+    case 8:
+      return Launch<8>(args, nk, grid, shared, stream);
+    case 16:
+      return Launch<16>(args, nk, grid, shared, stream);
     default:
       return DCP_ERROR(Internal, "GemmSmallM: no kernel compiled for a row tile of %d (m %d)",
                        RowTile(p.m), p.m);

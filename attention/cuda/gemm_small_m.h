@@ -6,12 +6,12 @@
 // and 62% of copy bandwidth; docs/engine_decode_latency.md) but the call: a plain launch
 // instead of cuBLAS's host path, A in F32 with BF16 weights, and a side copy in the same
 // launch, which take two launches and ~30 us of host time off a decode layer.
-// Supported: B BF16, A BF16 or F32 (o_lat straight from an fp32 output), trans_a false, 1 <= m <= kSmallMGemmMaxM, k >= 1, C F32 or BF16;
-// B as stored [K, N] (trans_b false: N contiguous, n % 8 == 0) or [N, K] (trans_b true: K
-// contiguous, k % 8 == 0); B 16-byte aligned with ldb and stride_b multiples of 8. A and C have
-// no alignment needs. GemmParams::side (a byte copy) is done by the same launch.
-// cuda::Gemm (gemm_cublas.h) dispatches here when SmallMGemmFits and m <=
-// kSmallMGemmDispatchMaxM; call GemmSmallM directly for other m (tests, benchmarks).
+// Supported: B BF16, A BF16 or F32 (o_lat straight from an fp32 output), trans_a false,
+// 1 <= m <= kSmallMGemmMaxM, k >= 1, C F32 or BF16; B as stored [K, N] (trans_b false: N
+// contiguous, n % 8 == 0) or [N, K] (trans_b true: K contiguous, k % 8 == 0); B 16-byte aligned
+// with ldb and stride_b multiples of 8. A and C have no alignment needs. GemmParams::side (a byte
+// copy) is done by the same launch. cuda::Gemm (gemm_cublas.h) dispatches here when SmallMGemmFits
+// and m <= kSmallMGemmDispatchMaxM; call GemmSmallM directly for other m (tests, benchmarks).
 #pragma once
 
 #include <cuda_runtime.h>

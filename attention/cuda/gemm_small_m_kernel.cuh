@@ -104,8 +104,8 @@ __device__ __forceinline__ void StoreC(const GemmSmallMArgs& p, int64_t index, f
 // The side copy, spread over every thread of the grid.
 __device__ __forceinline__ void SideCopy(const GemmSmallMArgs& p) {
   if (p.side_rows == 0) return;
-  const int64_t thread = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kSmallMThreads +
-                         threadIdx.x;
+  const int64_t thread =
+      (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kSmallMThreads + threadIdx.x;
   const int64_t threads = int64_t(gridDim.x) * gridDim.y * kSmallMThreads;
   const int64_t unit = p.side_vector ? 16 : 1;
   const int64_t per_row = p.side_row_bytes / unit;
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(kSmallMThreads) GemmSmallMNkKernel(const GemmS
   const __nv_bfloat16* b = p.b + head * p.stride_b;
   // Software pipelined over the lane's chunks of K (x = 8 lane + 256 i): chunk i + 1 is loaded
   // before chunk i is used; chunk 0 before A is ready (weights are never written by the stream).
-  auto load = [&](int x, uint4 (&v)[kNkRowsPerWarp]) {
+  auto load = [&](int x, uint4(&v)[kNkRowsPerWarp]) {
 #pragma unroll
     for (int r = 0; r < kNkRowsPerWarp; ++r) {
       v[r] = first + r < p.n && x < p.k ? LoadWeights(b + (first + r) * p.ldb + x)

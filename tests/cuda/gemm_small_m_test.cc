@@ -2,9 +2,11 @@
 // dispatch, against float64 loops written here: both weight orientations (B stored [K, N] and
 // [N, K]), BF16 and F32 outputs, M = 1, odd M, M at the crossover (kSmallMGemmMaxM), odd batch
 // counts, N and K off the kernel's tiles, padded leading dimensions, heads interleaved in C (the
-// absorb's layout: ldc = H * width, stride_c = width), a shared A (stride 0), A in F32, alpha /
-// beta, and the side copy (16-byte and byte paths). Outputs start poisoned (NaN): every element in range
-// must be written and finite, every element outside untouched.
+// absorb's layout: ldc = H * width, stride_c = width), a shared A (stride 0), A in F32,
+// alpha / beta, and the side copy (16-byte and byte paths). Outputs start poisoned (NaN): every
+// element in range must be written and finite, every element outside untouched.
+#include "attention/cuda/gemm_small_m.h"
+
 #include <cublas_v2.h>
 
 #include <cmath>
@@ -15,7 +17,6 @@
 #include <vector>
 
 #include "attention/cuda/gemm_cublas.h"
-#include "attention/cuda/gemm_small_m.h"
 #include "gtest/gtest.h"
 #include "tests/cuda/gpu_test_util.h"
 
@@ -24,13 +25,13 @@ namespace {
 
 struct Case {
   int m, n, k, batch;
-  bool trans_b;        // B stored [n, k] (else [k, n])
+  bool trans_b;  // B stored [n, k] (else [k, n])
   bool bf16_out;
-  int64_t lda, ldb, ldc;            // as stored
+  int64_t lda, ldb, ldc;  // as stored
   int64_t stride_a, stride_b, stride_c;
   float alpha = 1.f, beta = 0.f;
-  bool through_dispatch = false;    // cuda::Gemm instead of GemmSmallM
-  bool a_f32 = false;               // A F32 (B stays BF16)
+  bool through_dispatch = false;  // cuda::Gemm instead of GemmSmallM
+  bool a_f32 = false;             // A F32 (B stays BF16)
   std::string name;
 };
 
@@ -62,8 +63,8 @@ class GemmSmallMTest : public GpuTest {
     // A as the kernel sees it (bf16-rounded unless F32), in float and double.
     const std::vector<float> a_float = RandomFloats(rng, a_count);
     const std::vector<bf16> a_bf16 = ToBf16(a_float);
-    const std::vector<double> a = c.a_f32 ? std::vector<double>(a_float.begin(), a_float.end())
-                                          : ToDouble(a_bf16);
+    const std::vector<double> a =
+        c.a_f32 ? std::vector<double>(a_float.begin(), a_float.end()) : ToDouble(a_bf16);
     const std::vector<bf16> b = ToBf16(RandomFloats(rng, b_count, -0.1f, 0.1f));
     // C starts NaN (beta == 0: must not be read) or random (beta != 0: it is read).
     std::vector<float> c0_float = RandomFloats(rng, c_count);
@@ -147,8 +148,7 @@ class GemmSmallMTest : public GpuTest {
 };
 
 // A case with the given shape, each operand's pitch padded by `pad` (multiple of 8 for B).
-Case Plain(int m, int n, int k, int batch, bool trans_b, bool bf16_out, int pad,
-           const char* name) {
+Case Plain(int m, int n, int k, int batch, bool trans_b, bool bf16_out, int pad, const char* name) {
   Case c{m, n, k, batch, trans_b, bf16_out, 0, 0, 0, 0, 0, 0};
   c.lda = k + pad + 1;  // A has no alignment needs
   c.ldb = (trans_b ? k : n) + pad;
@@ -187,14 +187,34 @@ TEST_F(GemmSmallMTest, DecodeProjectionShapes) {
       // Through cuda::Gemm up to the dispatch's crossover, the kernel directly beyond it.
       const bool dispatch = tokens <= cuda::kSmallMGemmDispatchMaxM;
       // Absorb: q_nope [T, H, Dn] x w_uk[h] [Dn, R] -> q' [T, H, R + Dr] (bf16).
-      Case absorb{tokens, r, dn, heads, false, true, int64_t{heads} * dn, r,
-                  int64_t{heads} * width, dn, int64_t{dn} * r, width};
+      Case absorb{tokens,
+                  r,
+                  dn,
+                  heads,
+                  false,
+                  true,
+                  int64_t{heads} * dn,
+                  r,
+                  int64_t{heads} * width,
+                  dn,
+                  int64_t{dn} * r,
+                  width};
       absorb.through_dispatch = dispatch;
       absorb.name = "absorb";
       Run(rng, absorb);
       // Output: o_lat [T, H, R] x w_uv[h] [R, Dv] -> out [T, H, Dv] (fp32).
-      Case out{tokens, dv, r, heads, false, false, int64_t{heads} * r, dv,
-               int64_t{heads} * dv, r, int64_t{r} * dv, dv};
+      Case out{tokens,
+               dv,
+               r,
+               heads,
+               false,
+               false,
+               int64_t{heads} * r,
+               dv,
+               int64_t{heads} * dv,
+               r,
+               int64_t{r} * dv,
+               dv};
       out.through_dispatch = dispatch;
       out.name = "project out";
       Run(rng, out);
@@ -202,8 +222,9 @@ TEST_F(GemmSmallMTest, DecodeProjectionShapes) {
       out.name = "project out, o_lat F32";
       Run(rng, out);
       // Up-projection of a few rows: kv_c [n, R] (shared by the heads) x w_uk[h]^T -> k.
-      Case up{tokens, dn, r, heads, true, true, width, r, int64_t{heads} * (dn + dr), 0,
-              int64_t{dn} * r, dn + dr};
+      Case up{
+          tokens,          dn,     r, heads, true, true, width, r, int64_t{heads} * (dn + dr), 0,
+          int64_t{dn} * r, dn + dr};
       up.through_dispatch = dispatch;
       up.name = "up-projection, shared A";
       Run(rng, up);
@@ -235,7 +256,8 @@ TEST_F(GemmSmallMTest, SideCopy) {
     for (auto& v : src) v = static_cast<uint8_t>(byte(rng));
     for (auto& v : dst) v = static_cast<uint8_t>(byte(rng));
     DeviceArray<uint8_t> dsrc(src), ddst(dst);
-    const std::vector<bf16> a = ToBf16(RandomFloats(rng, 64)), b = ToBf16(RandomFloats(rng, 64 * 8));
+    const std::vector<bf16> a = ToBf16(RandomFloats(rng, 64)),
+                            b = ToBf16(RandomFloats(rng, 64 * 8));
     DeviceArray<bf16> da(a), db(b);
     DeviceArray<float> dc(8);
     dc.Poison();
@@ -256,8 +278,8 @@ TEST_F(GemmSmallMTest, SideCopy) {
     ASSERT_TRUE(status.ok()) << status;
     std::vector<uint8_t> want = dst;
     for (int row = 0; row < rows; ++row) {
-      std::memcpy(&want[size_t(row) * dst_pitch + misalign], &src[size_t(row) * src_pitch + misalign],
-                  row_bytes);
+      std::memcpy(&want[size_t(row) * dst_pitch + misalign],
+                  &src[size_t(row) * src_pitch + misalign], row_bytes);
     }
     EXPECT_EQ(ddst.Download(), want);
     for (int j = 0; j < 8; ++j) {
