@@ -27,6 +27,16 @@ struct GemmParams {
   int64_t lda = 0, ldb = 0, ldc = 0;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
   float alpha = 1.0f, beta = 0.0f;
+  // Optional: a 2-D byte copy done by the same call, `rows` rows of `row_bytes` bytes from src
+  // (row pitch src_pitch bytes) to dst (pitch dst_pitch), whatever the GEMM's shape (the absorb
+  // puts q_rope beside q' with it). The CUDA small-M kernel does it inside its launch, saving a
+  // launch; elsewhere it is a copy of its own. It must not overlap A, B or the C written.
+  // rows == 0: none.
+  struct SideCopy {
+    void* dst = nullptr;
+    const void* src = nullptr;
+    int64_t dst_pitch = 0, src_pitch = 0, row_bytes = 0, rows = 0;
+  } side;
 };
 
 // Dense multi-head attention over packed variable-length sequences (the prefill backend).

@@ -93,6 +93,13 @@ class Device {
                                size_t count) = 0;
 
   virtual absl::Status Gemm(const GemmParams& params) = 0;
+  // Whether Gemm takes this mix of dtypes at this shape and alignment (the CPU takes every
+  // F32/BF16 mix; CUDA takes A F32 with B BF16 only on its small-M kernel). Sizes are not
+  // validated here: Gemm does that.
+  virtual bool GemmSupports(const GemmParams& params) const {
+    (void)params;
+    return true;
+  }
   virtual absl::Status DenseMha(const DenseMhaParams& params) = 0;
   virtual absl::Status SparseMqa(const SparseMqaParams& params) = 0;
   // Bytes of SparseMqaParams::workspace (split-KV partials) a launch of these sizes uses; 0 when

@@ -18,7 +18,7 @@ absl::Status MlaProjections::Prepare(int64_t max_rows) {
   return absl::OkStatus();
 }
 
-absl::Status MlaProjections::HeadGemm(const HeadGemmArgs& g) {
+GemmParams MlaProjections::HeadGemmParams(const HeadGemmArgs& g) const {
   GemmParams p;
   p.a = g.a;
   p.b = g.weights;
@@ -36,6 +36,12 @@ absl::Status MlaProjections::HeadGemm(const HeadGemmArgs& g) {
   p.stride_a = g.stride_a;
   p.stride_b = int64_t{g.k} * g.n;
   p.stride_c = g.stride_c;
+  return p;
+}
+
+absl::Status MlaProjections::HeadGemm(const HeadGemmArgs& g, const GemmParams::SideCopy& side) {
+  GemmParams p = HeadGemmParams(g);
+  p.side = side;
   return device_.Gemm(p);
 }
 
@@ -44,12 +50,16 @@ absl::Status MlaProjections::Absorb(const void* q_nope, const void* q_rope, int6
   const int hl = heads_, r = model_.kv_lora_rank, dn = model_.qk_nope_head_dim;
   const int dr = model_.qk_rope_head_dim, width = model_.latent_width();
   const size_t element = dtype_size(storage_);
-  // Per head [tx, Dn] x [Dn, R] (w_uk[h] as stored), written into q'[t][h][:R].
-  DCP_RETURN_IF_ERROR(HeadGemm({q_nope, int64_t{hl} * dn, dn, w_uk_, false, q_latent,
-                                storage_, int64_t{hl} * width, width, tx, r, dn}));
-  return device_.Copy2D(static_cast<std::byte*>(q_latent) + size_t(r) * element,
-                        size_t(width) * element, q_rope, size_t(dr) * element,
-                        size_t(dr) * element, size_t(tx) * hl);
+  // Per head [tx, Dn] x [Dn, R] (w_uk[h] as stored), written into q'[t][h][:R]; q_rope goes
+  // behind it as the GEMM's side copy (inside the GEMM's launch where the device can).
+  GemmParams::SideCopy rope;
+  rope.dst = static_cast<std::byte*>(q_latent) + size_t(r) * element;
+  rope.src = q_rope;
+  rope.dst_pitch = int64_t(width) * element;
+  rope.src_pitch = rope.row_bytes = int64_t(dr) * element;
+  rope.rows = tx * hl;
+  return HeadGemm({q_nope, int64_t{hl} * dn, dn, w_uk_, false, q_latent, storage_,
+                   int64_t{hl} * width, width, tx, r, dn}, rope);
 }
 
 absl::Status MlaProjections::UpProject(const void* rows, int64_t n, void* kv) {
@@ -117,11 +127,22 @@ absl::StatusOr<Buffer> MlaProjections::CombineKvB(Device& device, const ModelDim
   return combined;
 }
 
-absl::Status MlaProjections::ProjectOut(const void* o_lat, int64_t tx, float* out) {
+absl::Status MlaProjections::ProjectOut(const float* o_lat, void* o_lat_storage, int64_t tx,
+                                        float* out) {
   const int hl = heads_, r = model_.kv_lora_rank, dv = model_.v_head_dim;
   // out[t][h] = w_uv[h]^T o_lat[t][h]: per head [tx, R] x [R, Dv].
-  return HeadGemm({o_lat, int64_t{hl} * r, r, w_uv_, false, out, DType::kF32,
-                   int64_t{hl} * dv, dv, tx, dv, r});
+  GemmParams p = HeadGemmParams({o_lat, int64_t{hl} * r, r, w_uv_, false, out, DType::kF32,
+                                 int64_t{hl} * dv, dv, tx, dv, r});
+  p.a_dtype = DType::kF32;
+  if (storage_ != DType::kF32 && !device_.GemmSupports(p)) {
+    const size_t count = size_t(tx) * hl * r;
+    DCP_CHECK_ARG(o_lat_storage != nullptr, "ProjectOut needs a %s copy of o_lat here",
+                  dtype_name(storage_));
+    DCP_RETURN_IF_ERROR(device_.Convert(o_lat_storage, storage_, o_lat, DType::kF32, count));
+    p.a = o_lat_storage;
+    p.a_dtype = storage_;
+  }
+  return device_.Gemm(p);
 }
 
 }  // namespace dcp

@@ -52,8 +52,11 @@ class MlaProjections {
     return m.qk_rope_head_dim + m.qk_nope_head_dim + m.v_head_dim;
   }
   absl::Status UpProject(const void* rows, int64_t n, void* kv);
-  // o_lat [T, Hl, R] of the storage dtype -> out [T, Hl, Dv] F32.
-  absl::Status ProjectOut(const void* o_lat, int64_t num_tokens, float* out);
+  // o_lat [T, Hl, R] F32 -> out [T, Hl, Dv] F32. Read as F32 where the device's GEMM takes
+  // F32 with storage-dtype weights (Device::GemmSupports: no conversion launch), else first
+  // converted into o_lat_storage ([T, Hl, R] of the storage dtype, scratch).
+  absl::Status ProjectOut(const float* o_lat, void* o_lat_storage, int64_t num_tokens,
+                          float* out);
 
   int heads() const { return heads_; }
 
@@ -73,7 +76,9 @@ class MlaProjections {
     int64_t m;
     int n, k;
   };
-  absl::Status HeadGemm(const HeadGemmArgs& args);
+  // `side`: a byte copy done by the same call (GemmParams::SideCopy); none by default.
+  absl::Status HeadGemm(const HeadGemmArgs& args, const GemmParams::SideCopy& side = {});
+  GemmParams HeadGemmParams(const HeadGemmArgs& args) const;
 
   Device& device_;
   ModelDims model_;

@@ -98,8 +98,9 @@ absl::Status SparseRoute::Prepare(const Plan& plan, const StepTables& tables, in
     DCP_RETURN_IF_ERROR(split_workspace_.Reserve(device_, split_bytes).status());
   }
   DCP_RETURN_IF_ERROR(q_latent_.Reserve(device_, q_latent_count * element).status());
-  DCP_RETURN_IF_ERROR(q_all_.Reserve(device_, q_latent_count * world * element).status());
-  if (world > 1) {  // one rank needs no partials: the kernel writes the combined result
+  if (world > 1) {  // one rank needs no gather of q' and no partials: the kernel writes the
+                    // combined result
+    DCP_RETURN_IF_ERROR(q_all_.Reserve(device_, q_latent_count * world * element).status());
     DCP_RETURN_IF_ERROR(partial_.Reserve(device_, part_count * world * 4).status());
     DCP_RETURN_IF_ERROR(lse_partial_.Reserve(device_, size_t(tx) * hl * world * 4).status());
     DCP_RETURN_IF_ERROR(q_heads_.Reserve(device_, q_latent_count * world * element).status());
@@ -144,13 +145,18 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
   DCP_RETURN_IF_ERROR(projections_.Absorb(in.q_nope, in.q_rope, tx, q_latent));
   timer.End(&ForwardStats::up_projection_s);
 
-  // All-gather q' along heads: [W, tx, Hl, R + Dr], block q holds rank q's heads.
+  // All-gather q' along heads: [W, tx, Hl, R + Dr], block q holds rank q's heads. One rank
+  // has all heads already: no collective (its enqueue is a fair part of a decode layer's
+  // host time).
   timer.Restart();
-  DCP_ASSIGN_OR_RETURN(void* q_all, q_all_.Get(q_latent_count * world * element));
-  DCP_RETURN_IF_ERROR(comm_.AllGather(q_latent, q_all, q_latent_count, storage));
+  void* q_all = q_latent;
+  if (world > 1) {
+    DCP_ASSIGN_OR_RETURN(q_all, q_all_.Get(q_latent_count * world * element));
+    DCP_RETURN_IF_ERROR(comm_.AllGather(q_latent, q_all, q_latent_count, storage));
+    if (stats) stats->all_gather_bytes += int64_t(q_latent_count) * element * world;
+  }
   timer.End(&ForwardStats::all_gather_comm_s);
   timer.End(&ForwardStats::gather_s);
-  if (stats) stats->all_gather_bytes += int64_t(q_latent_count) * element * world;
 
   // Local sparse MQA of every rank's heads over this rank's keys: partial [W, tx, Hl, R],
   // source-rank-major as the combine's collectives want it. The kernel runs once over all H
@@ -215,15 +221,14 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
   }
   timer.End(&ForwardStats::combine_s);
 
-  // out[t][h] = w_uv[h]^T o_lat[t][h], from o_lat in the storage dtype.
+  // out[t][h] = w_uv[h]^T o_lat[t][h]: o_lat read as fp32 where the device's GEMM can (no
+  // conversion launch), else converted to the storage dtype first (into o_lat_storage_).
   timer.Restart();
-  const void* o_lat = combined;
+  void* o_lat_storage = nullptr;
   if (storage != DType::kF32) {
-    DCP_ASSIGN_OR_RETURN(void* converted, o_lat_storage_.Get(part_count * element));
-    DCP_RETURN_IF_ERROR(device_.Convert(converted, storage, combined, DType::kF32, part_count));
-    o_lat = converted;
+    DCP_ASSIGN_OR_RETURN(o_lat_storage, o_lat_storage_.Get(part_count * element));
   }
-  DCP_RETURN_IF_ERROR(projections_.ProjectOut(o_lat, tx, out));
+  DCP_RETURN_IF_ERROR(projections_.ProjectOut(combined, o_lat_storage, tx, out));
   timer.End(&ForwardStats::up_projection_s);
   if (stats) stats->flops += 2.0 * double(tx) * hl * (double(dn) * r + double(r) * dv);
   return absl::OkStatus();

@@ -2,7 +2,9 @@
 // through the register-tiled core, and write alpha * AB + beta * C in C's dtype.
 // Threads take whole batch entries when there are enough of them, else row blocks.
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "attention/cpu/attention_cpu.h"
@@ -172,6 +174,19 @@ void DispatchB(const GemmParams& p) {
 
 absl::Status Gemm(const GemmParams& params) {
   DCP_RETURN_IF_ERROR(CheckGemmParams(params));
+  const GemmParams::SideCopy& side = params.side;
+  if (side.rows > 0 && side.row_bytes > 0) {
+    DCP_CHECK_ARG(side.dst != nullptr && side.src != nullptr,
+                  "Gemm: side copy with a null pointer");
+    DCP_CHECK_ARG(side.dst_pitch >= side.row_bytes && side.src_pitch >= side.row_bytes,
+                  "Gemm: side copy pitches (%d, %d) below its row of %d bytes", side.dst_pitch,
+                  side.src_pitch, side.row_bytes);
+    for (int64_t row = 0; row < side.rows; ++row) {
+      std::memcpy(static_cast<std::byte*>(side.dst) + row * side.dst_pitch,
+                  static_cast<const std::byte*>(side.src) + row * side.src_pitch,
+                  size_t(side.row_bytes));
+    }
+  }
   if (int64_t{params.m} * params.n * params.batch == 0) return absl::OkStatus();
   if (params.k == 0) {
     for (int batch = 0; batch < params.batch; ++batch) {

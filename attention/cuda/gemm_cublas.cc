@@ -1,8 +1,10 @@
 #include "attention/cuda/gemm_cublas.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "attention/cuda/cublas_status.h"
+#include "attention/cuda/gemm_small_m.h"
 #include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
@@ -12,13 +14,26 @@ cudaDataType_t CudaType(DType dtype) {
   return dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
-}  // namespace
+absl::Status SideCopyAsync(const GemmParams::SideCopy& side, cudaStream_t stream) {
+  if (side.rows == 0 || side.row_bytes == 0) return absl::OkStatus();
+  DCP_CHECK_ARG(side.dst != nullptr && side.src != nullptr, "Gemm: side copy with a null pointer");
+  DCP_CHECK_ARG(side.rows > 0 && side.row_bytes > 0 && side.dst_pitch >= side.row_bytes &&
+                    side.src_pitch >= side.row_bytes,
+                "Gemm: side copy of %d rows of %d bytes with pitches (%d, %d)", side.rows,
+                side.row_bytes, side.dst_pitch, side.src_pitch);
+  DCP_CUDA_CHECK(cudaMemcpy2DAsync(side.dst, size_t(side.dst_pitch), side.src,
+                                   size_t(side.src_pitch), size_t(side.row_bytes),
+                                   size_t(side.rows), cudaMemcpyDeviceToDevice, stream));
+  return absl::OkStatus();
+}
 
-absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream) {
+absl::Status CheckParams(const GemmParams& p) {
   DCP_CHECK_ARG(p.m >= 0 && p.n >= 0 && p.k >= 0 && p.batch >= 0,
                 "Gemm: negative size (m %d, n %d, k %d, batch %d)", p.m, p.n, p.k, p.batch);
-  DCP_CHECK_ARG(p.a_dtype == p.b_dtype && p.a_dtype != DType::kI32,
-                "Gemm (CUDA): A and B must both be BF16 or both F32 (got %s, %s)",
+  DCP_CHECK_ARG((p.a_dtype == p.b_dtype && p.a_dtype != DType::kI32) ||
+                    (p.a_dtype == DType::kF32 && p.b_dtype == DType::kBF16),
+                "Gemm (CUDA): A and B must both be BF16 or both F32, or A F32 with B BF16 "
+                "(got %s, %s)",
                 dtype_name(p.a_dtype), dtype_name(p.b_dtype));
   DCP_CHECK_ARG(p.c_dtype == DType::kF32 || p.c_dtype == DType::kBF16,
                 "Gemm (CUDA): C must be F32 or BF16 (got %s)", dtype_name(p.c_dtype));
@@ -34,6 +49,44 @@ absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t strea
                 p.lda, p.ldb, p.ldc, p.m, p.n, p.k);
   DCP_CHECK_ARG(p.batch == 1 || p.stride_c != 0, "Gemm: stride_c 0 with batch %d would race",
                 p.batch);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool SmallMGemmEnabled() {
+  static const bool disabled = std::getenv("DCP_NO_SMALL_M_GEMM") != nullptr;
+  return !disabled;
+}
+
+namespace {
+
+bool TakesSmallM(const GemmParams& p) {
+  return SmallMGemmEnabled() && p.m <= kSmallMGemmDispatchMaxM && SmallMGemmFits(p);
+}
+
+}  // namespace
+
+bool GemmSupports(const GemmParams& p) {
+  if (p.a_dtype == p.b_dtype) return p.a_dtype == DType::kF32 || p.a_dtype == DType::kBF16;
+  return p.a_dtype == DType::kF32 && p.b_dtype == DType::kBF16 && TakesSmallM(p);
+}
+
+absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream) {
+  DCP_RETURN_IF_ERROR(CheckParams(p));
+  if (TakesSmallM(p)) return GemmSmallM(p, stream);
+  return GemmCublas(handle, p, stream);
+}
+
+absl::Status GemmCublas(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream) {
+  DCP_RETURN_IF_ERROR(CheckParams(p));
+  DCP_CHECK_ARG(p.a_dtype == p.b_dtype,
+                "Gemm (cuBLAS): A %s with B %s is taken by the small-M kernel only (BF16 B, m "
+                "<= %d, aligned; see gemm_small_m.h), not m %d n %d k %d",
+                dtype_name(p.a_dtype), dtype_name(p.b_dtype), kSmallMGemmDispatchMaxM, p.m, p.n,
+                p.k);
+  DCP_RETURN_IF_ERROR(SideCopyAsync(p.side, stream));
+  if (p.m == 0 || p.n == 0 || p.batch == 0) return absl::OkStatus();
   // BLAS rules, which cuBLAS follows: beta == 0 never reads C; k == 0 gives C = beta * C.
   DCP_CUBLAS_CHECK(cublasSetStream(handle, stream));
   const float alpha = p.alpha, beta = p.beta;

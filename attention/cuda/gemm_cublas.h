@@ -2,7 +2,8 @@
 // fp32 compute (CUBLAS_COMPUTE_32F: no TF32, no reduced-precision reductions). Supported
 // dtypes: A and B both BF16 or both F32; C F32 or BF16. Other mixes are InvalidArgument.
 // Row-major C = op(A) op(B) is computed as the column-major C^T = op(B)^T op(A)^T, i.e. cuBLAS
-// gets (B, A) swapped with (n, m); no data moves. Pointers are device memory.
+// gets (B, A) swapped with (n, m); no data moves. Pointers are device memory. A F32 with B BF16
+// is taken by the small-M kernel only (GemmSupports).
 #pragma once
 
 #include <cublas_v2.h>
@@ -14,6 +15,22 @@
 namespace dcp::cuda {
 
 // `handle` must be bound to `stream` by the caller (cublasSetStream) or is bound here.
+// Shapes the small-M kernel takes (gemm_small_m.h: BF16 weights, m <= kSmallMGemmDispatchMaxM
+// rows per batch entry: the 1-token decode projections) run there, in one launch with the side
+// copy and no cuBLAS call; everything else (and everything when the environment sets
+// DCP_NO_SMALL_M_GEMM, a switch for measuring the difference, read once per process) goes to
+// cuBLAS, the side copy then a copy of its own.
 absl::Status Gemm(cublasHandle_t handle, const GemmParams& params, cudaStream_t stream);
+
+// Always cuBLAS (the peer the small-M kernel is measured against).
+absl::Status GemmCublas(cublasHandle_t handle, const GemmParams& params, cudaStream_t stream);
+
+// Whether Gemm may take the small-M kernel (false when DCP_NO_SMALL_M_GEMM is set).
+bool SmallMGemmEnabled();
+
+// Whether Gemm takes these dtypes: A and B of one dtype always; A F32 with B BF16 (o_lat
+// straight from the attention's fp32 output, no conversion launch) only where the small-M
+// kernel runs (enabled and SmallMGemmFits).
+bool GemmSupports(const GemmParams& params);
 
 }  // namespace dcp::cuda

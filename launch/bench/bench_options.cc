@@ -88,6 +88,18 @@ Setter IntListFlag(const char* name, std::vector<int> BenchOptions::*field) {
   };
 }
 
+// A comma-separated list of names (--only's kernel name prefixes, --prefill_backend), not
+// checked against the batch grammar.
+Setter NameListFlag(std::vector<std::string> BenchOptions::*field) {
+  return [=](BenchOptions& o, const std::string& v) -> absl::Status {
+    (o.*field).clear();
+    for (absl::string_view piece : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
+      (o.*field).emplace_back(absl::StripAsciiWhitespace(piece));
+    }
+    return absl::OkStatus();
+  };
+}
+
 // A batch list in dcp_run's grammar (launch/batch_spec.h); '' is the empty list.
 Setter StringListFlag(const char* name, std::vector<std::string> BenchOptions::*field) {
   return [=](BenchOptions& o, const std::string& v) -> absl::Status {
@@ -98,17 +110,6 @@ Setter StringListFlag(const char* name, std::vector<std::string> BenchOptions::*
     absl::StatusOr<std::vector<std::string>> specs = launch::SplitBatchList(v);
     if (!specs.ok()) return BadValue(name, v, std::string(specs.status().message()));
     o.*field = *std::move(specs);
-    return absl::OkStatus();
-  };
-}
-
-// A comma-separated list of names (--prefill_backend, --only): not batch specs.
-Setter NameListFlag(std::vector<std::string> BenchOptions::*field) {
-  return [=](BenchOptions& o, const std::string& v) -> absl::Status {
-    (o.*field).clear();
-    for (absl::string_view name : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
-      (o.*field).emplace_back(absl::StripAsciiWhitespace(name));
-    }
     return absl::OkStatus();
   };
 }

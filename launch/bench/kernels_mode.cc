@@ -16,6 +16,11 @@
 #include "launch/bench/modes.h"
 #include "core/kv_cache_format.h"
 #include "core/status.h"
+#if DCP_WITH_CUDA
+#include "attention/cuda/gemm_cublas.h"
+#include "attention/cuda/gemm_small_m.h"
+#include "runtime/cuda/cuda_device.h"
+#endif
 
 namespace dcp::bench {
 namespace {
@@ -54,6 +59,7 @@ class KernelBench {
   absl::Status MeasureCeilings();
   absl::Status MeasureAttention(const BatchShape& shape, int heads);
   absl::Status MeasureSparseMqaShapes();
+  absl::Status MeasureSmallMGemm();
   absl::Status MeasureSweep(int64_t size);
 
   ModeResult Finish();
@@ -519,6 +525,113 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
   return absl::OkStatus();
 }
 
+// The decode projections at 128 heads (DeepSeek-V3.2: Dn 128, R 512, Dv 128) with M rows per
+// head, the small-M kernel (gemm_small_m.h) against cuBLAS in the same run: memory rows (bytes =
+// weights + A + C), the weights rotated over enough copies to miss L2 (60 MB on the H200) as a
+// model's 61 layers would, 16 launches per timed CUDA-graph replay (time_us is theirs: divide
+// by 16). CUDA ranks with bf16 storage only.
+absl::Status KernelBench::MeasureSmallMGemm() {
+#if DCP_WITH_CUDA
+  auto* cuda_device = dynamic_cast<CudaDevice*>(env_.device);
+  if (cuda_device == nullptr || cuda_device->storage_dtype() != DType::kBF16) {
+    return absl::OkStatus();
+  }
+  constexpr int kHeads = 128, kDn = 128, kR = 512, kDv = 128, kWidth = 576, kCopies = 8;
+  constexpr int kMaxM = 64, kLaunches = 16;
+  struct Shape {
+    const char* name;
+    int n, k;
+    bool trans_b, bf16_out;
+  };
+  const Shape shapes[] = {{"absorb", kR, kDn, false, true},  // q_nope x w_uk[h] -> q'
+                          {"out", kDv, kR, false, false},   // o_lat x w_uv[h] -> out (fp32)
+                          {"up_k", kDn, kR, true, true}};   // kv_c x w_uk[h]^T -> k_nope
+  const size_t weight_count = size_t(kHeads) * kDn * kR;  // every shape's weights: 16.8 MB
+  Buffer weights, a, c;
+  const absl::Status prepared = [&]() -> absl::Status {
+    DCP_ASSIGN_OR_RETURN(weights, env_.device->Allocate(weight_count * kCopies * 2));
+    DCP_ASSIGN_OR_RETURN(a, env_.device->Allocate(size_t(kMaxM) * kHeads * kWidth * 2));
+    DCP_ASSIGN_OR_RETURN(c, env_.device->Allocate(size_t(kMaxM) * kHeads * kWidth * 4));
+    DCP_RETURN_IF_ERROR(FillRandom(*env_.device, weights.data(), DType::kBF16,
+                                   weight_count * kCopies, env_.options.seed, kStreamB, 0.05f));
+    return FillRandom(*env_.device, a.data(), DType::kBF16, size_t(kMaxM) * kHeads * kWidth,
+                      env_.options.seed, kStreamA);
+  }();
+  for (const Shape& shape : shapes) {
+    for (int m : {1, 2, 4, 8, 16, 32, 64}) {
+      GemmParams p;
+      p.a = a.data(), p.c = c.data();
+      p.a_dtype = p.b_dtype = DType::kBF16;
+      p.c_dtype = shape.bf16_out ? DType::kBF16 : DType::kF32;
+      p.trans_b = shape.trans_b;
+      p.m = m, p.n = shape.n, p.k = shape.k, p.batch = kHeads;
+      p.lda = shape.trans_b ? kWidth : int64_t{kHeads} * shape.k;
+      p.stride_a = shape.trans_b ? 0 : shape.k;
+      p.ldb = shape.trans_b ? shape.k : shape.n;
+      p.stride_b = int64_t{shape.n} * shape.k;
+      p.ldc = int64_t{kHeads} * (shape.trans_b ? kDn + 64 : shape.n);
+      p.stride_c = shape.trans_b ? kDn + 64 : shape.n;
+      const double bytes = double(weight_count) * 2 +
+                           double(m) * (shape.trans_b ? 1 : kHeads) * shape.k * 2 +
+                           double(m) * kHeads * shape.n * (shape.bf16_out ? 2 : 4);
+      // "_hot": one copy of the weights, L2-resident after the first run (a benchmark that
+      // repeats one layer's weights, as dcp_bench --mode engine does), at M = 1 only.
+      for (int copies : {kCopies, 1}) {
+        for (bool small : {true, false}) {
+          p.b = weights.data();
+          if ((small && !cuda::SmallMGemmFits(p)) || (copies == 1 && m > 1)) continue;
+          const KernelRow row{
+              absl::StrCat("gemm_", shape.name, "_m", m, small ? "_small" : "_cublas",
+                           copies == 1 ? "_hot" : "", "_x", kLaunches),
+              nullptr, kHeads, int64_t(weight_count) * 2, 0, bytes * kLaunches};
+          // kLaunches launches captured in one CUDA graph and replayed: device time only (an
+          // eager launch per timed step would add the host's launch latency, which is most of
+          // a 4-us kernel and all of cuBLAS's call overhead).
+          cudaStream_t stream = cuda_device->stream();
+          cudaGraph_t graph = nullptr;
+          cudaGraphExec_t exec = nullptr;
+          absl::Status captured = prepared;
+          if (captured.ok() && cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) !=
+                                   cudaSuccess) {
+            captured = DCP_ERROR(Internal, "cudaStreamBeginCapture failed");
+          }
+          if (captured.ok()) {
+            for (int launch = 0; launch < kLaunches && captured.ok(); ++launch) {
+              p.b = static_cast<const std::byte*>(weights.data()) +
+                    weight_count * 2 * (launch % copies);
+              captured = small ? cuda::GemmSmallM(p, stream)
+                               : cuda::GemmCublas(cuda_device->cublas(), p, stream);
+            }
+            const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+            if (captured.ok() && ended != cudaSuccess) {
+              captured = DCP_ERROR(Internal, "capture: %s", cudaGetErrorString(ended));
+            }
+            if (captured.ok() && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+              captured = DCP_ERROR(Internal, "cudaGraphInstantiate failed");
+            }
+          }
+          cudaGetLastError();
+          const absl::Status measured = Measure(
+              row, captured, nullptr,
+              [&]() -> absl::Status {
+                const cudaError_t code = cudaGraphLaunch(exec, stream);
+                if (code != cudaSuccess) {
+                  return DCP_ERROR(Internal, "cudaGraphLaunch: %s", cudaGetErrorString(code));
+                }
+                return absl::OkStatus();
+              },
+              nullptr);
+          if (exec != nullptr) cudaGraphExecDestroy(exec);
+          if (graph != nullptr) cudaGraphDestroy(graph);
+          DCP_RETURN_IF_ERROR(measured);
+        }
+      }
+    }
+  }
+#endif
+  return absl::OkStatus();
+}
+
 absl::Status KernelBench::MeasureSweep(int64_t size) {
   return ForEachSweepKernel(env_, size, [&](const KernelCase& c) {
     KernelRow row{c.kernel, nullptr, 0, c.size_bytes, 0, c.bytes};
@@ -537,6 +650,7 @@ absl::StatusOr<ModeResult> RunKernels(BenchEnv& env) {
   DCP_RETURN_IF_ERROR(bench.Start());
   DCP_RETURN_IF_ERROR(bench.MeasureCeilings());
   DCP_RETURN_IF_ERROR(bench.MeasureSparseMqaShapes());
+  DCP_RETURN_IF_ERROR(bench.MeasureSmallMGemm());
   for (const BatchShape& shape : shapes) {
     if (shape.num_tokens > o.max_tokens) continue;
     for (int heads : o.heads) DCP_RETURN_IF_ERROR(bench.MeasureAttention(shape, heads));

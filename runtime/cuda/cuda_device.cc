@@ -235,6 +235,10 @@ absl::Status CudaDevice::Gemm(const GemmParams& params) {
   return cuda::Gemm(cublas_, params, stream_);
 }
 
+bool CudaDevice::GemmSupports(const GemmParams& params) const {
+  return cuda::GemmSupports(params);
+}
+
 absl::Status CudaDevice::DenseMha(const DenseMhaParams& params) {
   DCP_RETURN_IF_ERROR(Activate());
   DenseMhaParams p = params;

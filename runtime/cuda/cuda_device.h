@@ -75,6 +75,7 @@ class CudaDevice final : public Device {
                        size_t count) override;
 
   absl::Status Gemm(const GemmParams& params) override;
+  bool GemmSupports(const GemmParams& params) const override;
   absl::Status DenseMha(const DenseMhaParams& params) override;
   absl::Status SparseMqa(const SparseMqaParams& params) override;
   int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& params) const override;

@@ -156,6 +156,34 @@ TEST(GemmCpuTest, KZeroScalesC) {
   }
 }
 
+// The side copy (GemmParams::side): its rows copied, nothing else of dst touched, also when the
+// GEMM itself is empty; a short pitch is refused.
+TEST(GemmCpuTest, SideCopy) {
+  std::vector<float> a(16, 1.0f), b(16, 2.0f), c(16, -1.0f);
+  std::vector<uint8_t> src(7 * 40), dst(7 * 100);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + 3);
+  for (size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<uint8_t>(255 - i);
+  for (int m : {4, 0}) {
+    std::vector<uint8_t> out = dst;
+    GemmParams p;
+    p.a = a.data(), p.b = b.data(), p.c = c.data();
+    p.m = m, p.n = p.k = 4;
+    p.lda = p.ldb = p.ldc = 4;
+    p.side.dst = out.data() + 1;
+    p.side.src = src.data();
+    p.side.dst_pitch = 100, p.side.src_pitch = 40, p.side.row_bytes = 33, p.side.rows = 7;
+    ASSERT_TRUE(cpu::Gemm(p).ok());
+    for (size_t i = 0; i < out.size(); ++i) {
+      const int64_t row = int64_t(i) / 100, column = int64_t(i) % 100 - 1;
+      const bool copied = column >= 0 && column < 33;
+      EXPECT_EQ(out[i], copied ? src[row * 40 + column] : dst[i]) << "byte " << i << " m " << m;
+    }
+    p.side.src_pitch = 32;
+    EXPECT_EQ(cpu::Gemm(p).code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_FLOAT_EQ(c[0], 8.0f);  // the m = 4 product: 4 x (1 x 2)
+}
+
 TEST(GemmCpuTest, RejectsBadParams) {
   std::vector<float> a(64, 1.0f), b(64, 1.0f), c(64);
   GemmParams good;

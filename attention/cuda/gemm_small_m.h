@@ -1,0 +1,41 @@
+// Small-M GEMM batched over heads: C[h] = alpha * A[h] op(B[h]) + beta * C[h] with few rows per
+// head (the decode projections: M = tokens, one GEMM per head). The weights are streamed once
+// and the rows of A applied to each weight vector as it arrives (CUDA-core FMAs, fp32
+// accumulation). Row-major, strided per head exactly as GemmParams. What it buys over cuBLAS
+// is not device time (H200, M = 1, 128 heads x 128 x 512: 7.3 us against cuBLAS's 6.5, 55%
+// and 62% of copy bandwidth; docs/engine_decode_latency.md) but the call: a plain launch
+// instead of cuBLAS's host path, A in F32 with BF16 weights, and a side copy in the same
+// launch, which take two launches and ~30 us of host time off a decode layer.
+// Supported: B BF16, A BF16 or F32 (o_lat straight from an fp32 output), trans_a false,
+// 1 <= m <= kSmallMGemmMaxM, k >= 1, C F32 or BF16; B as stored [K, N] (trans_b false: N
+// contiguous, n % 8 == 0) or [N, K] (trans_b true: K contiguous, k % 8 == 0); B 16-byte aligned
+// with ldb and stride_b multiples of 8. A and C have no alignment needs. GemmParams::side (a byte
+// copy) is done by the same launch. cuda::Gemm (gemm_cublas.h) dispatches here when SmallMGemmFits
+// and m <= kSmallMGemmDispatchMaxM; call GemmSmallM directly for other m (tests, benchmarks).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "absl/status/status.h"
+#include "attention/attention_params.h"
+
+namespace dcp::cuda {
+
+// Rows per head the small-M kernel takes (row tiles 1..16 compiled).
+constexpr int kSmallMGemmMaxM = 16;
+// Rows per head up to which cuda::Gemm sends a GEMM here, from the H200 measurements
+// (docs/engine_decode_latency.md): at 1 row the decode layer is faster on the host, eager and
+// graph-replayed; at 2 rows the two projections' extra device time (~3 us) exceeds what the
+// two saved launches give back in a replayed graph, at 4 rows by ~4 us (measured), so 2 and
+// more rows go to cuBLAS.
+constexpr int kSmallMGemmDispatchMaxM = 1;
+
+// Whether the small-M kernel takes these params (dtypes, shape, alignment, shared memory).
+bool SmallMGemmFits(const GemmParams& params);
+
+// Launches the small-M kernel on `stream`; InvalidArgument when !SmallMGemmFits. On sm_90 it is
+// a programmatic dependent launch: the weights are prefetched into L2 before the previous grid
+// in the stream has finished, A and C are touched only after it.
+absl::Status GemmSmallM(const GemmParams& params, cudaStream_t stream);
+
+}  // namespace dcp::cuda

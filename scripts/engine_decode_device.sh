@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The decode latency of the engine layer on the GPU machine in one call
+# (docs/engine_decode_latency.md): builds only what it needs, runs the GEMM, engine-graph and
+# CUDA-device tests (DCP_REQUIRE_GPU=1) and the worker suite on one CUDA rank, compute-sanitizer on the
+# small-M GEMM tests, then dcp_bench: the small-M GEMM against cuBLAS (--mode kernels --only
+# gemm_) and the engine layer (--mode engine) with the small-M kernel and without it
+# (DCP_NO_SMALL_M_GEMM=1, same binary). Logs and CSVs go to $OUT (8 files: the tool's limit).
+#   DCP_DECODE_STEPS="tests sanitize kernels engine" (default all), DCP_DEBS_DIR (default .debs),
+#   DCP_CUDNN_FRONTEND_INCLUDE_DIR (passed to CMake when set), DCP_WORKER_FILTER (a gtest filter)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+out="${OUT:-/tmp/engine-decode-out}"
+mkdir -p "$out"
+started=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - started ))s"; }
+steps="${DCP_DECODE_STEPS:-tests sanitize kernels engine}"
+has_step() { [[ " $steps " == *" $1 "* ]]; }
+summary="$out/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+failures=0
+
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+
+prefix=/tmp/dcp-prefix
+debs="${DCP_DEBS_DIR:-.debs}"  # scripts/fetch_debs.sh's packages (another checkout's, if given)
+rm -rf "$prefix" && mkdir -p "$prefix"
+for deb in "$debs"/*.deb; do dpkg -x "$deb" "$prefix"; done
+if ! find /usr /usr/local -path '*cmake/GTest/GTestConfig.cmake' 2>/dev/null | grep -q .; then
+  for deb in "$debs"/fallback/*.deb; do dpkg -x "$deb" "$prefix"; done
+fi
+export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+
+build=/tmp/build-engine-decode
+echo "== configure + build ($(elapsed))"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
+    -DCMAKE_CXX_FLAGS="-include cstdint" \
+    ${DCP_CUDNN_FRONTEND_INCLUDE_DIR:+-DDCP_CUDNN_FRONTEND_INCLUDE_DIR="$DCP_CUDNN_FRONTEND_INCLUDE_DIR"} \
+    >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+if ! ninja -C "$build" -k 0 attention_cuda_test engine_graph_test cuda_device_test \
+    worker_multirank_test dcp_bench >>"$out/build.log" 2>&1; then
+  grep -E "error|FAILED" "$out/build.log" | head -30
+  note "build: FAILED"
+  failures=$((failures + 1))
+fi
+note "build done ($(elapsed))"
+
+run_test() {  # name, command...
+  local name=$1
+  shift
+  DCP_REQUIRE_GPU=1 timeout 120 "$@" >"$out/one_test.log" 2>&1
+  local code=$?
+  [ "$code" -eq 0 ] || failures=$((failures + 1))
+  note "$name: exit $code | $(grep -E '^\[  (PASSED|FAILED) ' "$out/one_test.log" | head -2 | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]|Failure|error' "$out/one_test.log" | head -12 | tee -a "$summary"
+  { echo "=== $name (exit $code)"; cat "$out/one_test.log"; } >>"$out/tests.log"
+  rm -f "$out/one_test.log"
+}
+
+if has_step tests; then
+  echo "== tests ($(elapsed))"
+  run_test "gemm (small-M, cuBLAS)" "$build/tests/cuda/attention_cuda_test" --gtest_filter='Gemm*'
+  run_test "engine graph" "$build/tests/cuda/engine_graph_test"
+  run_test "cuda device" "$build/tests/cuda/cuda_device_test"
+  for np in 1; do
+    run_test "worker cuda np $np" env DCP_TEST_DEVICE=cuda mpirun --allow-run-as-root \
+        --oversubscribe --bind-to none -np $np --mca pml ob1 --mca btl self,vader,tcp \
+        "$build/tests/multirank/worker_multirank_test" ${DCP_WORKER_FILTER:+--gtest_filter="$DCP_WORKER_FILTER"}
+  done
+fi
+
+if has_step sanitize; then
+  echo "== compute-sanitizer ($(elapsed))"
+  for tool in memcheck racecheck; do
+    DCP_REQUIRE_GPU=1 timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 \
+        "$build/tests/cuda/attention_cuda_test" \
+        --gtest_filter='GemmSmallM*:-*DecodeProjectionShapes*' >"$out/one_test.log" 2>&1
+    code=$?
+    [ "$code" -eq 0 ] || failures=$((failures + 1))
+    note "$tool small-M GEMM: exit $code, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/one_test.log" | tail -1)"
+    { echo "=== $tool (exit $code)"; cat "$out/one_test.log"; } >>"$out/tests.log"
+    rm -f "$out/one_test.log"
+  done
+fi
+
+bench="$build/launch/bench/dcp_bench"
+if has_step kernels; then
+  echo "== kernels ($(elapsed))"
+  timeout 120 mpirun -np 1 "$bench" --mode kernels --device cuda --model deepseek_v32 \
+      --heads 128 --only gemm_ --batches q1kv4k -w 5 -n 20 --csv "$out/kernels.csv" \
+      >"$out/kernels.txt" 2>&1
+  note "kernels: exit $? ($(elapsed))"
+fi
+if has_step engine; then
+  echo "== engine ($(elapsed))"
+  for variant in small_m cublas small_m_no_pdl; do
+    extra=()
+    [ "$variant" = cublas ] && extra=(env DCP_NO_SMALL_M_GEMM=1)
+    [ "$variant" = small_m_no_pdl ] && extra=(env DCP_NO_PDL=1)
+    csv=("--csv" "$out/engine_$variant.csv")
+    [ "$variant" = small_m_no_pdl ] && csv=()  # 8 files come back: its table is in engine.txt
+    timeout 120 "${extra[@]}" mpirun -np 1 "$bench" --mode engine \
+        --device cuda --comm nccl --model deepseek_v32 --heads 16,128 --index_topk 2048 \
+        -w 3 -n 50 --batches q1s4k,4q1s4k,16q1s4k,64q1s4k "${csv[@]}" \
+        >"$out/one_engine.txt" 2>&1
+    note "engine $variant: exit $? ($(elapsed))"
+    grep -E "^ +[0-9a-z]+ " "$out/one_engine.txt" | head -12 | tee -a "$summary"
+    { echo "=== engine $variant"; cat "$out/one_engine.txt"; } >>"$out/engine.txt"
+    rm -f "$out/one_engine.txt"
+  done
+fi
+note "failures: $failures ($(elapsed))"
+exit $(( failures > 0 ? 1 : 0 ))

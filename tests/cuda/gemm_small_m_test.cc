@@ -1,0 +1,340 @@
+// The small-M GEMM kernel (attention/cuda/gemm_small_m.h), directly and through cuda::Gemm's
+// dispatch, against float64 loops written here: both weight orientations (B stored [K, N] and
+// [N, K]), BF16 and F32 outputs, M = 1, odd M, M at the crossover (kSmallMGemmMaxM), odd batch
+// counts, N and K off the kernel's tiles, padded leading dimensions, heads interleaved in C (the
+// absorb's layout: ldc = H * width, stride_c = width), a shared A (stride 0), A in F32,
+// alpha / beta, and the side copy (16-byte and byte paths). Outputs start poisoned (NaN): every
+// element in range must be written and finite, every element outside untouched.
+#include "attention/cuda/gemm_small_m.h"
+
+#include <cublas_v2.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/cuda/gemm_cublas.h"
+#include "gtest/gtest.h"
+#include "tests/cuda/gpu_test_util.h"
+
+namespace dcp::testing {
+namespace {
+
+struct Case {
+  int m, n, k, batch;
+  bool trans_b;  // B stored [n, k] (else [k, n])
+  bool bf16_out;
+  int64_t lda, ldb, ldc;  // as stored
+  int64_t stride_a, stride_b, stride_c;
+  float alpha = 1.f, beta = 0.f;
+  bool through_dispatch = false;  // cuda::Gemm instead of GemmSmallM
+  bool a_f32 = false;             // A F32 (B stays BF16)
+  std::string name;
+};
+
+// Elements spanned by `batch` strided matrices of `rows` rows of pitch `ld` and `cols` columns.
+int64_t Span(int batch, int64_t stride, int rows, int64_t ld, int cols) {
+  return int64_t(batch - 1) * stride + int64_t(rows - 1) * ld + cols;
+}
+
+class GemmSmallMTest : public GpuTest {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (IsSkipped() || HasFailure()) return;
+    ASSERT_EQ(cublasCreate(&handle_), CUBLAS_STATUS_SUCCESS);
+  }
+  void TearDown() override {
+    if (handle_ != nullptr) cublasDestroy(handle_);
+    GpuTest::TearDown();
+  }
+
+  void Run(std::mt19937_64& rng, const Case& c) {
+    SCOPED_TRACE(c.name + ": m " + std::to_string(c.m) + " n " + std::to_string(c.n) + " k " +
+                 std::to_string(c.k) + " batch " + std::to_string(c.batch) + " trans_b " +
+                 std::to_string(c.trans_b) + " bf16_out " + std::to_string(c.bf16_out));
+    const int b_rows = c.trans_b ? c.n : c.k, b_cols = c.trans_b ? c.k : c.n;
+    const int64_t a_count = Span(c.batch, c.stride_a, c.m, c.lda, c.k);
+    const int64_t b_count = Span(c.batch, c.stride_b, b_rows, c.ldb, b_cols);
+    const int64_t c_count = Span(c.batch, c.stride_c, c.m, c.ldc, c.n);
+    // A as the kernel sees it (bf16-rounded unless F32), in float and double.
+    const std::vector<float> a_float = RandomFloats(rng, a_count);
+    const std::vector<bf16> a_bf16 = ToBf16(a_float);
+    const std::vector<double> a =
+        c.a_f32 ? std::vector<double>(a_float.begin(), a_float.end()) : ToDouble(a_bf16);
+    const std::vector<bf16> b = ToBf16(RandomFloats(rng, b_count, -0.1f, 0.1f));
+    // C starts NaN (beta == 0: must not be read) or random (beta != 0: it is read).
+    std::vector<float> c0_float = RandomFloats(rng, c_count);
+    if (c.beta == 0.f) c0_float.assign(c_count, std::nanf(""));
+    DeviceArray<bf16> da(c.a_f32 ? std::vector<bf16>() : a_bf16), db(b);
+    DeviceArray<float> da_f32(c.a_f32 ? a_float : std::vector<float>());
+    DeviceArray<float> dc_f32;
+    DeviceArray<bf16> dc_bf16;
+    std::vector<bf16> c0_bf16 = ToBf16(c0_float);
+    if (c.bf16_out) {
+      dc_bf16 = DeviceArray<bf16>(c0_bf16);
+    } else {
+      dc_f32 = DeviceArray<float>(c0_float);
+    }
+    GemmParams p;
+    p.a = c.a_f32 ? static_cast<const void*>(da_f32.get()) : static_cast<const void*>(da.get());
+    p.b = db.get();
+    p.c = c.bf16_out ? static_cast<void*>(dc_bf16.get()) : static_cast<void*>(dc_f32.get());
+    p.a_dtype = c.a_f32 ? DType::kF32 : DType::kBF16;
+    p.b_dtype = DType::kBF16;
+    p.c_dtype = c.bf16_out ? DType::kBF16 : DType::kF32;
+    p.trans_b = c.trans_b;
+    p.m = c.m, p.n = c.n, p.k = c.k, p.batch = c.batch;
+    p.lda = c.lda, p.ldb = c.ldb, p.ldc = c.ldc;
+    p.stride_a = c.stride_a, p.stride_b = c.stride_b, p.stride_c = c.stride_c;
+    p.alpha = c.alpha, p.beta = c.beta;
+    ASSERT_TRUE(cuda::SmallMGemmFits(p));
+    if (c.through_dispatch) ASSERT_TRUE(cuda::GemmSupports(p));
+    const absl::Status status =
+        c.through_dispatch ? cuda::Gemm(handle_, p, nullptr) : cuda::GemmSmallM(p, nullptr);
+    ASSERT_TRUE(status.ok()) << status;
+    std::vector<double> got(c_count);
+    std::vector<bf16> got_bf16;
+    std::vector<float> got_f32;
+    if (c.bf16_out) {
+      got_bf16 = dc_bf16.Download();
+      got = ToDouble(got_bf16);
+    } else {
+      got_f32 = dc_f32.Download();
+      for (int64_t i = 0; i < c_count; ++i) got[i] = got_f32[i];
+    }
+    // The reference, and which elements of C are written.
+    std::vector<char> written(c_count, 0);
+    double diff = 0, norm = 0, worst = 0;
+    int64_t non_finite = 0;
+    for (int h = 0; h < c.batch; ++h) {
+      for (int i = 0; i < c.m; ++i) {
+        for (int j = 0; j < c.n; ++j) {
+          double sum = 0;
+          for (int x = 0; x < c.k; ++x) {
+            const double av = a[h * c.stride_a + i * c.lda + x];
+            const int64_t bi = c.trans_b ? h * c.stride_b + int64_t(j) * c.ldb + x
+                                         : h * c.stride_b + int64_t(x) * c.ldb + j;
+            sum += av * double(bf16_to_float(b[bi]));
+          }
+          const int64_t ci = h * c.stride_c + int64_t(i) * c.ldc + j;
+          const double old = c.bf16_out ? double(bf16_to_float(c0_bf16[ci])) : c0_float[ci];
+          const double want = c.alpha * sum + (c.beta != 0.f ? c.beta * old : 0.0);
+          written[ci] = 1;
+          if (!std::isfinite(got[ci])) ++non_finite;
+          diff += (got[ci] - want) * (got[ci] - want);
+          norm += want * want;
+          worst = std::max(worst, std::abs(got[ci] - want));
+        }
+      }
+    }
+    EXPECT_EQ(non_finite, 0) << "unwritten (poisoned) or non-finite outputs";
+    const double relative = std::sqrt(diff / std::max(norm, 1e-300));
+    EXPECT_LT(relative, c.bf16_out ? 5e-3 : 1e-5) << "worst abs error " << worst;
+    // Everything else untouched (NaN stays NaN: compare bits).
+    int64_t touched = 0;
+    for (int64_t i = 0; i < c_count; ++i) {
+      if (written[i]) continue;
+      touched += c.bf16_out ? std::memcmp(&got_bf16[i], &c0_bf16[i], sizeof(bf16)) != 0
+                            : std::memcmp(&got_f32[i], &c0_float[i], sizeof(float)) != 0;
+    }
+    EXPECT_EQ(touched, 0) << "elements of C outside the product were written";
+  }
+
+  cublasHandle_t handle_ = nullptr;
+};
+
+// A case with the given shape, each operand's pitch padded by `pad` (multiple of 8 for B).
+Case Plain(int m, int n, int k, int batch, bool trans_b, bool bf16_out, int pad, const char* name) {
+  Case c{m, n, k, batch, trans_b, bf16_out, 0, 0, 0, 0, 0, 0};
+  c.lda = k + pad + 1;  // A has no alignment needs
+  c.ldb = (trans_b ? k : n) + pad;
+  c.ldc = n + pad + 3;
+  c.stride_a = int64_t(m) * c.lda + 5;
+  c.stride_b = int64_t(trans_b ? n : k) * c.ldb + pad;
+  c.stride_c = int64_t(m) * c.ldc + 1;
+  c.name = name;
+  return c;
+}
+
+TEST_F(GemmSmallMTest, BothOrientationsBothOutputs) {
+  std::mt19937_64 rng(TestSeed());
+  for (bool trans_b : {false, true}) {
+    for (bool bf16_out : {false, true}) {
+      Run(rng, Plain(1, 128, 512, 7, trans_b, bf16_out, 0, "m1"));
+      Run(rng, Plain(3, 72, 40, 5, trans_b, bf16_out, 8, "odd m, n and k off the tiles"));
+      Run(rng, Plain(cuda::kSmallMGemmMaxM, 136, 256, 3, trans_b, bf16_out, 16, "crossover m"));
+      Run(rng, Plain(9, 8, 8, 1, trans_b, bf16_out, 0, "one head, tiny"));
+      Run(rng, Plain(2, 40, 520, 9, trans_b, bf16_out, 8, "m2, k past 512"));
+      Run(rng, Plain(5, 520, 24, 2, trans_b, bf16_out, 0, "m5, k below a warp's load"));
+      Case f32 = Plain(6, 136, 72, 3, trans_b, bf16_out, 8, "A F32");
+      f32.a_f32 = true;
+      Run(rng, f32);
+    }
+  }
+}
+
+// The decode projections exactly as runtime/mla_projections.cc issues them (DeepSeek-V3.2:
+// Dn 128, R 512, Dr 64, Dv 128), at 128 and at an odd number of heads.
+TEST_F(GemmSmallMTest, DecodeProjectionShapes) {
+  std::mt19937_64 rng(TestSeed());
+  constexpr int dn = 128, r = 512, dr = 64, dv = 128, width = r + dr;
+  for (int heads : {128, 13}) {
+    for (int tokens : {1, cuda::kSmallMGemmDispatchMaxM, 4, cuda::kSmallMGemmMaxM}) {
+      // Through cuda::Gemm up to the dispatch's crossover, the kernel directly beyond it.
+      const bool dispatch = tokens <= cuda::kSmallMGemmDispatchMaxM;
+      // Absorb: q_nope [T, H, Dn] x w_uk[h] [Dn, R] -> q' [T, H, R + Dr] (bf16).
+      Case absorb{tokens,
+                  r,
+                  dn,
+                  heads,
+                  false,
+                  true,
+                  int64_t{heads} * dn,
+                  r,
+                  int64_t{heads} * width,
+                  dn,
+                  int64_t{dn} * r,
+                  width};
+      absorb.through_dispatch = dispatch;
+      absorb.name = "absorb";
+      Run(rng, absorb);
+      // Output: o_lat [T, H, R] x w_uv[h] [R, Dv] -> out [T, H, Dv] (fp32).
+      Case out{tokens,
+               dv,
+               r,
+               heads,
+               false,
+               false,
+               int64_t{heads} * r,
+               dv,
+               int64_t{heads} * dv,
+               r,
+               int64_t{r} * dv,
+               dv};
+      out.through_dispatch = dispatch;
+      out.name = "project out";
+      Run(rng, out);
+      out.a_f32 = true;  // o_lat straight from the attention's fp32 output
+      out.name = "project out, o_lat F32";
+      Run(rng, out);
+      // Up-projection of a few rows: kv_c [n, R] (shared by the heads) x w_uk[h]^T -> k.
+      Case up{
+          tokens,          dn,     r, heads, true, true, width, r, int64_t{heads} * (dn + dr), 0,
+          int64_t{dn} * r, dn + dr};
+      up.through_dispatch = dispatch;
+      up.name = "up-projection, shared A";
+      Run(rng, up);
+    }
+  }
+}
+
+TEST_F(GemmSmallMTest, AlphaAndBetaReadC) {
+  std::mt19937_64 rng(TestSeed());
+  for (bool trans_b : {false, true}) {
+    for (bool bf16_out : {false, true}) {
+      Case c = Plain(4, 64, 64, 3, trans_b, bf16_out, 8, "alpha beta");
+      c.alpha = 0.5f;
+      c.beta = -1.25f;
+      Run(rng, c);
+    }
+  }
+}
+
+// The side copy: done by the same launch, 16 bytes at a time when everything is aligned, bytes
+// otherwise; its rows only.
+TEST_F(GemmSmallMTest, SideCopy) {
+  std::mt19937_64 rng(TestSeed());
+  for (int misalign : {0, 1}) {
+    SCOPED_TRACE("misalign " + std::to_string(misalign));
+    const int rows = 37, row_bytes = 128 + misalign, src_pitch = 144, dst_pitch = 1152;
+    std::vector<uint8_t> src(size_t(rows) * src_pitch + 16), dst(size_t(rows) * dst_pitch + 16);
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (auto& v : src) v = static_cast<uint8_t>(byte(rng));
+    for (auto& v : dst) v = static_cast<uint8_t>(byte(rng));
+    DeviceArray<uint8_t> dsrc(src), ddst(dst);
+    const std::vector<bf16> a = ToBf16(RandomFloats(rng, 64)),
+                            b = ToBf16(RandomFloats(rng, 64 * 8));
+    DeviceArray<bf16> da(a), db(b);
+    DeviceArray<float> dc(8);
+    dc.Poison();
+    GemmParams p;
+    p.a = da.get(), p.b = db.get(), p.c = dc.get();
+    p.a_dtype = p.b_dtype = DType::kBF16;
+    p.c_dtype = DType::kF32;
+    p.m = 1, p.n = 8, p.k = 64, p.batch = 1;
+    p.lda = 64, p.ldb = 8, p.ldc = 8;
+    p.side.dst = ddst.get() + misalign;
+    p.side.src = dsrc.get() + misalign;
+    p.side.dst_pitch = dst_pitch;
+    p.side.src_pitch = src_pitch;
+    p.side.row_bytes = row_bytes;
+    p.side.rows = rows;
+    ASSERT_TRUE(cuda::SmallMGemmFits(p));
+    const absl::Status status = cuda::GemmSmallM(p, nullptr);
+    ASSERT_TRUE(status.ok()) << status;
+    std::vector<uint8_t> want = dst;
+    for (int row = 0; row < rows; ++row) {
+      std::memcpy(&want[size_t(row) * dst_pitch + misalign],
+                  &src[size_t(row) * src_pitch + misalign], row_bytes);
+    }
+    EXPECT_EQ(ddst.Download(), want);
+    for (int j = 0; j < 8; ++j) {
+      double sum = 0;
+      for (int x = 0; x < 64; ++x) sum += double(bf16_to_float(a[x])) * bf16_to_float(b[x * 8 + j]);
+      EXPECT_NEAR(dc.Download()[j], sum, 1e-4 * (1 + std::abs(sum)));
+    }
+  }
+}
+
+// Shapes outside the kernel: GemmSmallM refuses them clearly; cuda::Gemm takes them to cuBLAS.
+TEST_F(GemmSmallMTest, RefusesWhatItCannotRun) {
+  DeviceArray<bf16> a(64 * 64), b(64 * 64 + 8);
+  DeviceArray<float> c(64 * 64);
+  GemmParams p;
+  p.a = a.get(), p.b = b.get(), p.c = c.get();
+  p.a_dtype = p.b_dtype = DType::kBF16;
+  p.c_dtype = DType::kF32;
+  p.m = 1, p.n = 64, p.k = 64, p.lda = 64, p.ldb = 64, p.ldc = 64;
+  ASSERT_TRUE(cuda::SmallMGemmFits(p));
+  auto refused = [&](GemmParams q, const char* why) {
+    EXPECT_FALSE(cuda::SmallMGemmFits(q)) << why;
+    EXPECT_EQ(cuda::GemmSmallM(q, nullptr).code(), absl::StatusCode::kInvalidArgument) << why;
+  };
+  GemmParams q = p;
+  q.m = cuda::kSmallMGemmMaxM + 1;
+  refused(q, "m beyond the crossover");
+  q = p;
+  q.trans_a = true;
+  refused(q, "trans_a");
+  q = p;
+  q.a_dtype = q.b_dtype = DType::kF32;
+  refused(q, "fp32 inputs");
+  q = p;
+  q.a_dtype = DType::kBF16;
+  q.b_dtype = DType::kF32;
+  refused(q, "F32 weights");
+  // A F32 with B BF16 beyond the dispatch's crossover: not supported, and Gemm says so.
+  q = p;
+  q.a_dtype = DType::kF32;
+  q.m = cuda::kSmallMGemmDispatchMaxM + 1;
+  EXPECT_FALSE(cuda::GemmSupports(q));
+  const absl::Status mixed = cuda::Gemm(handle_, q, nullptr);
+  EXPECT_EQ(mixed.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(mixed.message()).find("small-M"), std::string::npos) << mixed;
+  q = p;
+  q.b = b.get() + 1;
+  refused(q, "B not 16-byte aligned");
+  q = p;
+  q.n = 60;
+  refused(q, "n not a multiple of 8");
+  q = p;
+  q.k = 0;
+  refused(q, "k == 0 (C = beta C: cuBLAS)");
+}
+
+}  // namespace
+}  // namespace dcp::testing
