@@ -163,6 +163,10 @@ absl::StatusOr<ModeResult> RunEngine(BenchEnv& env) {
           agreed.ok() ? "ok" : std::string(agreed.message())};
       row.insert(row.end(), cells.begin(), cells.end());
       if (!agreed.ok()) ++result.num_failed;
+      if (agreed.ok() && !times->kernel_sum_note.empty()) {
+        table.AddNote(absl::StrCat(spec, " at ", heads, " heads: no kernel sum (",
+                                   times->kernel_sum_note, ")"));
+      }
       table.AddRow(std::move(row));
     }
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -19,6 +20,7 @@ struct LayerTimes {
   // the layer's overhead on the device: launch gaps and dependency waits.
   double kernel_sum_us = -1;
   int graph_nodes = 0;
+  std::string kernel_sum_note;  // why kernel_sum_us is -1 when the graph ran
 };
 
 // `run(stream)` enqueues one layer on `stream`; `watch()` puts replayed work under the

@@ -60,11 +60,11 @@ absl::Status PinnedStaging::Claim(size_t begin, size_t end) {
   return absl::OkStatus();
 }
 
-absl::Status PinnedStaging::Grow(size_t bytes, cudaStream_t stream) {
+absl::Status PinnedStaging::Grow(size_t bytes) {
   size_t capacity = std::max(RoundUp(initial_), kAlign);
   while (capacity < bytes) capacity *= 2;
-  // The old ring may still be the source of enqueued copies.
-  DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  // The old ring may still be the source of enqueued copies: wait for exactly those (their
+  // events), not for the stream, which may hold unrelated work (the first ring waits for none).
   DCP_RETURN_IF_ERROR(Claim(0, capacity_));
   if (!pending_.empty()) {
     return DCP_ERROR(Internal, "PinnedStaging: %d copies still pending after a drain",
@@ -84,7 +84,7 @@ absl::Status PinnedStaging::Copy(void* dst, const void* src, size_t bytes, cudaS
   if (bytes == 0) return absl::OkStatus();
   DCP_CHECK_ARG(dst != nullptr && src != nullptr, "StageToDevice: null pointer");
   const size_t need = RoundUp(bytes);
-  if (need > capacity_) DCP_RETURN_IF_ERROR(Grow(need, stream));
+  if (need > capacity_) DCP_RETURN_IF_ERROR(Grow(need));
   size_t begin = head_;
   if (begin + need > capacity_) begin = 0;  // wrap: the tail is too short
   DCP_RETURN_IF_ERROR(Claim(begin, begin + need));

@@ -4,9 +4,9 @@
 // Each copy first lands in a ring of page-locked host memory, then a cudaMemcpyAsync moves it
 // from there; an event recorded after the copy guards its region of the ring. A later copy that
 // needs the region waits for that event only (in steady state long since complete: the ring
-// holds several steps' worth of metadata). A copy larger than the ring grows it: the stream is
-// drained first (the old ring may still be read), so growth happens once, at the first large
-// step, never in the steady state.
+// holds several steps' worth of metadata). A copy larger than the ring grows it: the copies
+// still reading the old ring are waited for first, so growth happens once, at the first large
+// step, never in the steady state (and the first ring waits for nothing).
 //
 // Not thread-safe (one per device, like the device). Not for use during stream capture: the
 // source would be captured as the ring's address and replayed from whatever it then holds.
@@ -42,7 +42,7 @@ class PinnedStaging {
     size_t begin = 0, end = 0;
     cudaEvent_t done = nullptr;
   };
-  absl::Status Grow(size_t bytes, cudaStream_t stream);
+  absl::Status Grow(size_t bytes);
   // Waits for and releases every pending region that overlaps [begin, end); releases the
   // completed ones on the way.
   absl::Status Claim(size_t begin, size_t end);

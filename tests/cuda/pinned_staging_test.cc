@@ -80,13 +80,16 @@ TEST_F(PinnedStagingTest, ReturnsWhileTheStreamIsBusyAndTheSourceMayBeReused) {
   ASSERT_EQ(LaunchSpinUntilSet(flag.device(), 20.0, stream_), cudaSuccess);
   std::vector<std::vector<uint8_t>> sent;
   std::vector<uint8_t> source;
+  const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < 3; ++i) {
     source = Random(1000, rng);
     sent.push_back(source);
     ASSERT_TRUE(staging.Copy(dst.get() + i * 1000, source.data(), 1000, stream_).ok());
     std::fill(source.begin(), source.end(), 0xAB);  // reused at once
   }
-  // Nothing could have run yet: the spin kernel holds the stream.
+  // The calls did not wait for the stream (the spin kernel holds it for up to 20 s), and
+  // nothing could have run yet.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0);
   EXPECT_EQ(cudaStreamQuery(stream_), cudaErrorNotReady);
   EXPECT_EQ(staging.pending(), 3u);
   flag.Set();
@@ -147,6 +150,7 @@ TEST_F(PinnedStagingTest, AFullRingWaitsForTheRegionItNeedsThenLands) {
   release.join();
   ASSERT_TRUE(third.ok()) << third;
   EXPECT_GT(waited, 0.1) << "the third copy did not wait for its region";
+  EXPECT_LT(waited, 10.0) << "the third copy waited for more than its region";
   const std::vector<uint8_t> got = Read(dst.get(), 3 * 1024);
   EXPECT_TRUE(std::equal(a.begin(), a.end(), got.begin()));
   EXPECT_TRUE(std::equal(b.begin(), b.end(), got.begin() + 1024));
