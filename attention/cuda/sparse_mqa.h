@@ -12,9 +12,9 @@
 // params.workspace and are merged by LSE with MergeSplits).
 //
 // kv_format kFp8DsMla reads 656-byte fp8_ds_mla rows directly (kv_row_stride 656 bytes, 16-byte
-// aligned cache), dequantizing them on the way into shared memory; q stays bf16. Only the
-// mma.sync kernel reads them: kernel 0 picks it for fp8 rows, kernel 2 with fp8 rows is
-// InvalidArgument.
+// aligned cache), dequantizing them on the way into shared memory; q stays bf16. Both kernels
+// read them (the wgmma kernel's producer copies the raw rows into the bf16 tile and dequantizes
+// in place); kernel 0 picks the wgmma kernel on sm_90 as for bf16 rows.
 #pragma once
 
 #include <cuda_runtime.h>
