@@ -14,7 +14,7 @@
 #include "runtime/cuda/cuda_device.h"
 #include "collectives/cuda/nccl_status.h"
 #include "core/cuda/cuda_status.h"
-#include "tests/cuda/gpu_test_util.h"
+#include "tests/common/gpu_test_util.h"
 
 namespace dcp::testing {
 namespace {
