@@ -52,7 +52,7 @@ note "build done ($(elapsed))"
 
 if has_step tests; then
   echo "== tests ($(elapsed))"
-  DCP_REQUIRE_GPU=1 timeout "$(left 200)" "$build/tests/cuda/attention_cuda_test" \
+  DCP_REQUIRE_GPU=1 timeout "$(left 200)" "$build/tests/attention/cuda/attention_cuda_test" \
       --gtest_filter='*DensePrefill*:*DenseMha*:*CudnnSdpa*' >"$out/test_attention.log" 2>&1
   note "attention_cuda_test (dense + cudnn): exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_attention.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$out/test_attention.log" | head -20 | tee -a "$summary"

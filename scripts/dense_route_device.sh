@@ -51,7 +51,7 @@ note "build done ($(elapsed))"
 
 if has_step tests; then
   echo "== tests ($(elapsed))"
-  DCP_REQUIRE_GPU=1 timeout 60 "$build/tests/cuda/attention_cuda_test" \
+  DCP_REQUIRE_GPU=1 timeout 60 "$build/tests/attention/cuda/attention_cuda_test" \
       --gtest_filter="${DCP_ATTENTION_FILTER:-*DensePrefill*:*DenseMha*:*CudnnSdpa*}" \
       >"$out/test_attention.log" 2>&1
   note "attention_cuda_test (dense + cudnn): exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_attention.log" | tr '\n' ' ')"

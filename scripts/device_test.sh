@@ -102,8 +102,10 @@ fi
 if has_stage sanitize; then
   echo "== compute-sanitizer ($(elapsed))"
   big='*FillsTheChip*:*LargePagedGather*:*DeepSeekShapeAllHeads*:*DecodeBatchWithValidCounts*:*EverySplitCount*'
-  for binary in attention_cuda_test workspace_cuda_test cuda_device_test fp8_cuda_test; do
-    exe="$build/tests/cuda/$binary"
+  for path in attention/cuda/attention_cuda_test workspace/cuda/workspace_cuda_test \
+              runtime/cuda/cuda_device_test workspace/cuda/fp8_cuda_test; do
+    binary="$(basename "$path")"
+    exe="$build/tests/$path"
     [ -x "$exe" ] || { note "memcheck $binary: not built"; continue; }
     # --report-api-errors no: the tests provoke API errors on purpose (a petabyte cudaMalloc)
     # and check the returned codes themselves; memcheck is here for kernel memory accesses.
@@ -114,7 +116,7 @@ if has_stage sanitize; then
     note "memcheck $binary: exit $code, $(grep -E 'ERROR SUMMARY' "$out/one_sanitizer_run.log" | tail -1)"
     { echo "=== memcheck $binary (exit $code)"; cat "$out/one_sanitizer_run.log"; } >>"$out/sanitizer.log"
   done
-  exe="$build/tests/cuda/attention_cuda_test"
+  exe="$build/tests/attention/cuda/attention_cuda_test"
   if [ -x "$exe" ]; then
     DCP_REQUIRE_GPU=1 timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 "$exe" \
         --gtest_filter='SparseMqaCudaTest.RaggedTopk*:SparseMqaCudaTest.OneKey*:SparseMqaCudaTest.SmallSplits*:TopkToSlotsCudaTest.CompactsLongRows:DenseMhaCudaTest.CausalRagged*:DenseMhaCudaTest.NonCausal*' \

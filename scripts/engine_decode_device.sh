@@ -62,9 +62,9 @@ run_test() {  # name, command...
 
 if has_step tests; then
   echo "== tests ($(elapsed))"
-  run_test "gemm (small-M, cuBLAS)" "$build/tests/cuda/attention_cuda_test" --gtest_filter='Gemm*'
-  run_test "engine graph" "$build/tests/cuda/engine_graph_test"
-  run_test "cuda device" "$build/tests/cuda/cuda_device_test"
+  run_test "gemm (small-M, cuBLAS)" "$build/tests/attention/cuda/attention_cuda_test" --gtest_filter='Gemm*'
+  run_test "engine graph" "$build/tests/runtime/cuda/engine_graph_test"
+  run_test "cuda device" "$build/tests/runtime/cuda/cuda_device_test"
   for np in 1; do
     run_test "worker cuda np $np" env DCP_TEST_DEVICE=cuda mpirun --allow-run-as-root \
         --oversubscribe --bind-to none -np $np --mca pml ob1 --mca btl self,vader,tcp \
@@ -76,7 +76,7 @@ if has_step sanitize; then
   echo "== compute-sanitizer ($(elapsed))"
   for tool in memcheck racecheck; do
     DCP_REQUIRE_GPU=1 timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 \
-        "$build/tests/cuda/attention_cuda_test" \
+        "$build/tests/attention/cuda/attention_cuda_test" \
         --gtest_filter='GemmSmallM*:-*DecodeProjectionShapes*' >"$out/one_test.log" 2>&1
     code=$?
     [ "$code" -eq 0 ] || failures=$((failures + 1))

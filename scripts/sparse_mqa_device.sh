@@ -66,7 +66,7 @@ if has_stage build; then
   grep -A2 "SparseMqaSm90Kernel" "$out/build.log" | grep -E "spill|Used" | head -2 | tee -a "$summary"
   note "build: ok ($(elapsed))"
 fi
-test_exe="$build/tests/cuda/attention_cuda_test"
+test_exe="$build/tests/attention/cuda/attention_cuda_test"
 
 hung=0
 if has_stage test; then
@@ -88,7 +88,7 @@ if has_stage test; then
   [ "$code" -eq 0 ] || failures=$((failures + 1))
   note "test: exit $code ($(elapsed)) $(grep -E '^\[  PASSED|^\[  FAILED' "$out/test.log" | tr '\n' ' ')"
   grep -E "Failure|Expected|Which is|error|FAILED" "$out/test.log" | head -30 | tee -a "$summary"
-  DCP_REQUIRE_GPU=1 timeout 60 "$build/tests/cuda/engine_graph_test" --gtest_color=no \
+  DCP_REQUIRE_GPU=1 timeout 60 "$build/tests/runtime/cuda/engine_graph_test" --gtest_color=no \
       >>"$out/test.log" 2>&1
   code=$?
   [ "$code" -eq 0 ] || failures=$((failures + 1))

@@ -9,7 +9,7 @@
 #include "collectives/communicator.h"
 #include "collectives/local_communicator.h"
 #include "core/dtype.h"
-#include "tests/multirank/collective_values.h"
+#include "tests/common/collective_values.h"
 #include "tests/multirank/multirank_test.h"
 
 namespace dcp::testing {

@@ -13,8 +13,8 @@
 #include "collectives/cuda/cuda_communicator_factory.h"
 #include "collectives/cuda/nccl_communicator.h"
 #include "runtime/cuda/cuda_device.h"
-#include "tests/cuda/communicator_exercise.h"
-#include "tests/cuda/gpu_test_util.h"
+#include "tests/common/communicator_exercise.h"
+#include "tests/common/gpu_test_util.h"
 #include "tests/multirank/multirank_test.h"
 
 namespace dcp::testing {

@@ -9,7 +9,7 @@
 
 #include "attention/cuda/merge_states.h"
 #include "gtest/gtest.h"
-#include "tests/cuda/gpu_test_util.h"
+#include "tests/common/gpu_test_util.h"
 
 namespace dcp::testing {
 namespace {

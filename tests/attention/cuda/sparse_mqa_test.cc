@@ -18,7 +18,7 @@
 #include "attention/cuda/sparse_mqa.h"
 #include "attention/cuda/topk_to_slots.h"
 #include "gtest/gtest.h"
-#include "tests/cuda/gpu_test_util.h"
+#include "tests/common/gpu_test_util.h"
 
 namespace dcp::testing {
 namespace {

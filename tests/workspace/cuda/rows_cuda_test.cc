@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/cuda/gpu_test_util.h"
+#include "tests/common/gpu_test_util.h"
 #include "workspace/cuda/rows_cuda.h"
 
 namespace dcp::testing {

@@ -13,7 +13,7 @@
 
 #include "attention/cuda/dense_mha.h"
 #include "gtest/gtest.h"
-#include "tests/cuda/gpu_test_util.h"
+#include "tests/common/gpu_test_util.h"
 
 namespace dcp::testing {
 namespace {

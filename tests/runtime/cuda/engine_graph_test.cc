@@ -14,7 +14,7 @@
 #include "runtime/cuda/cuda_device.h"
 #include "runtime/engine.h"
 #include "runtime/scratch.h"
-#include "tests/cuda/gpu_test_util.h"
+#include "tests/common/gpu_test_util.h"
 
 namespace dcp::testing {
 namespace {

@@ -1,7 +1,7 @@
 // CudaDevice through the Device interface (runtime/cuda/cuda_device.h): identity, memory,
 // copies, conversion (bit-exact against dtype.h's rounding), error Statuses, and the attention
 // entry points cross-checked against the CPU twins (attention/cpu) on the same bf16 inputs.
-// Ground truth for the kernels is the float64 tests beside this file; this is the plumbing.
+// Ground truth for the kernels is the float64 tests of tests/attention/cuda; this is the plumbing.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,7 +14,7 @@
 #include "runtime/cuda/cuda_device.h"
 #include "collectives/cuda/nccl_status.h"
 #include "core/cuda/cuda_status.h"
-#include "tests/cuda/gpu_test_util.h"
+#include "tests/common/gpu_test_util.h"
 
 namespace dcp::testing {
 namespace {

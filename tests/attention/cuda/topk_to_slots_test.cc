@@ -8,7 +8,7 @@
 
 #include "attention/cuda/topk_to_slots.h"
 #include "gtest/gtest.h"
-#include "tests/cuda/gpu_test_util.h"
+#include "tests/common/gpu_test_util.h"
 
 namespace dcp::testing {
 namespace {

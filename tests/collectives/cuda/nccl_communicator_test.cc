@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/cuda/communicator_exercise.h"
-#include "tests/cuda/gpu_test_util.h"
-#include "tests/multirank/collective_values.h"
+#include "tests/common/collective_values.h"
+#include "tests/common/communicator_exercise.h"
+#include "tests/common/gpu_test_util.h"
 
 namespace dcp::testing {
 namespace {

@@ -18,7 +18,7 @@
 
 #include "attention/cuda/sparse_mqa.h"
 #include "gtest/gtest.h"
-#include "tests/cuda/gpu_test_util.h"
+#include "tests/common/gpu_test_util.h"
 #include "tests/reference/fp8_ds_mla_reference.h"
 
 namespace dcp::testing {

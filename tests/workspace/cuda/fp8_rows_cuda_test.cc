@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/cuda/gpu_test_util.h"
+#include "tests/common/gpu_test_util.h"
 #include "tests/reference/fp8_ds_mla_reference.h"
 #include "workspace/cpu/fp8_rows_cpu.h"
 #include "workspace/cuda/fp8_rows_cuda.h"

@@ -15,8 +15,8 @@
 #include "gtest/gtest.h"
 #include "runtime/cuda/cuda_device.h"
 #include "runtime/cuda/pinned_staging.h"
-#include "tests/cuda/gpu_test_util.h"
-#include "tests/cuda/spin_kernel.h"
+#include "tests/common/gpu_test_util.h"
+#include "tests/common/spin_kernel.h"
 
 namespace dcp::testing {
 namespace {

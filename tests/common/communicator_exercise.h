@@ -15,8 +15,8 @@
 
 #include "collectives/communicator.h"
 #include "gtest/gtest.h"
-#include "tests/cuda/gpu_test_util.h"
-#include "tests/multirank/collective_values.h"
+#include "tests/common/collective_values.h"
+#include "tests/common/gpu_test_util.h"
 
 namespace dcp::testing {
 

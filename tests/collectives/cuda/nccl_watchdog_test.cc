@@ -14,8 +14,8 @@
 
 #include "collectives/cuda/nccl_communicator.h"
 #include "gtest/gtest.h"
-#include "tests/cuda/gpu_test_util.h"
-#include "tests/cuda/spin_kernel.h"
+#include "tests/common/gpu_test_util.h"
+#include "tests/common/spin_kernel.h"
 
 namespace dcp::testing {
 namespace {

@@ -1,4 +1,4 @@
-#include "tests/cuda/spin_kernel.h"
+#include "tests/common/spin_kernel.h"
 
 #include <cstdint>
 
