@@ -51,9 +51,9 @@ budget() {
 }
 
 # Keep NVLink multicast off (the GPU machines' notes ask for it) and let Open MPI run as root there.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export PYTHONUNBUFFERED=1
+# shellcheck source=scripts/gpu_env.sh
+. scripts/gpu_env.sh
+dcp_gpu_env
 
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -64,19 +64,12 @@ export PYTHONUNBUFFERED=1
 
 # 1. Build (device_test.sh's prefix and flags).
 prefix=/tmp/dcp-prefix
-if [ ! -d "$prefix/usr" ]; then
-  if ls .debs/*.deb >/dev/null 2>&1; then
-    mkdir -p "$prefix"
-    for deb in .debs/*.deb; do dpkg -x "$deb" "$prefix"; done
-    if ! find /usr /usr/local -path '*cmake/GTest/GTestConfig.cmake' 2>/dev/null | grep -q .; then
-      for deb in .debs/fallback/*.deb; do dpkg -x "$deb" "$prefix"; done
-    fi
-  else
-    note "bench_device: no $prefix and no .debs/ to unpack: run scripts/fetch_debs.sh here and carry .debs"
-  fi
+if [ -d "$prefix/usr" ]; then  # device_test.sh unpacked it in this call
+  export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+else
+  dcp_unpack_debs .debs "$prefix" || note "bench_device: no $prefix and no .debs/ to unpack"
 fi
-export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 build="${DCP_BUILD_DIR:-}"
 if [ -z "$build" ]; then
   for dir in build-gpu build-device; do

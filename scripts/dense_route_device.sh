@@ -24,20 +24,12 @@ summary="$out/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
 
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export PYTHONUNBUFFERED=1
-
+# shellcheck source=scripts/gpu_env.sh
+. scripts/gpu_env.sh
+dcp_gpu_env
 prefix=/tmp/dcp-prefix
-rm -rf "$prefix" && mkdir -p "$prefix"
-for deb in .debs/*.deb; do dpkg -x "$deb" "$prefix"; done
-if ! find /usr /usr/local -path '*cmake/GTest/GTestConfig.cmake' 2>/dev/null | grep -q .; then
-  for deb in .debs/fallback/*.deb; do dpkg -x "$deb" "$prefix"; done
-fi
-export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
-python_cudnn=$(python3 -c 'import nvidia.cudnn, os; print(nvidia.cudnn.__path__[0])' 2>/dev/null)
-[ -n "$python_cudnn" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$python_cudnn/lib"
+dcp_unpack_debs .debs "$prefix" || exit 2
+dcp_cudnn_from_torch  # the system's libcudnn.so.9 first, torch's as a fallback
 
 build=/tmp/build-dense-route
 echo "== configure + build ($(elapsed))"

@@ -31,9 +31,9 @@ has_stage() { [[ " $stages " == *" $1 "* ]]; }
 started=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - started ))s"; }
 
-# Keep NVLink multicast off (the GPU machines' notes ask for it) and let Open MPI run as root there.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# shellcheck source=scripts/gpu_env.sh
+. scripts/gpu_env.sh
+dcp_gpu_env
 
 echo "== machine"
 {
@@ -47,20 +47,7 @@ echo "== machine"
 } 2>&1
 
 # 1. Unpack the carried packages.
-if [ ! -d .debs ] || ! ls .debs/*.deb >/dev/null 2>&1; then
-  echo "device_test: no .debs/ here: run scripts/fetch_debs.sh first and carry .debs" >&2
-  exit 2
-fi
-rm -rf "$prefix" && mkdir -p "$prefix"
-for deb in .debs/*.deb; do dpkg -x "$deb" "$prefix"; done
-if ! find /usr /usr/local -path '*cmake/GTest/GTestConfig.cmake' 2>/dev/null | grep -q .; then
-  echo "device_test: no GoogleTest on this machine: using the carried fallback"
-  for deb in .debs/fallback/*.deb; do dpkg -x "$deb" "$prefix"; done
-fi
-export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# Also in the environment: tests that configure projects of their own (the installed-package
-# consumer test) must find the same packages.
-export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+dcp_unpack_debs .debs "$prefix" || exit 2
 
 # 2. Configure and build.
 if has_stage build; then

@@ -20,18 +20,12 @@ summary="$out/summary.txt"
 note() { echo "$*" | tee -a "$summary"; }
 failures=0
 
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-
+# shellcheck source=scripts/gpu_env.sh
+. scripts/gpu_env.sh
+dcp_gpu_env
 prefix=/tmp/dcp-prefix
-debs="${DCP_DEBS_DIR:-.debs}"  # scripts/fetch_debs.sh's packages (another checkout's, if given)
-rm -rf "$prefix" && mkdir -p "$prefix"
-for deb in "$debs"/*.deb; do dpkg -x "$deb" "$prefix"; done
-if ! find /usr /usr/local -path '*cmake/GTest/GTestConfig.cmake' 2>/dev/null | grep -q .; then
-  for deb in "$debs"/fallback/*.deb; do dpkg -x "$deb" "$prefix"; done
-fi
-export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+# scripts/fetch_debs.sh's packages (another checkout's, if given)
+dcp_unpack_debs "${DCP_DEBS_DIR:-.debs}" "$prefix" || exit 2
 
 build=/tmp/build-engine-decode
 echo "== configure + build ($(elapsed))"
@@ -65,7 +59,7 @@ if has_step tests; then
   run_test "gemm (small-M, cuBLAS)" "$build/tests/attention/cuda/attention_cuda_test" --gtest_filter='Gemm*'
   run_test "engine graph" "$build/tests/runtime/cuda/engine_graph_test"
   run_test "cuda device" "$build/tests/runtime/cuda/cuda_device_test"
-  for np in 1; do
+  for np in ${DCP_WORKER_NPS:-1}; do
     run_test "worker cuda np $np" env DCP_TEST_DEVICE=cuda mpirun --allow-run-as-root \
         --oversubscribe --bind-to none -np $np --mca pml ob1 --mca btl self,vader,tcp \
         "$build/tests/multirank/worker_multirank_test" ${DCP_WORKER_FILTER:+--gtest_filter="$DCP_WORKER_FILTER"}

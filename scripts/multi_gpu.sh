@@ -31,8 +31,9 @@ if [ "$gpus" -lt 2 ]; then
   exit 2
 fi
 note "multi_gpu: $gpus GPUs, commit ${DCP_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}, $(date -u +%FT%TZ)"
-export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1
+# shellcheck source=scripts/gpu_env.sh
+. scripts/gpu_env.sh
+dcp_gpu_env
 
 # Build (and unpack the carried packages) with the single-GPU script's stage.
 DCP_STAGES=build OUT="$work/build" bash scripts/device_test.sh >"$work/build.txt" 2>&1 ||

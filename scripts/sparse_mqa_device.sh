@@ -19,7 +19,6 @@
 # DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-root=$(pwd)
 out="${OUT:-/tmp/dcp-device-out}"
 mkdir -p "$out"
 stages="${DCP_STAGES:-build test bench engine nopdl sanitize}"
@@ -37,16 +36,10 @@ failures=0
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$summary"
 
-if [ ! -d "$prefix/usr" ]; then
-  mkdir -p "$prefix"
-  for deb in "$debs"/*.deb; do dpkg -x "$deb" "$prefix"; done
-  if ! find /usr /usr/local -path '*cmake/GTest/GTestConfig.cmake' 2>/dev/null | grep -q .; then
-    for deb in "$debs"/fallback/*.deb; do dpkg -x "$deb" "$prefix"; done
-  fi
-fi
-export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# shellcheck source=scripts/gpu_env.sh
+. scripts/gpu_env.sh
+dcp_gpu_env
+dcp_unpack_debs "$debs" "$prefix" || exit 2
 
 if has_stage build; then
   if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
@@ -56,6 +49,7 @@ if has_stage build; then
     note "configure: FAILED"
     exit 1
   fi
+  # shellcheck disable=SC2046  # an empty word when the worker stage is off
   if ! ninja -C "$build" -j "$(nproc)" attention_cuda_test engine_graph_test dcp_bench \
       $(has_stage worker && echo worker_multirank_test) \
       >>"$out/build.log" 2>&1; then
