@@ -2,7 +2,7 @@
 // head (the decode projections: M = tokens, one GEMM per head). The weights are streamed once
 // and the rows of A applied to each weight vector as it arrives (CUDA-core FMAs, fp32
 // accumulation). Row-major, strided per head exactly as GemmParams. What it buys over cuBLAS
-// is not device time (H200, M = 1, 128 heads x 128 x 512: 7.3 us against cuBLAS's 6.5, 55%
+// is not GPU time (H200, M = 1, 128 heads x 128 x 512: 7.3 us against cuBLAS's 6.5, 55%
 // and 62% of copy bandwidth; docs/engine_decode_latency.md) but the call: a plain launch
 // instead of cuBLAS's host path, A in F32 with BF16 weights, and a side copy in the same
 // launch, which take two launches and ~30 us of host time off a decode layer.
@@ -25,7 +25,7 @@ namespace dcp::cuda {
 constexpr int kSmallMGemmMaxM = 16;
 // Rows per head up to which cuda::Gemm sends a GEMM here, from the H200 measurements
 // (docs/engine_decode_latency.md): at 1 row the decode layer is faster on the host, eager and
-// graph-replayed; at 2 rows the two projections' extra device time (~3 us) exceeds what the
+// graph-replayed; at 2 rows the two projections' extra GPU time (~3 us) exceeds what the
 // two saved launches give back in a replayed graph, at 4 rows by ~4 us (measured), so 2 and
 // more rows go to cuBLAS.
 constexpr int kSmallMGemmDispatchMaxM = 1;

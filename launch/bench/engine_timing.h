@@ -15,7 +15,7 @@ struct LayerTimes {
   double host_us = 0;   // time inside Run on the host (enqueue), per layer
   double eager_us = 0;  // wall time per layer, eager Runs back to back, device drained at the end
   double graph_us = -1; // wall time per layer, graph replays back to back; -1 where not run
-  // Sum over the layer's graph nodes (kernels, copies, memsets) of each node's own device time,
+  // Sum over the layer's graph nodes (kernels, copies, memsets) of each node's own GPU time,
   // each timed alone (GraphNodeTimes); -1 where the graph was not run. graph_us minus this is
   // the layer's overhead on the device: launch gaps and dependency waits.
   double kernel_sum_us = -1;

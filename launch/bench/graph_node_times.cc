@@ -28,7 +28,7 @@ struct NodeTiming {
   }
 };
 
-// Device time of node `index` of `graph`, alone, in microseconds.
+// GPU time of node `index` of `graph`, alone, in microseconds.
 absl::StatusOr<double> TimeNode(cudaGraph_t graph, size_t index, cudaStream_t stream,
                                 int repeats) {
   NodeTiming t;

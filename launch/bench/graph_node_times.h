@@ -1,4 +1,4 @@
-// The device time of each node of a captured CUDA graph, each node timed on its own: the
+// The GPU time of each node of a captured CUDA graph, each node timed on its own: the
 // "sum of the kernel times" that a layer's time is compared against (issue: the host-side and
 // launch overhead of a layer = layer time - sum of its kernels). CUDA builds only.
 #pragma once
@@ -10,7 +10,7 @@
 namespace dcp::bench {
 
 struct GraphNodeTimes {
-  double sum_us = 0;  // sum over timed nodes of the per-node device time
+  double sum_us = 0;  // sum over timed nodes of the per-node GPU time
   int nodes = 0;      // nodes timed (kernels, copies, memsets)
   int skipped = 0;    // nodes of other types (empty, event, host): not timed, not summed
 };

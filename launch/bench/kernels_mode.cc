@@ -584,7 +584,7 @@ absl::Status KernelBench::MeasureSmallMGemm() {
               absl::StrCat("gemm_", shape.name, "_m", m, small ? "_small" : "_cublas",
                            copies == 1 ? "_hot" : "", "_x", kLaunches),
               nullptr, kHeads, int64_t(weight_count) * 2, 0, bytes * kLaunches};
-          // kLaunches launches captured in one CUDA graph and replayed: device time only (an
+          // kLaunches launches captured in one CUDA graph and replayed: GPU time only (an
           // eager launch per timed step would add the host's launch latency, which is most of
           // a 4-us kernel and all of cuBLAS's call overhead).
           cudaStream_t stream = cuda_device->stream();
