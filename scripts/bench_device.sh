@@ -65,8 +65,7 @@ dcp_gpu_env
 # 1. Build (device_test.sh's prefix and flags).
 prefix=/tmp/dcp-prefix
 if [ -d "$prefix/usr" ]; then  # device_test.sh unpacked it in this call
-  export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  dcp_use_prefix "$prefix"
 else
   dcp_unpack_debs .debs "$prefix" || note "bench_device: no $prefix and no .debs/ to unpack"
 fi

@@ -9,8 +9,10 @@
 #                               Open MPI as root and oversubscribed, unbuffered Python.
 #   dcp_unpack_debs DEBS PREFIX the carried Debian packages (scripts/fetch_debs.sh) dpkg -x'ed
 #                               into a fresh PREFIX (GoogleTest's fallback only where the machine
-#                               has none), LD_LIBRARY_PATH and CMAKE_PREFIX_PATH exported; returns
-#                               2 with a message when DEBS holds no package.
+#                               has none), then dcp_use_prefix PREFIX; returns 2 with a message
+#                               when DEBS holds no package.
+#   dcp_use_prefix PREFIX       an unpacked PREFIX's libraries and CMake packages found:
+#                               LD_LIBRARY_PATH and CMAKE_PREFIX_PATH exported.
 #   dcp_cudnn_from_torch        appends torch's nvidia-cudnn libraries to LD_LIBRARY_PATH (after
 #                               the system's libcudnn.so.9, which stays first).
 
@@ -33,10 +35,14 @@ dcp_unpack_debs() {
     echo "no GoogleTest on this machine: using the carried fallback"
     for deb in "$debs"/fallback/*.deb; do dpkg -x "$deb" "$prefix"; done
   fi
-  export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  dcp_use_prefix "$prefix"
+}
+
+dcp_use_prefix() {
+  export LD_LIBRARY_PATH="$1/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # Also in the environment: tests that configure projects of their own (the installed-package
   # consumer test) must find the same packages.
-  export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export CMAKE_PREFIX_PATH="$1/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 }
 
 dcp_cudnn_from_torch() {

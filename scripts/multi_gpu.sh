@@ -39,7 +39,7 @@ dcp_gpu_env
 DCP_STAGES=build OUT="$work/build" bash scripts/device_test.sh >"$work/build.txt" 2>&1 ||
   { note "build: FAILED"; cp "$work/build.txt" "$out/"; exit 1; }
 build="$(pwd)/build-gpu"
-export LD_LIBRARY_PATH="/tmp/dcp-prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+dcp_use_prefix /tmp/dcp-prefix  # device_test.sh's
 run="$build/launch/dcp_run"
 bench="$build/launch/bench/dcp_bench"
 mpi=(mpirun --allow-run-as-root --bind-to none)
