@@ -39,7 +39,9 @@
 //   plane, Synchronize - returns that error (same code, same message), as does every later one.
 // - Every rank of a group gets an error: a rank whose collective cannot complete because a peer
 //   is gone or aborted misses its own deadline. So a rank returns within timeout_s (+ one
-//   watchdog interval) of enqueueing a collective that cannot complete.
+//   watchdog interval + the abort's own time) of enqueueing a collective that cannot complete.
+//   The abort may wait for work on the stream that is not NCCL's (a kernel spinning ahead of
+//   the collective): a caller's stuck kernel is the caller's to end.
 // - After a failure the receive buffers of the failed and later collectives hold undefined
 //   values, and an adopted communicator has been aborted too (NCCL frees it): the engine must
 //   not use or destroy it again. A launcher ends the job (Abort) as after any collective error.

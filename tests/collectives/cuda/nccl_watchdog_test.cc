@@ -134,7 +134,8 @@ TEST_F(NcclWatchdogTest, HostCompletionReturnsDeadlineExceeded) {
   Block();
   // ncclCommAbort in the failing call may wait for the device on some NCCL versions: let the
   // stream go a second after the deadline so that this cannot hang; either way the call must
-  // return within the deadline plus that second and a little.
+  // return within the deadline plus a few seconds (the contract in nccl_communicator.h). The
+  // abort itself took 0.8 s on the H200 with the rest of the suite running beside it.
   std::thread releaser([this] {
     std::this_thread::sleep_for(std::chrono::duration<double>(kTimeout + 1.0));
     Release();
@@ -145,7 +146,7 @@ TEST_F(NcclWatchdogTest, HostCompletionReturnsDeadlineExceeded) {
   releaser.join();
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   EXPECT_GE(waited, 0.8 * kTimeout);
-  EXPECT_LT(waited, kTimeout + 1.8);
+  EXPECT_LT(waited, kTimeout + 3.0);
   ExpectBrokenWith(comm, "ncclAllGather");
   Release();
   EXPECT_TRUE(StreamDrains(10.0));
