@@ -21,13 +21,23 @@ namespace {
 
 std::vector<Column> EngineColumns(const BenchEnv& env) {
   std::vector<Column> columns = env.MetaColumns();
-  const std::vector<Column> own = {
-      {"batch", "batch"},         {"requests", "reqs"},      {"tokens", "tokens"},
-      {"max_seq_len", "max_kv"},  {"heads_per_rank", "H/W"}, {"route", "route"},
-      {"plan_us", "plan us"},     {"host_us", "host us"},     {"eager_us", "eager us"},  {"graph_us", "graph us"},
-      {"kernel_sum_us", "kernels us"}, {"graph_nodes", "nodes"},
-      {"graph_overhead_us", "graph ovh us"}, {"eager_overhead_us", "eager ovh us"},
-      {"status", "status"}};
+  const std::vector<Column> own = {{"batch", "batch"},
+                                   {"requests", "reqs"},
+                                   {"tokens", "tokens"},
+                                   {"max_seq_len", "max_kv"},
+                                   {"heads_per_rank", "H/W"},
+                                   {"route", "route"},
+                                   {"plan_us", "plan us"},
+                                   {"host_us", "host us"},
+                                   {"eager_us", "eager us"},
+                                   {"graph_us", "graph us"},
+                                   {"kernel_sum_us", "kernels us"},
+                                   {"graph_nodes", "nodes"},
+                                   {"graph_busy_us", "graph busy us"},
+                                   {"eager_busy_us", "eager busy us"},
+                                   {"graph_overhead_us", "graph ovh us"},
+                                   {"eager_overhead_us", "eager ovh us"},
+                                   {"status", "status"}};
   columns.insert(columns.end(), own.begin(), own.end());
   return columns;
 }
@@ -88,8 +98,10 @@ absl::StatusOr<LayerTimes> TimeEngineLayer(BenchEnv& env, const BatchShape& shap
   const int plans = std::max(1, env.options.iters);
   const auto plan_start = std::chrono::steady_clock::now();
   for (int i = 0; i < plans; ++i) DCP_RETURN_IF_ERROR(engine->Plan(batch, step_tables, topk_width));
-  const double plan_us = std::chrono::duration<double, std::micro>(
-                             std::chrono::steady_clock::now() - plan_start).count() / plans;
+  const double plan_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - plan_start)
+          .count() /
+      plans;
   *route = engine->plan().route;
 
   Device& device = *env.device;
@@ -106,7 +118,8 @@ absl::StatusOr<LayerTimes> TimeEngineLayer(BenchEnv& env, const BatchShape& shap
     return data;
   };
   const int dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim, r = m.kv_lora_rank;
-  DCP_ASSIGN_OR_RETURN(void* cache_d, filled(cache, size_t(num_blocks) * block * width, storage, 1));
+  DCP_ASSIGN_OR_RETURN(void* cache_d,
+                       filled(cache, size_t(num_blocks) * block * width, storage, 1));
   DCP_ASSIGN_OR_RETURN(void* w_uk_d, filled(w_uk, size_t(hl) * dn * r, storage, 0.05f));
   DCP_ASSIGN_OR_RETURN(void* w_uv_d, filled(w_uv, size_t(hl) * r * m.v_head_dim, storage, 0.05f));
   DCP_ASSIGN_OR_RETURN(void* q_nope_d, filled(q_nope, size_t(t) * hl * dn, storage, 1));
@@ -114,12 +127,16 @@ absl::StatusOr<LayerTimes> TimeEngineLayer(BenchEnv& env, const BatchShape& shap
   DCP_ASSIGN_OR_RETURN(void* kv_new_d, filled(kv_new, size_t(t) * width, storage, 1));
   DCP_ASSIGN_OR_RETURN(void* out_d, filled(out, size_t(t) * hl * m.v_head_dim, DType::kF32, 1));
   DCP_ASSIGN_OR_RETURN(void* lse_d, filled(lse, size_t(t) * hl, DType::kF32, 1));
-  DCP_ASSIGN_OR_RETURN(int32_t* topk_ptr, Upload(device, topk_d, topk));
+  DCP_ASSIGN_OR_RETURN(int32_t * topk_ptr, Upload(device, topk_d, topk));
   DCP_RETURN_IF_ERROR(device.Synchronize());
   const LayerWeightsView weights{w_uk_d, w_uv_d};
   const KvCacheView cache_view{cache_d, storage, num_blocks, block, width};
-  const LayerTensors tensors{q_nope_d, q_rope_d, kv_new_d, topk_ptr,
-                             static_cast<float*>(out_d), static_cast<float*>(lse_d)};
+  const LayerTensors tensors{q_nope_d,
+                             q_rope_d,
+                             kv_new_d,
+                             topk_ptr,
+                             static_cast<float*>(out_d),
+                             static_cast<float*>(lse_d)};
   DcpEngine& e = *engine;
   Communicator& comm = *env.comm;
   // Graphs need collectives that complete in stream order (NCCL); with host-staged ones the
@@ -149,17 +166,25 @@ absl::StatusOr<ModeResult> RunEngine(BenchEnv& env) {
       const absl::Status agreed = AgreeOnStatus(*env.bootstrap, times.status());
       std::vector<std::string> row = env.MetaCells();
       const bool measured = agreed.ok() && times->kernel_sum_us >= 0;
+      const bool graph_busy = agreed.ok() && times->graph_us >= 0 && times->graph_busy_us >= 0;
+      const bool eager_busy = agreed.ok() && times->eager_busy_us >= 0;
       const std::vector<std::string> cells = {
-          shape.spec, FormatInt(shape.requests.size()), FormatInt(shape.num_tokens),
-          FormatInt(shape.max_seq_len), FormatInt(heads), route_name(route),
+          shape.spec,
+          FormatInt(shape.requests.size()),
+          FormatInt(shape.num_tokens),
+          FormatInt(shape.max_seq_len),
+          FormatInt(heads),
+          route_name(route),
           agreed.ok() ? FormatFixed(times->plan_us, 1) : "-",
           agreed.ok() ? FormatFixed(times->host_us, 1) : "-",
           agreed.ok() ? FormatFixed(times->eager_us, 1) : "-",
           agreed.ok() && times->graph_us >= 0 ? FormatFixed(times->graph_us, 1) : "-",
           measured ? FormatFixed(times->kernel_sum_us, 1) : "-",
           measured ? FormatInt(times->graph_nodes) : "-",
-          measured ? FormatFixed(times->graph_us - times->kernel_sum_us, 1) : "-",
-          measured ? FormatFixed(times->eager_us - times->kernel_sum_us, 1) : "-",
+          graph_busy ? FormatFixed(times->graph_busy_us, 1) : "-",
+          eager_busy ? FormatFixed(times->eager_busy_us, 1) : "-",
+          graph_busy ? FormatFixed(times->graph_us - times->graph_busy_us, 1) : "-",
+          eager_busy ? FormatFixed(times->eager_us - times->eager_busy_us, 1) : "-",
           agreed.ok() ? "ok" : std::string(agreed.message())};
       row.insert(row.end(), cells.begin(), cells.end());
       if (!agreed.ok()) ++result.num_failed;
@@ -167,15 +192,23 @@ absl::StatusOr<ModeResult> RunEngine(BenchEnv& env) {
         table.AddNote(absl::StrCat(spec, " at ", heads, " heads: no kernel sum (",
                                    times->kernel_sum_note, ")"));
       }
+      if (agreed.ok() && !times->busy_note.empty()) {
+        table.AddNote(
+            absl::StrCat(spec, " at ", heads, " heads: no busy time (", times->busy_note, ")"));
+      }
       table.AddRow(std::move(row));
     }
   }
-  table.AddNote("plan us: DcpEngine::Plan of the step (a re-plan, once per step, not per "
-                "layer); host us: time inside DcpEngine::Run on the host per layer (enqueue); eager us: "
-                "wall time per layer of Runs back to back on one stream; graph us: the layer "
-                "captured once in a CUDA graph, replays back to back (NCCL only); kernels us: the sum "
-                "of the graph's nodes (kernels, copies, memsets), each timed alone; ovh us: graph "
-                "or eager time minus that sum (launch gaps, host time the device waits for).");
+  table.AddNote(
+      "plan us: DcpEngine::Plan of the step (a re-plan, once per step, not per "
+      "layer); host us: time inside DcpEngine::Run on the host per layer (enqueue); eager us: "
+      "wall time per layer of Runs back to back on one stream; graph us: the layer "
+      "captured once in a CUDA graph, replays back to back (NCCL only); kernels us: the sum "
+      "of the graph's nodes (kernels, copies, memsets), each timed alone; busy us: the "
+      "GPU's busy time per layer as the layer ran (CUPTI: the union of its kernels', "
+      "copies' and memsets' intervals, from a traced repeat of the same Runs or "
+      "replays); ovh us: graph or eager time minus its busy time, the time the GPU "
+      "sat idle inside the layer (launch gaps, host time the device waits for).");
   result.tables.push_back({"", std::move(table)});
   return result;
 }

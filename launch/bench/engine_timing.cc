@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "core/cuda/cuda_status.h"
+#include "launch/bench/gpu_busy_trace.h"
 #include "launch/bench/graph_node_times.h"
 #endif
 
@@ -50,6 +51,23 @@ absl::StatusOr<LayerTimes> TimeLayer(bool on_gpu, bool graph_on, int warmup, int
     DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
     times.eager_us = Since(start) / iters;
     times.host_us = host / iters;
+    // The busy time comes from a traced repeat: tracing slows the launches down, so the layer
+    // time above stays the untraced one.
+    auto note_busy = [&](const absl::StatusOr<GpuBusy>& busy, double* busy_us) {
+      if (busy.ok()) {
+        *busy_us = busy->busy_us / iters;
+      } else if (times.busy_note.empty()) {
+        times.busy_note = std::string(busy.status().message());
+      }
+    };
+    if (GpuBusyTraceAvailable()) {
+      note_busy(TraceGpuBusy([&]() -> absl::Status {
+                  for (int i = 0; i < iters; ++i) DCP_RETURN_IF_ERROR(run(stream));
+                  DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
+                  return absl::OkStatus();
+                }),
+                &times.eager_busy_us);
+    }
     if (!graph_on) return absl::OkStatus();
 
     cudaGraph_t graph = nullptr;
@@ -77,6 +95,15 @@ absl::StatusOr<LayerTimes> TimeLayer(bool on_gpu, bool graph_on, int warmup, int
     DCP_RETURN_IF_ERROR(watch());
     DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
     times.graph_us = Since(start) / iters;
+    if (GpuBusyTraceAvailable()) {
+      note_busy(TraceGpuBusy([&]() -> absl::Status {
+                  for (int i = 0; i < iters; ++i) DCP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+                  DCP_RETURN_IF_ERROR(watch());
+                  DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
+                  return absl::OkStatus();
+                }),
+                &times.graph_busy_us);
+    }
     cudaGraphExecDestroy(exec);
     return absl::OkStatus();
   };

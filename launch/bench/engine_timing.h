@@ -21,6 +21,13 @@ struct LayerTimes {
   double kernel_sum_us = -1;
   int graph_nodes = 0;
   std::string kernel_sum_note;  // why kernel_sum_us is -1 when the graph ran
+  // GPU busy time per layer (gpu_busy_trace.h: the union of the kernels', copies' and memsets'
+  // intervals as they ran in sequence), from a traced repeat of the eager Runs and of the graph
+  // replays; -1 where not traced. Layer time minus this is the time the GPU sat idle: the
+  // host-side overhead.
+  double eager_busy_us = -1;
+  double graph_busy_us = -1;
+  std::string busy_note;  // why a busy time is -1 where a trace was possible
 };
 
 // `run(stream)` enqueues one layer on `stream`; `watch()` puts replayed work under the
