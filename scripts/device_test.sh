@@ -12,8 +12,9 @@
 #   7. prints a short summary last.
 # Logs go to $OUT (the device tool's output folder) or /tmp/dcp-device-out, at most 7 files
 # (summary, build, ctest, sanitizer, bench, dcp_run logs): the tool returns 8 at most.
-# Environment: DCP_STAGES (default "build test sanitize bench run"), DCP_CTEST_ARGS (extra
-# ctest arguments, e.g. "-R cuda"), DCP_JOBS (build jobs, default nproc).
+# Environment: DCP_STAGES (default "build test sanitize bench engine run"), DCP_CTEST_ARGS
+# (extra ctest arguments, e.g. "-R cuda"), DCP_JOBS (build jobs, default nproc),
+# DCP_BUILD_TARGETS (ninja targets, default all), DCP_ENGINE_BATCHES.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
@@ -63,7 +64,8 @@ if has_stage build; then
     note "configure: FAILED (see build.log)"
     exit 1
   fi
-  if ! ninja -C "$build" -j "$jobs" -k 0 >>"$out/build.log" 2>&1; then
+  # shellcheck disable=SC2086
+  if ! ninja -C "$build" -j "$jobs" -k 0 ${DCP_BUILD_TARGETS:-} >>"$out/build.log" 2>&1; then
     grep -E "error|FAILED" "$out/build.log" | head -40
     note "build: FAILED (see build.log); continuing with what built"
     failures=$((failures + 1))
