@@ -61,9 +61,20 @@ bool SmallMGemmEnabled() {
 
 namespace {
 
-bool TakesSmallM(const GemmParams& p) {
-  return SmallMGemmEnabled() && p.m <= kSmallMGemmDispatchMaxM && SmallMGemmFits(p);
+enum class SmallMKernel { kNone, kSimt, kTensorCore };
+
+// Which small-M kernel takes a GEMM (gemm_small_m.h): the tensor-core one up to
+// kSmallMGemmDispatchMaxM rows; with DCP_SMALL_M_SIMT=1 the CUDA-core one at one row (the
+// dispatch before the tensor-core kernel, kept to compare); else cuBLAS.
+SmallMKernel SmallMKernelFor(const GemmParams& p) {
+  static const bool simt = std::getenv("DCP_SMALL_M_SIMT") != nullptr;
+  if (!SmallMGemmEnabled()) return SmallMKernel::kNone;
+  if (simt) return p.m <= 1 && SmallMGemmFits(p) ? SmallMKernel::kSimt : SmallMKernel::kNone;
+  return p.m <= kSmallMGemmDispatchMaxM && SmallMTcGemmFits(p) ? SmallMKernel::kTensorCore
+                                                                 : SmallMKernel::kNone;
 }
+
+bool TakesSmallM(const GemmParams& p) { return SmallMKernelFor(p) != SmallMKernel::kNone; }
 
 }  // namespace
 
@@ -74,7 +85,14 @@ bool GemmSupports(const GemmParams& p) {
 
 absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream) {
   DCP_RETURN_IF_ERROR(CheckParams(p));
-  if (TakesSmallM(p)) return GemmSmallM(p, stream);
+  switch (SmallMKernelFor(p)) {
+    case SmallMKernel::kTensorCore:
+      return GemmSmallMTc(p, stream);
+    case SmallMKernel::kSimt:
+      return GemmSmallM(p, stream);
+    case SmallMKernel::kNone:
+      break;
+  }
   return GemmCublas(handle, p, stream);
 }
 

@@ -1,5 +1,10 @@
-// Small-M GEMM batched over heads: C[h] = alpha * A[h] op(B[h]) + beta * C[h] with few rows per
-// head (the decode projections: M = tokens, one GEMM per head). The weights are streamed once
+// Small-M GEMMs batched over heads: C[h] = alpha * A[h] op(B[h]) + beta * C[h] with few rows per
+// head (the decode projections: M = tokens, one GEMM per head). Two kernels:
+// - GemmSmallMTc (gemm_small_m_tc_kernel.cuh), m <= 64: each block brings its whole slice of
+//   the weights into shared memory with cp.async (issued before the previous kernel is waited
+//   for) and runs bf16 mma.sync over it; A is rounded to bf16 (as cuBLAS's path converts it).
+//   cuda::Gemm sends 1 <= m <= kSmallMGemmDispatchMaxM here.
+// - GemmSmallM (CUDA cores, below), m <= 16, A read as F32 when it is F32. The weights are streamed once
 // and the rows of A applied to each weight vector as it arrives (CUDA-core FMAs, fp32
 // accumulation). Row-major, strided per head exactly as GemmParams. What it buys over cuBLAS
 // is not GPU time (H200, M = 1, 128 heads x 128 x 512: 7.3 us against cuBLAS's 6.5, 55%
@@ -23,12 +28,21 @@ namespace dcp::cuda {
 
 // Rows per head the small-M kernel takes (row tiles 1..16 compiled).
 constexpr int kSmallMGemmMaxM = 16;
-// Rows per head up to which cuda::Gemm sends a GEMM here, from the H200 measurements
-// (docs/engine_decode_latency.md): at 1 row the decode layer is faster on the host, eager and
-// graph-replayed; at 2 rows the two projections' extra GPU time (~3 us) exceeds what the
-// two saved launches give back in a replayed graph, at 4 rows by ~4 us (measured), so 2 and
-// more rows go to cuBLAS.
-constexpr int kSmallMGemmDispatchMaxM = 1;
+// Rows per head up to which cuda::Gemm sends a GEMM to a small-M kernel (the tensor-core one;
+// DCP_SMALL_M_SIMT=1 picks the CUDA-core one at m = 1 and cuBLAS above, as before it). The
+// CUDA-core kernel's GPU time grows with m (docs/engine_decode_latency.md: at 2 rows the two
+// decode projections cost ~3 us more than cuBLAS), the tensor-core kernel's does not.
+constexpr int kSmallMGemmDispatchMaxM = 64;
+// Rows per head the tensor-core kernel takes (4 tiles of 16).
+constexpr int kSmallMTcGemmMaxM = 64;
+
+// Whether the tensor-core small-M kernel takes these params (same rules as SmallMGemmFits,
+// m <= kSmallMTcGemmMaxM, and its shared-memory tile: K x 64 weights and 64 x K of A fit).
+bool SmallMTcGemmFits(const GemmParams& params);
+
+// Launches the tensor-core small-M kernel on `stream` (a programmatic dependent launch on
+// sm_90, as GemmSmallM); InvalidArgument when !SmallMTcGemmFits.
+absl::Status GemmSmallMTc(const GemmParams& params, cudaStream_t stream);
 
 // Whether the small-M kernel takes these params (dtypes, shape, alignment, shared memory).
 bool SmallMGemmFits(const GemmParams& params);

@@ -105,8 +105,8 @@ __device__ __forceinline__ void StoreC(const GemmSmallMArgs& p, int64_t index, f
 __device__ __forceinline__ void SideCopy(const GemmSmallMArgs& p) {
   if (p.side_rows == 0) return;
   const int64_t thread =
-      (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kSmallMThreads + threadIdx.x;
-  const int64_t threads = int64_t(gridDim.x) * gridDim.y * kSmallMThreads;
+      (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = int64_t(gridDim.x) * gridDim.y * blockDim.x;
   const int64_t unit = p.side_vector ? 16 : 1;
   const int64_t per_row = p.side_row_bytes / unit;
   for (int64_t i = thread; i < p.side_rows * per_row; i += threads) {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "launch/bench/bench_data.h"
@@ -526,7 +527,8 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
 }
 
 // The decode projections at 128 heads (DeepSeek-V3.2: Dn 128, R 512, Dv 128) with M rows per
-// head, the small-M kernel (gemm_small_m.h) against cuBLAS in the same run: memory rows (bytes =
+// head, the small-M kernels (gemm_small_m.h: CUDA cores "small", tensor cores "tc") against cuBLAS
+// in the same run: memory rows (bytes =
 // weights + A + C), the weights rotated over enough copies to miss L2 (60 MB on the H200) as a
 // model's 61 layers would, 16 launches per timed CUDA-graph replay (time_us is theirs: divide
 // by 16). CUDA ranks with bf16 storage only.
@@ -577,11 +579,15 @@ absl::Status KernelBench::MeasureSmallMGemm() {
       // "_hot": one copy of the weights, L2-resident after the first run (a benchmark that
       // repeats one layer's weights, as dcp_bench --mode engine does), at M = 1 only.
       for (int copies : {kCopies, 1}) {
-        for (bool small : {true, false}) {
+        for (const char* kernel : {"small", "tc", "cublas"}) {
+          const std::string_view which = kernel;
           p.b = weights.data();
-          if ((small && !cuda::SmallMGemmFits(p)) || (copies == 1 && m > 1)) continue;
+          if ((which == "small" && !cuda::SmallMGemmFits(p)) ||
+              (which == "tc" && !cuda::SmallMTcGemmFits(p)) || (copies == 1 && m > 1)) {
+            continue;
+          }
           const KernelRow row{
-              absl::StrCat("gemm_", shape.name, "_m", m, small ? "_small" : "_cublas",
+              absl::StrCat("gemm_", shape.name, "_m", m, "_", kernel,
                            copies == 1 ? "_hot" : "", "_x", kLaunches),
               nullptr, kHeads, int64_t(weight_count) * 2, 0, bytes * kLaunches};
           // kLaunches launches captured in one CUDA graph and replayed: GPU time only (an
@@ -599,8 +605,9 @@ absl::Status KernelBench::MeasureSmallMGemm() {
             for (int launch = 0; launch < kLaunches && captured.ok(); ++launch) {
               p.b = static_cast<const std::byte*>(weights.data()) +
                     weight_count * 2 * (launch % copies);
-              captured = small ? cuda::GemmSmallM(p, stream)
-                               : cuda::GemmCublas(cuda_device->cublas(), p, stream);
+              captured = which == "small" ? cuda::GemmSmallM(p, stream)
+                         : which == "tc"  ? cuda::GemmSmallMTc(p, stream)
+                                          : cuda::GemmCublas(cuda_device->cublas(), p, stream);
             }
             const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
             if (captured.ok() && ended != cudaSuccess) {

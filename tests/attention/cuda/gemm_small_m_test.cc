@@ -1,5 +1,7 @@
-// The small-M GEMM kernel (attention/cuda/gemm_small_m.h), directly and through cuda::Gemm's
-// dispatch, against float64 loops written here: both weight orientations (B stored [K, N] and
+// The small-M GEMM kernels (attention/cuda/gemm_small_m.h: the CUDA-core GemmSmallM and the
+// tensor-core GemmSmallMTc), directly and through cuda::Gemm's dispatch, against float64 loops
+// written here (the tensor-core kernel rounds an F32 A to bf16, its contract: the reference
+// takes that A): both weight orientations (B stored [K, N] and
 // [N, K]), BF16 and F32 outputs, M = 1, odd M, M at the crossover (kSmallMGemmMaxM), odd batch
 // counts, N and K off the kernel's tiles, padded leading dimensions, heads interleaved in C (the
 // absorb's layout: ldc = H * width, stride_c = width), a shared A (stride 0), A in F32,
@@ -31,6 +33,7 @@ struct Case {
   int64_t stride_a, stride_b, stride_c;
   float alpha = 1.f, beta = 0.f;
   bool through_dispatch = false;  // cuda::Gemm instead of GemmSmallM
+  bool tensor_core = false;       // GemmSmallMTc instead of GemmSmallM
   bool a_f32 = false;             // A F32 (B stays BF16)
   std::string name;
 };
@@ -60,11 +63,14 @@ class GemmSmallMTest : public GpuTest {
     const int64_t a_count = Span(c.batch, c.stride_a, c.m, c.lda, c.k);
     const int64_t b_count = Span(c.batch, c.stride_b, b_rows, c.ldb, b_cols);
     const int64_t c_count = Span(c.batch, c.stride_c, c.m, c.ldc, c.n);
-    // A as the kernel sees it (bf16-rounded unless F32), in float and double.
+    // A as the kernel sees it (bf16-rounded unless F32 into the CUDA-core kernel; the
+    // dispatch takes m <= 64 to the tensor-core kernel), in float and double.
     const std::vector<float> a_float = RandomFloats(rng, a_count);
     const std::vector<bf16> a_bf16 = ToBf16(a_float);
+    const bool a_rounded = !c.a_f32 || c.tensor_core ||
+                           (c.through_dispatch && c.m <= cuda::kSmallMGemmDispatchMaxM);
     const std::vector<double> a =
-        c.a_f32 ? std::vector<double>(a_float.begin(), a_float.end()) : ToDouble(a_bf16);
+        a_rounded ? ToDouble(a_bf16) : std::vector<double>(a_float.begin(), a_float.end());
     const std::vector<bf16> b = ToBf16(RandomFloats(rng, b_count, -0.1f, 0.1f));
     // C starts NaN (beta == 0: must not be read) or random (beta != 0: it is read).
     std::vector<float> c0_float = RandomFloats(rng, c_count);
@@ -91,10 +97,14 @@ class GemmSmallMTest : public GpuTest {
     p.lda = c.lda, p.ldb = c.ldb, p.ldc = c.ldc;
     p.stride_a = c.stride_a, p.stride_b = c.stride_b, p.stride_c = c.stride_c;
     p.alpha = c.alpha, p.beta = c.beta;
-    ASSERT_TRUE(cuda::SmallMGemmFits(p));
-    if (c.through_dispatch) ASSERT_TRUE(cuda::GemmSupports(p));
-    const absl::Status status =
-        c.through_dispatch ? cuda::Gemm(handle_, p, nullptr) : cuda::GemmSmallM(p, nullptr);
+    if (c.through_dispatch) {
+      ASSERT_TRUE(cuda::GemmSupports(p));
+    } else {
+      ASSERT_TRUE(c.tensor_core ? cuda::SmallMTcGemmFits(p) : cuda::SmallMGemmFits(p));
+    }
+    const absl::Status status = c.through_dispatch ? cuda::Gemm(handle_, p, nullptr)
+                                : c.tensor_core    ? cuda::GemmSmallMTc(p, nullptr)
+                                                   : cuda::GemmSmallM(p, nullptr);
     ASSERT_TRUE(status.ok()) << status;
     std::vector<double> got(c_count);
     std::vector<bf16> got_bf16;
@@ -164,6 +174,13 @@ TEST_F(GemmSmallMTest, BothOrientationsBothOutputs) {
   std::mt19937_64 rng(TestSeed());
   for (bool trans_b : {false, true}) {
     for (bool bf16_out : {false, true}) {
+      // The CUDA-core kernel's cases, each on the tensor-core kernel too.
+      auto Run = [&](std::mt19937_64& g, Case c) {
+        this->Run(g, c);
+        c.tensor_core = true;
+        c.name += " (tensor cores)";
+        this->Run(g, c);
+      };
       Run(rng, Plain(1, 128, 512, 7, trans_b, bf16_out, 0, "m1"));
       Run(rng, Plain(3, 72, 40, 5, trans_b, bf16_out, 8, "odd m, n and k off the tiles"));
       Run(rng, Plain(cuda::kSmallMGemmMaxM, 136, 256, 3, trans_b, bf16_out, 16, "crossover m"));
@@ -177,14 +194,41 @@ TEST_F(GemmSmallMTest, BothOrientationsBothOutputs) {
   }
 }
 
+// The tensor-core kernel beyond the CUDA-core one's rows: every m tile count (1-4), m off the
+// tiles, n off its 64- and 128-column blocks, k off its 16-steps, one and many heads, enough
+// heads that it takes 128-column blocks, and the shared-memory limit.
+TEST_F(GemmSmallMTest, TensorCoreRowsAndTiles) {
+  std::mt19937_64 rng(TestSeed());
+  for (bool trans_b : {false, true}) {
+    for (bool bf16_out : {false, true}) {
+      for (int m : {16, 17, 31, 33, 48, 63, 64}) {
+        Case c = Plain(m, 200, 136, 3, trans_b, bf16_out, 8, "rows");
+        c.tensor_core = true;
+        Run(rng, c);
+      }
+      Case wide = Plain(5, 520, 40, 300, trans_b, bf16_out, 0, "128-column blocks");
+      wide.tensor_core = true;
+      Run(rng, wide);
+      Case one = Plain(64, 8, 8, 1, trans_b, bf16_out, 0, "one head, one tile of 8 columns");
+      one.tensor_core = true;
+      Run(rng, one);
+      Case f32 = Plain(40, 72, 520, 2, trans_b, bf16_out, 8, "A F32, k past 512");
+      f32.a_f32 = true;
+      f32.tensor_core = true;
+      Run(rng, f32);
+    }
+  }
+}
+
 // The decode projections exactly as runtime/mla_projections.cc issues them (DeepSeek-V3.2:
 // Dn 128, R 512, Dr 64, Dv 128), at 128 and at an odd number of heads.
 TEST_F(GemmSmallMTest, DecodeProjectionShapes) {
   std::mt19937_64 rng(TestSeed());
   constexpr int dn = 128, r = 512, dr = 64, dv = 128, width = r + dr;
   for (int heads : {128, 13}) {
-    for (int tokens : {1, cuda::kSmallMGemmDispatchMaxM, 4, cuda::kSmallMGemmMaxM}) {
-      // Through cuda::Gemm up to the dispatch's crossover, the kernel directly beyond it.
+    for (int tokens : {1, 2, 4, 16, 64}) {
+      // Through cuda::Gemm (the tensor-core kernel at these rows), and the CUDA-core kernel
+      // directly where it takes the rows.
       const bool dispatch = tokens <= cuda::kSmallMGemmDispatchMaxM;
       // Absorb: q_nope [T, H, Dn] x w_uk[h] [Dn, R] -> q' [T, H, R + Dr] (bf16).
       Case absorb{tokens,
@@ -202,6 +246,11 @@ TEST_F(GemmSmallMTest, DecodeProjectionShapes) {
       absorb.through_dispatch = dispatch;
       absorb.name = "absorb";
       Run(rng, absorb);
+      if (tokens <= cuda::kSmallMGemmMaxM) {
+        absorb.through_dispatch = false;
+        absorb.name = "absorb, CUDA cores";
+        Run(rng, absorb);
+      }
       // Output: o_lat [T, H, R] x w_uv[h] [R, Dv] -> out [T, H, Dv] (fp32).
       Case out{tokens,
                dv,
@@ -221,6 +270,11 @@ TEST_F(GemmSmallMTest, DecodeProjectionShapes) {
       out.a_f32 = true;  // o_lat straight from the attention's fp32 output
       out.name = "project out, o_lat F32";
       Run(rng, out);
+      if (tokens <= cuda::kSmallMGemmMaxM) {
+        out.through_dispatch = false;
+        out.name = "project out, o_lat F32, CUDA cores";
+        Run(rng, out);
+      }
       // Up-projection of a few rows: kv_c [n, R] (shared by the heads) x w_uk[h]^T -> k.
       Case up{
           tokens,          dn,     r, heads, true, true, width, r, int64_t{heads} * (dn + dr), 0,
@@ -248,8 +302,11 @@ TEST_F(GemmSmallMTest, AlphaAndBetaReadC) {
 // otherwise; its rows only.
 TEST_F(GemmSmallMTest, SideCopy) {
   std::mt19937_64 rng(TestSeed());
-  for (int misalign : {0, 1}) {
-    SCOPED_TRACE("misalign " + std::to_string(misalign));
+  for (int variant = 0; variant < 4; ++variant) {
+    const int misalign = variant % 2;
+    const bool tensor_core = variant >= 2;
+    SCOPED_TRACE("misalign " + std::to_string(misalign) + " tensor cores " +
+                 std::to_string(tensor_core));
     const int rows = 37, row_bytes = 128 + misalign, src_pitch = 144, dst_pitch = 1152;
     std::vector<uint8_t> src(size_t(rows) * src_pitch + 16), dst(size_t(rows) * dst_pitch + 16);
     std::uniform_int_distribution<int> byte(0, 255);
@@ -273,8 +330,9 @@ TEST_F(GemmSmallMTest, SideCopy) {
     p.side.src_pitch = src_pitch;
     p.side.row_bytes = row_bytes;
     p.side.rows = rows;
-    ASSERT_TRUE(cuda::SmallMGemmFits(p));
-    const absl::Status status = cuda::GemmSmallM(p, nullptr);
+    ASSERT_TRUE(tensor_core ? cuda::SmallMTcGemmFits(p) : cuda::SmallMGemmFits(p));
+    const absl::Status status =
+        tensor_core ? cuda::GemmSmallMTc(p, nullptr) : cuda::GemmSmallM(p, nullptr);
     ASSERT_TRUE(status.ok()) << status;
     std::vector<uint8_t> want = dst;
     for (int row = 0; row < rows; ++row) {
@@ -334,6 +392,25 @@ TEST_F(GemmSmallMTest, RefusesWhatItCannotRun) {
   q = p;
   q.k = 0;
   refused(q, "k == 0 (C = beta C: cuBLAS)");
+  // The tensor-core kernel: rows past 64, a tile past its shared memory, and the same rules.
+  ASSERT_TRUE(cuda::SmallMTcGemmFits(p));
+  auto refused_tc = [&](GemmParams r, const char* why) {
+    EXPECT_FALSE(cuda::SmallMTcGemmFits(r)) << why;
+    EXPECT_EQ(cuda::GemmSmallMTc(r, nullptr).code(), absl::StatusCode::kInvalidArgument) << why;
+  };
+  q = p;
+  q.m = cuda::kSmallMTcGemmMaxM + 1;
+  refused_tc(q, "m past 64");
+  q = p;
+  q.k = 4096;
+  q.lda = 4096;
+  refused_tc(q, "K x 64 weights past the shared-memory tile");
+  q = p;
+  q.b = b.get() + 1;
+  refused_tc(q, "B not 16-byte aligned");
+  q = p;
+  q.trans_a = true;
+  refused_tc(q, "trans_a");
 }
 
 }  // namespace

@@ -1,0 +1,124 @@
+// Launcher of the tensor-core small-M GEMM (gemm_small_m.h, gemm_small_m_tc_kernel.cuh).
+#include <cstdint>
+
+#include "attention/cuda/gemm_small_m.h"
+#include "attention/cuda/gemm_small_m_tc_kernel.cuh"
+#include "attention/cuda/merge_states.h"
+#include "core/cuda/cuda_status.h"
+#include "core/status.h"
+
+namespace dcp::cuda {
+namespace {
+
+// Opt-in shared memory per block; the H200 allows 227 KiB, the tile stays well below.
+constexpr int64_t kTcMaxSharedBytes = 160 * 1024;
+// Blocks wanted in flight: below this the columns per block halve (128 -> 64) so that the
+// weight stream is spread over more SMs (w_uv at 128 heads: 128 blocks of 128 columns, 256 of
+// 64).
+constexpr int kTcMinBlocks = 256;
+
+bool Aligned(const void* pointer, int bytes) {
+  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
+}
+
+int BlocksFor(const GemmParams& p, int nt) { return (p.n + nt - 1) / nt * p.batch; }
+
+// Columns per block: 128 unless that leaves fewer than kTcMinBlocks blocks or overflows shared
+// memory, then 64; 0 when 64 does not fit either.
+int TcColumns(const GemmParams& p) {
+  const bool nk = p.trans_b;
+  if (BlocksFor(p, 128) >= kTcMinBlocks && TcSharedBytes(nk, p.m, p.k, 128) <= kTcMaxSharedBytes) {
+    return 128;
+  }
+  return TcSharedBytes(nk, p.m, p.k, 64) <= kTcMaxSharedBytes ? 64 : 0;
+}
+
+template <int N8, bool NK>
+absl::Status LaunchTc(const GemmSmallMArgs& args, dim3 grid, int64_t shared,
+                      cudaStream_t stream) {
+  auto* kernel = GemmSmallMTcKernel<N8, NK>;
+  // The attribute is set once per instantiation, to the most any call may ask for.
+  static const cudaError_t attribute = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTcMaxSharedBytes));
+  DCP_CUDA_CHECK(attribute);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kSmallMTcThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(shared);
+  config.stream = stream;
+  cudaLaunchAttribute attributes[1];
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  if (ProgrammaticLaunchEnabled()) {
+    config.attrs = attributes;
+    config.numAttrs = 1;
+  }
+  DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
+  DCP_CUDA_LAUNCH_CHECK("GemmSmallMTcKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool SmallMTcGemmFits(const GemmParams& p) {
+  if (p.b_dtype != DType::kBF16) return false;
+  if (p.a_dtype != DType::kBF16 && p.a_dtype != DType::kF32) return false;
+  if (p.c_dtype != DType::kF32 && p.c_dtype != DType::kBF16) return false;
+  if (p.trans_a || p.m < 1 || p.m > kSmallMTcGemmMaxM || p.n < 1 || p.k < 1) return false;
+  if (p.batch < 1 || p.batch > 65535) return false;
+  if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return false;
+  if (p.lda < p.k || p.ldc < p.n || p.ldb < (p.trans_b ? p.k : p.n)) return false;
+  if (p.stride_a < 0 || p.stride_b < 0 || p.stride_c < 0) return false;
+  if (p.batch > 1 && p.stride_c == 0) return false;
+  // 16-byte cp.async of B: 8 elements along its contiguous dimension, wholly inside or outside.
+  if (!Aligned(p.b, 16) || p.ldb % 8 != 0 || p.stride_b % 8 != 0) return false;
+  if ((p.trans_b ? p.k : p.n) % 8 != 0) return false;
+  const GemmParams::SideCopy& side = p.side;
+  if (side.rows > 0 && side.row_bytes > 0 &&
+      (side.dst == nullptr || side.src == nullptr || side.dst_pitch < side.row_bytes ||
+       side.src_pitch < side.row_bytes)) {
+    return false;
+  }
+  return TcColumns(p) > 0;
+}
+
+absl::Status GemmSmallMTc(const GemmParams& p, cudaStream_t stream) {
+  DCP_CHECK_ARG(SmallMTcGemmFits(p),
+                "GemmSmallMTc: params outside the tensor-core small-M kernel (m %d, n %d, k %d, "
+                "batch %d, dtypes %s x %s -> %s, trans_a %d, trans_b %d, ldb %d, stride_b %d)",
+                p.m, p.n, p.k, p.batch, dtype_name(p.a_dtype), dtype_name(p.b_dtype),
+                dtype_name(p.c_dtype), p.trans_a, p.trans_b, p.ldb, p.stride_b);
+  GemmSmallMArgs args{};
+  args.a = p.a;
+  args.a_f32 = p.a_dtype == DType::kF32;
+  args.b = static_cast<const __nv_bfloat16*>(p.b);
+  args.c = p.c;
+  args.c_bf16 = p.c_dtype == DType::kBF16;
+  args.m = p.m, args.n = p.n, args.k = p.k;
+  args.lda = p.lda, args.ldb = p.ldb, args.ldc = p.ldc;
+  args.stride_a = p.stride_a, args.stride_b = p.stride_b, args.stride_c = p.stride_c;
+  args.alpha = p.alpha, args.beta = p.beta;
+  const GemmParams::SideCopy& side = p.side;
+  if (side.rows > 0 && side.row_bytes > 0) {
+    args.side_dst = static_cast<std::byte*>(side.dst);
+    args.side_src = static_cast<const std::byte*>(side.src);
+    args.side_dst_pitch = side.dst_pitch;
+    args.side_src_pitch = side.src_pitch;
+    args.side_row_bytes = side.row_bytes;
+    args.side_rows = side.rows;
+    args.side_vector = Aligned(side.dst, 16) && Aligned(side.src, 16) &&
+                       side.dst_pitch % 16 == 0 && side.src_pitch % 16 == 0 &&
+                       side.row_bytes % 16 == 0;
+  }
+  const int nt = TcColumns(p);
+  const dim3 grid(static_cast<unsigned>((p.n + nt - 1) / nt), static_cast<unsigned>(p.batch));
+  const int64_t shared = TcSharedBytes(p.trans_b, p.m, p.k, nt);
+  if (nt == 128) {
+    return p.trans_b ? LaunchTc<4, true>(args, grid, shared, stream)
+                     : LaunchTc<4, false>(args, grid, shared, stream);
+  }
+  return p.trans_b ? LaunchTc<2, true>(args, grid, shared, stream)
+                   : LaunchTc<2, false>(args, grid, shared, stream);
+}
+
+}  // namespace dcp::cuda
