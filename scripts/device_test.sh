@@ -14,7 +14,8 @@
 # (summary, build, ctest, sanitizer, bench, dcp_run logs): the tool returns 8 at most.
 # Environment: DCP_STAGES (default "build test sanitize bench engine run"), DCP_CTEST_ARGS
 # (extra ctest arguments, e.g. "-R cuda"), DCP_JOBS (build jobs, default nproc),
-# DCP_BUILD_TARGETS (ninja targets, default all), DCP_ENGINE_BATCHES.
+# DCP_BUILD_TARGETS (ninja targets, default all), DCP_ENGINE_BATCHES, DCP_KERNEL_BATCHES,
+# DCP_BENCH_ONLY (the kernel bench's --only: kernel name prefixes).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
@@ -108,7 +109,7 @@ if has_stage sanitize; then
   exe="$build/tests/attention/cuda/attention_cuda_test"
   if [ -x "$exe" ]; then
     DCP_REQUIRE_GPU=1 timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 "$exe" \
-        --gtest_filter='SparseMqaCudaTest.RaggedTopk*:SparseMqaCudaTest.OneKey*:SparseMqaCudaTest.SmallSplits*:TopkToSlotsCudaTest.CompactsLongRows:DenseMhaCudaTest.CausalRagged*:DenseMhaCudaTest.NonCausal*' \
+        --gtest_filter='SparseMqaCudaTest.RaggedTopk*:SparseMqaCudaTest.OneKey*:SparseMqaCudaTest.SmallSplits*:TopkToSlotsCudaTest.CompactsLongRows:DenseMhaCudaTest.CausalRagged*:DenseMhaCudaTest.NonCausal*:GemmSmallMTest.*' \
         >"$out/one_sanitizer_run.log" 2>&1
     code=$?
     [ "$code" -eq 0 ] || failures=$((failures + 1))
@@ -124,7 +125,7 @@ if has_stage bench; then
   if [ -x "$build/launch/bench/dcp_bench" ]; then
     timeout 240 mpirun -np 1 "$build/launch/bench/dcp_bench" --mode kernels --device cuda \
         --model deepseek_v32 --heads 16,128 -w 3 -n 10 --batches "${DCP_KERNEL_BATCHES:-q1kv4k,64q1kv4k,q1k,q4k}" \
-        --csv "$out/kernels.csv" >"$out/bench.txt" 2>&1
+        ${DCP_BENCH_ONLY:+--only "$DCP_BENCH_ONLY"} --csv "$out/kernels.csv" >"$out/bench.txt" 2>&1
     note "bench: exit $?"
   else
     note "bench: dcp_bench not built"
