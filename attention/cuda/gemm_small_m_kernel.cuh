@@ -42,6 +42,8 @@ struct GemmSmallMArgs {
   bool c_bf16;             // C's dtype: BF16, else F32
   int m, n, k;
   int col_threads;  // [K, N] kernel: threads per row of B (8, 16 or 32: 8 columns each)
+  bool a_vector;    // tensor-core kernel: A read 16 bytes at a time (a, lda, stride_a and k
+                    // allow it: 4 F32 or 8 BF16 elements, 16-byte aligned)
   int64_t lda, ldb, ldc;
   int64_t stride_a, stride_b, stride_c;
   float alpha, beta;  // beta == 0: C is not read

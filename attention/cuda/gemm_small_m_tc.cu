@@ -110,6 +110,9 @@ absl::Status GemmSmallMTc(const GemmParams& p, cudaStream_t stream) {
                        side.dst_pitch % 16 == 0 && side.src_pitch % 16 == 0 &&
                        side.row_bytes % 16 == 0;
   }
+  const int per_vector = args.a_f32 ? 4 : 8;  // elements in 16 bytes
+  args.a_vector = Aligned(p.a, 16) && p.lda % per_vector == 0 && p.stride_a % per_vector == 0 &&
+                  p.k % per_vector == 0;
   const int nt = TcColumns(p);
   const dim3 grid(static_cast<unsigned>((p.n + nt - 1) / nt), static_cast<unsigned>(p.batch));
   const int64_t shared = TcSharedBytes(p.trans_b, p.m, p.k, nt);

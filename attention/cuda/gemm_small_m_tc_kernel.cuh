@@ -3,11 +3,13 @@
 //
 // Block = (NT columns of C, head), 128 threads (4 warps, NT / 4 columns each: 2 or 4 n8 tiles).
 // The block's whole slice of B (all of K x NT columns) is brought into shared memory with 16-byte
-// cp.async in one go - the loads are issued before griddepcontrol.wait (weights are never
-// written by the stream), so the weight stream overlaps the previous kernel's tail and every
-// byte is in flight at once - then A (the block's m rows, converted to bf16, zero-padded to a
-// multiple of 16 rows and of 16 in K) is staged, and each warp runs ceil(m / 16) x NT / 32
-// row-by-column tiles of mma over K. The GEMM is bound by the weight stream: the tensor cores
+// cp.async in one go, in commit groups of 64 rows of K - the loads are issued before
+// griddepcontrol.wait (weights are never written by the stream), so the weight stream overlaps
+// the previous kernel's tail and every byte is in flight at once - then A (the block's m rows,
+// converted to bf16, zero-padded to a multiple of 16 rows and of 16 in K: the padding before
+// the wait, the values after it with 8 loads in flight per thread) is staged, and each warp
+// runs ceil(m / 16) x NT / 32 row-by-column tiles of mma over K, each group of K as soon as it
+// has landed. The GEMM is bound by the weight stream: the tensor cores
 // keep the arithmetic off the critical path at any m <= 64 (the CUDA-core kernel's FMAs grow
 // with m).
 //
@@ -31,6 +33,31 @@ namespace dcp::cuda {
 
 constexpr int kSmallMTcThreads = 128;
 constexpr int kSmallMTcMaxMTiles = 4;  // m <= 64
+constexpr int kKChunk = 64;            // rows of K per cp.async commit group
+constexpr int kAUnroll = 8;            // A loads in flight per thread
+constexpr int kMaxKGroups = 16;        // commit groups the waits are compiled for (k <= 1024)
+
+// cp.async.wait_group takes an immediate: the runtime count of groups that may stay pending.
+__device__ __forceinline__ void CpAsyncWaitPending(int pending) {
+  switch (pending) {
+    case 0: CpAsyncWait<0>(); break;
+    case 1: CpAsyncWait<1>(); break;
+    case 2: CpAsyncWait<2>(); break;
+    case 3: CpAsyncWait<3>(); break;
+    case 4: CpAsyncWait<4>(); break;
+    case 5: CpAsyncWait<5>(); break;
+    case 6: CpAsyncWait<6>(); break;
+    case 7: CpAsyncWait<7>(); break;
+    case 8: CpAsyncWait<8>(); break;
+    case 9: CpAsyncWait<9>(); break;
+    case 10: CpAsyncWait<10>(); break;
+    case 11: CpAsyncWait<11>(); break;
+    case 12: CpAsyncWait<12>(); break;
+    case 13: CpAsyncWait<13>(); break;
+    case 14: CpAsyncWait<14>(); break;
+    default: CpAsyncWait<15>(); break;  // more pending than this: wait a little early
+  }
+}
 
 // Padded row pitches in elements.
 __host__ __device__ constexpr int64_t TcKPadded(int k) { return (k + 15) / 16 * 16; }
@@ -61,36 +88,115 @@ __global__ void __launch_bounds__(kSmallMTcThreads)
   const int m_tiles = (p.m + 15) / 16;
   const int n_base = blockIdx.x * kNt;
 
-  // 1. The block's B slice, all of it in flight: rows of 16-byte chunks.
+  // 1. The block's B slice, all of it in flight, in commit groups of kKChunk rows of K each
+  //    (kn: rows of B; nk: columns), so that the mma over the first group starts while the
+  //    later ones still arrive.
+  const int groups = (kp + kKChunk - 1) / kKChunk;
   {
     const __nv_bfloat16* b = p.b + head * p.stride_b;
-    const int chunks_per_row = NK ? kp / 8 : kNt / 8;
-    const int chunks = static_cast<int>(b_rows) * chunks_per_row;
-    for (int i = tid; i < chunks; i += kSmallMTcThreads) {
-      const int row = i / chunks_per_row, chunk = i - row * chunks_per_row;
-      // kn: row = k, chunk covers columns n_base + 8 chunk ..; nk: row = n, chunk covers k.
-      const int64_t k = NK ? int64_t(chunk) * 8 : row;
-      const int64_t n = NK ? n_base + row : n_base + int64_t(chunk) * 8;
-      const bool valid = k < p.k && n < p.n;  // k % 8 == 0 (nk) and n % 8 == 0 (kn): whole
-      const __nv_bfloat16* source = valid ? (NK ? b + n * p.ldb + k : b + k * p.ldb + n) : p.b;
-      CpAsync16(SmemAddress(bs + row * b_pitch + chunk * 8), source, valid);
+    if constexpr (NK) {
+      // Bs[n][k]: for each group, kNt rows x (kKChunk / 8) chunks.
+      constexpr int kChunksPerRow = kKChunk / 8;
+      for (int group = 0; group < groups; ++group) {
+        for (int i = tid; i < kNt * kChunksPerRow; i += kSmallMTcThreads) {
+          const int row = i / kChunksPerRow;
+          const int k = group * kKChunk + (i - row * kChunksPerRow) * 8;
+          const int64_t n = n_base + row;
+          const bool valid = k < p.k && n < p.n;  // k % 8 == 0: a chunk is wholly in or out
+          if (k < kp) {
+            CpAsync16(SmemAddress(bs + row * b_pitch + k), valid ? b + n * p.ldb + k : p.b,
+                      valid);
+          }
+        }
+        CpAsyncCommit();
+      }
+    } else {
+      // Bs[k][n]: for each group, kKChunk rows x (kNt / 8) chunks.
+      constexpr int kChunksPerRow = kNt / 8;
+      for (int group = 0; group < groups; ++group) {
+        for (int i = tid; i < kKChunk * kChunksPerRow; i += kSmallMTcThreads) {
+          const int k = group * kKChunk + i / kChunksPerRow;
+          const int column = (i % kChunksPerRow) * 8;
+          const int64_t n = n_base + column;
+          const bool valid = k < p.k && n < p.n;  // n % 8 == 0
+          if (k < kp) {
+            CpAsync16(SmemAddress(bs + k * b_pitch + column), valid ? b + k * p.ldb + n : p.b,
+                      valid);
+          }
+        }
+        CpAsyncCommit();
+      }
     }
-    CpAsyncCommit();
+  }
+  // 2a. A's zero padding (rows m.., columns k..) does not depend on the previous kernel.
+  {
+    const int pad_chunks = (16 * m_tiles - p.m) * (kp / 8);  // whole rows, 16 bytes at a time
+    for (int i = tid; i < pad_chunks; i += kSmallMTcThreads) {
+      const int row = p.m + i / (kp / 8), chunk = i % (kp / 8);
+      *reinterpret_cast<uint4*>(as + row * a_pitch + chunk * 8) = make_uint4(0, 0, 0, 0);
+    }
+    const int tail = kp - p.k;  // columns k.. of the m rows
+    for (int i = tid; i < p.m * tail; i += kSmallMTcThreads) {
+      const int row = i / tail;
+      as[row * a_pitch + p.k + (i - row * tail)] = __float2bfloat16_rn(0.f);
+    }
   }
   GridDependencyWait();  // A and C are the previous kernel's to write until here
 
-  // 2. A, as bf16 rows, zero-padded to 16 m_tiles rows and kp columns.
+  // 2b. A's m x k values as bf16, kAUnroll independent loads in flight per thread: 16 bytes
+  //     each where A allows it (a_vector), else one element each.
   {
     const int64_t a_base = head * p.stride_a;
-    const int rows = 16 * m_tiles;
-    for (int i = tid; i < rows * kp; i += kSmallMTcThreads) {
-      const int m = i / kp, x = i - m * kp;
-      const float value = m < p.m && x < p.k ? LoadA(p, a_base + m * p.lda + x) : 0.f;
-      as[m * a_pitch + x] = __float2bfloat16_rn(value);
+    if (p.a_vector) {
+      const int per_vector = p.a_f32 ? 4 : 8;
+      const int row_vectors = p.k / per_vector;
+      const int total = p.m * row_vectors;
+      for (int base = 0; base < total; base += kSmallMTcThreads * kAUnroll) {
+        uint4 values[kAUnroll];
+#pragma unroll
+        for (int u = 0; u < kAUnroll; ++u) {
+          const int i = base + u * kSmallMTcThreads + tid;
+          const int m = i / row_vectors, x = (i - m * row_vectors) * per_vector;
+          values[u] = i < total ? *reinterpret_cast<const uint4*>(
+                                      static_cast<const char*>(p.a) +
+                                      (a_base + m * p.lda + x) * (p.a_f32 ? 4 : 2))
+                                : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kAUnroll; ++u) {
+          const int i = base + u * kSmallMTcThreads + tid;
+          if (i >= total) continue;
+          const int m = i / row_vectors, x = (i - m * row_vectors) * per_vector;
+          __nv_bfloat16* dst = as + m * a_pitch + x;
+          if (p.a_f32) {
+            const uint2 packed =
+                make_uint2(PackBf16(__uint_as_float(values[u].x), __uint_as_float(values[u].y)),
+                           PackBf16(__uint_as_float(values[u].z), __uint_as_float(values[u].w)));
+            *reinterpret_cast<uint2*>(dst) = packed;
+          } else {
+            *reinterpret_cast<uint4*>(dst) = values[u];
+          }
+        }
+      }
+    } else {
+      const int total = p.m * p.k;
+      for (int base = 0; base < total; base += kSmallMTcThreads * kAUnroll) {
+        float values[kAUnroll];
+#pragma unroll
+        for (int u = 0; u < kAUnroll; ++u) {
+          const int i = base + u * kSmallMTcThreads + tid;
+          const int m = i / p.k, x = i - m * p.k;
+          values[u] = i < total ? LoadA(p, a_base + m * p.lda + x) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < kAUnroll; ++u) {
+          const int i = base + u * kSmallMTcThreads + tid;
+          const int m = i / p.k, x = i - m * p.k;
+          if (i < total) as[m * a_pitch + x] = __float2bfloat16_rn(values[u]);
+        }
+      }
     }
   }
-  CpAsyncWait<0>();
-  __syncthreads();
   TriggerDependents();
 
   // 3. The warp's tiles: m_tiles x N8 n8 tiles, over K in steps of 16.
@@ -107,6 +213,11 @@ __global__ void __launch_bounds__(kSmallMTcThreads)
   // ldmatrix x4 addresses: matrix q = lane / 8, row r = lane % 8.
   const int q = lane >> 3, r = lane & 7;
   for (int k0 = 0; k0 < kp; k0 += 16) {
+    if (k0 % kKChunk == 0) {
+      // Group k0 / kKChunk has landed (this thread's copies), then everyone's, and A.
+      CpAsyncWaitPending(groups - 1 - k0 / kKChunk);
+      __syncthreads();
+    }
     uint32_t b[N8][2];
 #pragma unroll
     for (int j = 0; j < N8; j += 2) {
