@@ -74,8 +74,7 @@ enum Sm90Barrier : int { kBarQ = 1, kBarMax = 2, kBarP = 3, kBarSum = 4, kBarCon
 
 // fp8_ds_mla rows (656 bytes: 512 e4m3 values in 4 tiles of 128, their 4 float32 scales at
 // byte 512, 64 bf16 k_pe at byte 528) fill the same bf16 swizzled half buffers as bf16 rows;
-// the raw bytes land in place and the CONSUMERS dequantize them (v5: the producer only
-// gathers, as for bf16 rows, so each half's gather starts the moment the half is freed):
+// the raw bytes land in place and are dequantized there (v6):
 //   - The raw placement, per row and lane8 = position / 8 of a 16-byte slot: in each fp8 tile
 //     f of a half (f0, f0 + 1; L: f0 = 0, R: f0 = 2), the 16 codes [16 lane8, +16) are values
 //     128 f + 16 lane8 + i, which land in bf16 tile 2 f + lane8 / 4 as the two 16-byte chunks
@@ -83,13 +82,88 @@ enum Sm90Barrier : int { kBarQ = 1, kBarMax = 2, kBarP = 3, kBarSum = 4, kBarCon
 //     The raw 16 codes are cp.async'd into the first chunk of that pair; the row's 16-byte
 //     scale block goes into the second chunk of lane8 0's pair in tile 2 f0; the rope (R
 //     halves) is bf16 already and goes straight into tile 8.
-//   - The producer's thread t = 8 group + lane8 issues rows group + 16 r (r < 4) and arrives on
-//     the half's ready barrier with cp.async.mbarrier.arrive.noinc (128 arrivals), like the
-//     bf16 producer; order L0, R1, R0, L1.
-//   - The consumer WG that computes S on a buffer converts it in place, one fp8 tile (two bf16
-//     tiles) at a time, with the same thread geometry (Sm90Fp8ConvertTile), and issues that
-//     step's wgmmas before converting the next tile, so the conversion of tile k + 1 overlaps
-//     the tensor work of tile k.
+//   - Who dequantizes: the halves each WG reads first (L0 for WG0, R1 for WG1; freed early, by
+//     the WG's own PV) are dequantized by the producer once they land, then published on their
+//     ready barrier (fence.proxy.async + 128 plain arrivals). The halves read second (R0, L1;
+//     freed late, after the cross PV) are only gathered by the producer (ready = landed,
+//     cp.async.mbarrier.arrive.noinc); the consumer WG that reads them dequantizes them itself,
+//     one fp8 tile (two bf16 tiles) at a time, while the wgmmas of its first half (and of the
+//     previous fp8 tile) run. So each half's gather starts when it is freed, and the 64 K
+//     values of a pair are converted by the producer and both consumer WGs in parallel.
+//   - Thread t = 8 group + lane8 of a warpgroup handles rows group + 16 r (r < 4): the same
+//     geometry for the producer's copies and every conversion (Sm90Fp8ConvertTile).
+//   - The conversion (Sm90DequantFp8x8) is exact and uses no conversion instruction but the
+//     final bf16 pack: the code's magnitude bits placed at bit 20 of a float are its value
+//     times 2^-120 (subnormal codes become float subnormals), two exact-or-once-rounded
+//     multiplies give fp32(value x scale), the sign is ORed into the bf16 result.
+// 8 e4m3 codes x a tile scale -> 8 bf16, bit-identical to DequantizeFp8x8ToBf16
+// (bf16(fp32(value x scale)), round to nearest even) with integer and fp32 arithmetic: the
+// magnitude bits of a code placed at bit 20 of a float are its value times 2^-120 (subnormal
+// codes become float subnormals, exactly); `a` and `b` (Sm90Fp8Factors) make
+// (x * b) * a one rounding of value x scale; the sign is ORed into the packed bf16 pair (RN
+// is symmetric). Codes 0x7F / 0xFF (e4m3 NaN) are never written (the quantizer saturates).
+__device__ __forceinline__ uint4 Sm90DequantFp8x8(uint2 codes, float a, float b) {
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t word = i < 2 ? codes.x : codes.y;
+    const uint32_t k = 2 * (i & 1);  // the pair's first byte in the word
+    const uint32_t magnitude = word & 0x7F7F7F7Fu;
+    // byte k (and k + 1) alone in byte 3, then down to bits 26..20.
+    const float x0 = __uint_as_float(__byte_perm(magnitude, 0, 0x0444u | (k << 12)) >> 4);
+    const float x1 = __uint_as_float(__byte_perm(magnitude, 0, 0x0444u | ((k + 1) << 12)) >> 4);
+    const __nv_bfloat162 rounded = __floats2bfloat162_rn(__fmul_rn(__fmul_rn(x0, b), a),
+                                                         __fmul_rn(__fmul_rn(x1, b), a));
+    // The codes' signs (bit 7 of bytes k, k + 1) to bits 15 and 31.
+    const uint32_t signs = __byte_perm(word, 0, 0x0404u | (k << 4) | ((k + 1) << 12));
+    out[i] = *reinterpret_cast<const uint32_t*>(&rounded) | (signs & 0x80008000u);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// The two factors of Sm90DequantFp8x8 for a tile scale s: (x * b) * a = x 2^120 s, exact
+// operands, one rounding: s < 2^8: b = 1, a = s 2^120 (finite); otherwise b = 2^120 (x b is the
+// code's value, a normal float), a = s.
+__device__ __forceinline__ void Sm90Fp8Factors(float s, float& a, float& b) {
+  const float k2p120 = __int_as_float(0x7B800000);  // 2^120
+  const bool small = s < 256.f;
+  a = small ? s * k2p120 : s;
+  b = small ? 1.f : k2p120;
+}
+
+// Dequantizes fp8 tile f of the landed raw rows of a K buffer in place (bf16 tiles 2 f and
+// 2 f + 1), thread t of a warpgroup taking the producer thread t's slots (rows t / 8 + 16 r,
+// r < 4). On the first tile of a half (first == true) the rows' scale chunks are read first
+// (into `scales`: the scales of tiles f and f + 1), then a __syncwarp (the 8 threads of a row
+// are in one warp) before lane8 0 overwrites the scale chunk with converted values (the raw
+// codes each thread reads are its own chunk: no ordering needed there).
+__device__ __forceinline__ void Sm90Fp8ConvertTile(uint32_t buffer, int f, bool first,
+                                                   float (&scales)[4][2]) {
+  using namespace sm90;
+  constexpr int kTileBytes = 64 * 64 * 2;
+  const int t = threadIdx.x % 128;
+  const int group = t / 8, lane8 = t % 8;
+  const uint32_t tile = buffer + (2 * f + lane8 / 4) * kTileBytes;
+  const uint32_t lo = TileChunk(group, 2 * (lane8 % 4)), hi = TileChunk(group, 2 * (lane8 % 4) + 1);
+  if (first) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float4 s = LdShared128f(buffer + 2 * f * kTileBytes + 2048 * r + TileChunk(group, 1));
+      scales[r][0] = f == 0 ? s.x : s.z;
+      scales[r][1] = f == 0 ? s.y : s.w;
+    }
+    __syncwarp();
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const uint4 raw = LdShared128(tile + 2048 * r + lo);
+    float a, b;
+    Sm90Fp8Factors(first ? scales[r][0] : scales[r][1], a, b);
+    StShared128(tile + 2048 * r + lo, Sm90DequantFp8x8(make_uint2(raw.x, raw.y), a, b));
+    StShared128(tile + 2048 * r + hi, Sm90DequantFp8x8(make_uint2(raw.z, raw.w), a, b));
+  }
+}
+
 template <class Config>
 __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
     const SparseMqaParams& p, const SparseMqaWork& work, int first_block, int num_pairs,
@@ -154,6 +228,16 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
                key < key_end ? token_indices + key : token_indices, key < key_end);
     }
   };
+  // Dequantize this thread's chunks of a landed half in place, then publish it.
+  auto convert = [&](int which, int f0, int half) {
+    __syncwarp();  // lane8 0's scale chunks landed (each lane waited for its own cp.async)
+    float scales[4][2];
+    const uint32_t buffer = Opaque(k_base[which]);
+    Sm90Fp8ConvertTile(buffer, f0, true, scales);
+    Sm90Fp8ConvertTile(buffer, f0 + 1, false, scales);
+    FenceProxyAsync();
+    MbarrierArrive(ready_bar + 8 * half);
+  };
   for (int pair = 0; pair < num_pairs; ++pair) {
     const int b0 = first_block + 2 * pair, b1 = b0 + 1;
     const int free_parity = (pair & 1) ^ 1;
@@ -162,51 +246,25 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
     MbarrierWait(free_bar + 8 * kL0, free_parity);
     issue(0, 0, false);
     copy_indices(0, b0);
-    CpAsyncMbarrierArrive(ready_bar + 8 * kL0);
+    CpAsyncCommit();
     MbarrierWait(free_bar + 8 * kR1, free_parity);
     issue(1, 2, true);
     copy_indices(1, b1);
-    CpAsyncMbarrierArrive(ready_bar + 8 * kR1);
+    CpAsyncCommit();
+    // R0 and L1 (freed after the cross PV): gathered only, the consumers dequantize them.
     MbarrierWait(free_bar + 8 * kR0, free_parity);
     issue(0, 2, true);
     CpAsyncMbarrierArrive(ready_bar + 8 * kR0);
     MbarrierWait(free_bar + 8 * kL1, free_parity);
     issue(1, 0, false);
     CpAsyncMbarrierArrive(ready_bar + 8 * kL1);
+    // L0 and R1: dequantized here as their (committed) groups land.
+    CpAsyncWaitGroup<1>();
+    convert(0, 0, kL0);
+    CpAsyncWaitGroup<0>();
+    convert(1, 2, kR1);
   }
   CpAsyncWaitAll();
-}
-
-// Dequantizes fp8 tile f of the landed raw rows of a K buffer in place (bf16 tiles 2 f and
-// 2 f + 1), thread t of a consumer WG taking the producer thread t's slots (rows t / 8 + 16 r,
-// r < 4). On the first tile of a half (first == true) the rows' scale chunks are read first
-// (into `scales`: the scales of tiles f and f + 1), then a __syncwarp (the 8 threads of a row
-// are in one warp) before lane8 0 overwrites the scale chunk with converted values (the raw
-// codes each thread reads are its own chunk: no ordering needed there).
-__device__ __forceinline__ void Sm90Fp8ConvertTile(uint32_t buffer, int f, bool first,
-                                                   float (&scales)[4][2]) {
-  using namespace sm90;
-  constexpr int kTileBytes = 64 * 64 * 2;
-  const int t = threadIdx.x % 128;
-  const int group = t / 8, lane8 = t % 8;
-  const uint32_t tile = buffer + (2 * f + lane8 / 4) * kTileBytes;
-  const uint32_t lo = TileChunk(group, 2 * (lane8 % 4)), hi = TileChunk(group, 2 * (lane8 % 4) + 1);
-  if (first) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const float4 s = LdShared128f(buffer + 2 * f * kTileBytes + 2048 * r + TileChunk(group, 1));
-      scales[r][0] = f == 0 ? s.x : s.z;
-      scales[r][1] = f == 0 ? s.y : s.w;
-    }
-  }
-  if (first) __syncwarp();
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const uint4 raw = LdShared128(tile + 2048 * r + lo);
-    const float scale = first ? scales[r][0] : scales[r][1];
-    StShared128(tile + 2048 * r + lo, DequantizeFp8x8ToBf16(make_uint2(raw.x, raw.y), scale));
-    StShared128(tile + 2048 * r + hi, DequantizeFp8x8ToBf16(make_uint2(raw.z, raw.w), scale));
-  }
 }
 
 template <int kHeadDim, int kVDim, KvCacheDType kFormat>
@@ -382,48 +440,74 @@ __global__ void __launch_bounds__(384, 1)
     const uint64_t q_desc = Opaque(MakeDesc(q_base, 16, 1024));
     const uint64_t k_desc = Opaque(MakeDesc(own_k, 16, 1024));
     if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
-      // fp8 rows: four steps, one fp8 tile f each (WG0 f = 0, 1 | 2, 3; WG1 f = 2, 3 | 0, 1):
-      // wait for the half on its first tile, dequantize f in place (bf16 tiles 2 f, 2 f + 1),
-      // publish to this WG's wgmma (fence + 128-thread barrier), issue those tiles' wgmmas
-      // (and the rope tile 8 on the last step) without waiting for them: the next step's
-      // conversion runs while they execute. Straight-line code for both WGs.
-      float scales[4][2];
-      const int first_f = wg == 0 ? 0 : 2;
+      // fp8 rows. First half (dequantized by the producer): as for bf16 rows. Second half
+      // (landed raw): two steps, one fp8 tile f each (WG0 f = 2, 3; WG1 f = 0, 1): dequantize
+      // f in place, publish it to this WG's wgmma (fence + 128-thread barrier), issue its two
+      // tiles' wgmmas without waiting, so the conversion runs while the previous wgmmas
+      // execute. The rope tile 8 (bf16 as gathered) goes before them. Tile order WG0 0-3, 8,
+      // 4-7, WG1 4-7, 8, 0-3, as for bf16 rows (the tests compare both bit for bit).
+      MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
+      FenceProxyAsync();
+      WgmmaFence();
 #pragma unroll
-      for (int step = 0; step < 4; ++step) {
-        const int f = (first_f + step) % 4;
-        if (step == 0) MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
-        if (step == 2) MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
-        Sm90Fp8ConvertTile(own_k, f, step % 2 == 0, scales);
+      for (int i = 0; i < kLeftTiles; ++i) {
+        const int tile = first_tile + i;
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          const uint32_t k_step = (tile * kTileBytes + ks * 32) >> 4;
+          WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step, (i > 0 || ks > 0) ? 1 : 0);
+        }
+      }
+      WgmmaCommit();
+      float scales[4][2];
+      const int second_f = wg == 0 ? 2 : 0;
+      // The rope tile 8 first: bf16 already (WG0: R0's, landed; WG1: R1's, ready).
+      MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
+      FenceProxyAsync();
+      WgmmaFence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const uint32_t k_step = ((kTiles - 1) * kTileBytes + ks * 32) >> 4;
+        WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step, 1);
+      }
+      WgmmaCommit();
+#pragma unroll
+      for (int step = 0; step < 2; ++step) {
+        const int f = second_f + step;
+        Sm90Fp8ConvertTile(own_k, f, step == 0, scales);
         FenceProxyAsync();
         NamedBarrierSync(kBarConvert + wg, 128);
         WgmmaFence();
 #pragma unroll
-        for (int i = 0; i < (step == 3 ? 3 : 2); ++i) {
-          const int tile = i < 2 ? 2 * f + i : kTiles - 1;
+        for (int i = 0; i < 2; ++i) {
+          const int tile = 2 * f + i;
 #pragma unroll
           for (int ks = 0; ks < 4; ++ks) {
             const uint32_t k_step = (tile * kTileBytes + ks * 32) >> 4;
-            WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step, (step > 0 || i > 0 || ks > 0) ? 1 : 0);
+            WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step, 1);
           }
         }
         WgmmaCommit();
       }
     } else {
+      // WG0 walks tiles 0-3, 8, 4-7 and WG1 4-7, 8, 0-3: the rope tile fifth for both, as in
+      // the fp8 path, which must sum in the same order (its tests are bit-exact against this
+      // one). The same straight-line code for both WGs (a branch between wgmmas serialises
+      // them): WG0 waits for R0 before the rope tile, WG1 for L1 one tile earlier than it must.
       MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
       FenceProxyAsync();
       WgmmaFence();
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) {
-        // The same straight-line code for both WGs (a branch between wgmmas serialises them):
-        // WG1 waits for L1 after tiles 4-7, one tile earlier than it must.
         if (i == kLeftTiles) {
           WgmmaCommit();
           MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
           FenceProxyAsync();
           WgmmaFence();
         }
-        const int tile = (first_tile + i) % kTiles;
+        const int tile = i < kLeftTiles    ? first_tile + i
+                         : i == kLeftTiles ? kTiles - 1
+                                           : (first_tile ^ kLeftTiles) + i - kLeftTiles - 1;
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
           const uint32_t step = (tile * kTileBytes + ks * 32) >> 4;  // descriptor address units
