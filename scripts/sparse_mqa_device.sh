@@ -19,7 +19,7 @@
 #      merge cases.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
-# "build test bench engine nopdl sanitize"; ncu and worker are extra), DCP_TEST_FILTER, DCP_BENCH_ARGS (appended),
+# "build test bench engine nopdl sanitize"; ncu, variants and worker are extra), DCP_TEST_FILTER, DCP_BENCH_ARGS (appended),
 # DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -111,7 +111,7 @@ run_kernels() {  # $1: csv name; the rest: environment for the run
       --csv "/tmp/$name.csv" ${DCP_BENCH_ARGS:-} >"$out/$name.txt" 2>&1
   note "$name: exit $? ($(elapsed))"
   grep -E "copy_ceiling|gemm_ceiling|sparse_mqa|mqa|merge" "$out/$name.txt" | cut -c1-160 | tee -a "$summary"
-  fp8_ratios "/tmp/$name.csv"
+  fp8_ratios "/tmp/$name.csv" | tee -a "$summary"
 }
 # fp8_ds_mla rows against bf16 rows, same kernel and selection, from a kernels CSV: each
 # "sparse_mqa_sm90_fp8 <shape>" row against "sparse_mqa_sm90 <shape>" (speed-up = bf16 time /
@@ -119,7 +119,8 @@ run_kernels() {  # $1: csv name; the rest: environment for the run
 fp8_ratios() {
   [ -f "$1" ] || return 0
   awk -F, 'NR == 1 { for (i = 1; i <= NF; ++i) col[$i] = i; next }
-    { k = $col["kernel"]; if (col["batch"]) k = k "|" $col["batch"] "|" $col["heads"];
+    { k = $col["kernel"]  # shape rows name their shape; batch rows add batch and heads
+      if (k !~ /^sparse_mqa_sm/ && col["batch"]) k = k "|" $col["batch"] "|" $col["heads"]
       t[k] = $col["time_us"]; f[k] = $col["tflops"]; order[n++] = k }
     END { for (i = 0; i < n; ++i) { k = order[i]; b = k
             if (sub(/^sparse_mqa_sm90_fp8 /, "sparse_mqa_sm90 ", b) == 0 &&
@@ -127,7 +128,7 @@ fp8_ratios() {
             if (!(b in t) || t[k] <= 0) continue
             printf "fp8 vs bf16: %-44s bf16 %9.1f us  fp8 %9.1f us  speed-up %.2fx  TF/s %.1f vs %.1f (%+.0f%%)\n",
                    k, t[b], t[k], t[b] / t[k], f[b], f[k], (f[b] > 0 ? (f[k] / f[b] - 1) * 100 : 0) } }' \
-      "$1" | tee -a "$summary"
+      "$1"
 }
 run_engine() {
   local name=$1
@@ -140,6 +141,31 @@ run_engine() {
 }
 if has_stage bench && [ "$hung" -eq 0 ]; then run_kernels kernels DCP_BENCH_RUN=1; fi
 if has_stage engine && [ "$hung" -eq 0 ]; then run_engine engine DCP_BENCH_RUN=1; fi
+# Stage variants: the other fp8 variants of the wgmma kernel (DCP_SPARSE_MQA_FP8_VARIANT 0, 2;
+# the default is 1): fp8_cuda_test's sparse MQA cases and the fp8 shape rows of each, with
+# their ratios against the bf16 rows of the default run.
+if has_stage variants && [ "$hung" -eq 0 ]; then
+  for v in 0 2; do
+    DCP_SPARSE_MQA_FP8_VARIANT=$v DCP_REQUIRE_GPU=1 timeout 60 "$fp8_exe" --gtest_color=no \
+        --gtest_filter='SparseMqaFp8*' >"$out/one.log" 2>&1
+    code=$?
+    [ "$code" -eq 0 ] || failures=$((failures + 1))
+    note "fp8 variant $v fp8_cuda_test: exit $code ($(elapsed)) $(grep -E '^\[  PASSED|^\[  FAILED' "$out/one.log" | tr '\n' ' ')"
+    grep -E "Failure|FAILED" "$out/one.log" | head -5 | tee -a "$summary"
+    DCP_SPARSE_MQA_FP8_VARIANT=$v timeout 60 mpirun --allow-run-as-root --bind-to none -np 1 \
+        "$bench" --mode kernels --device cuda --model deepseek_v32 --heads 128 --batches q1kv4k \
+        -w 3 -n 20 -b 1M -e 1M --csv "/tmp/kernels_v$v.csv" \
+        --only "sparse_mqa_sm90_fp8 t1 h128 k2048,sparse_mqa_sm90_fp8 t64 h128 k2048,sparse_mqa_sm90_fp8 t1024 h128,sparse_mqa_sm90_fp8 t1024 h16" \
+        >"$out/one.log" 2>&1
+    note "fp8 variant $v bench: exit $? ($(elapsed))"
+    if [ -f /tmp/kernels.csv ] && [ -f "/tmp/kernels_v$v.csv" ]; then
+      grep -v "sparse_mqa_sm90_fp8\|sparse_mqa_fp8" /tmp/kernels.csv >"/tmp/combined_v$v.csv"
+      tail -n +2 "/tmp/kernels_v$v.csv" | grep "sparse_mqa_sm90_fp8" >>"/tmp/combined_v$v.csv"
+      fp8_ratios "/tmp/combined_v$v.csv" | sed "s/^fp8 vs bf16:/fp8 variant $v vs bf16:/" | tee -a "$summary"
+    fi
+  done
+  rm -f "$out/one.log"
+fi
 if has_stage worker && [ "$hung" -eq 0 ]; then
   # The worker's multi-rank equivalence suite on CUDA ranks (compacted slots, split-KV).
   for np in 1 2; do
@@ -188,7 +214,7 @@ if has_stage ncu && [ "$hung" -eq 0 ]; then
   awk '/SparseMqaSm90Kernel|MergeSplitsKernel/ {
          grid = match($0, /\([0-9]+, [0-9]+, [0-9]+\)x/) ? substr($0, RSTART, RLENGTH - 1) : "?"
          if (index($0, "SparseMqaSm90Kernel")) {
-           rows = (index($0, "KvCacheDType)1") ? "fp8" : "bf16"); label = "attention " rows " grid" grid; last = grid
+           rows = (index($0, "Kernel<576, 512, 1") ? "fp8" : "bf16"); label = "attention " rows " grid" grid; last = grid
          } else { label = "merge " rows " after grid" last }
        }
        /gpu__time_duration.sum/ { s[label] += $(NF); n[label]++ }

@@ -31,6 +31,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "attention/attention_params.h"
 #include "attention/cuda/merge_states.h"
@@ -137,6 +138,7 @@ __device__ __forceinline__ void Sm90Fp8Factors(float s, float& a, float& b) {
 // (into `scales`: the scales of tiles f and f + 1), then a __syncwarp (the 8 threads of a row
 // are in one warp) before lane8 0 overwrites the scale chunk with converted values (the raw
 // codes each thread reads are its own chunk: no ordering needed there).
+template <bool kIntegerDequant>
 __device__ __forceinline__ void Sm90Fp8ConvertTile(uint32_t buffer, int f, bool first,
                                                    float (&scales)[4][2]) {
   using namespace sm90;
@@ -157,14 +159,25 @@ __device__ __forceinline__ void Sm90Fp8ConvertTile(uint32_t buffer, int f, bool 
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const uint4 raw = LdShared128(tile + 2048 * r + lo);
-    float a, b;
-    Sm90Fp8Factors(first ? scales[r][0] : scales[r][1], a, b);
-    StShared128(tile + 2048 * r + lo, Sm90DequantFp8x8(make_uint2(raw.x, raw.y), a, b));
-    StShared128(tile + 2048 * r + hi, Sm90DequantFp8x8(make_uint2(raw.z, raw.w), a, b));
+    const float scale = first ? scales[r][0] : scales[r][1];
+    if constexpr (kIntegerDequant) {
+      float a, b;
+      Sm90Fp8Factors(scale, a, b);
+      StShared128(tile + 2048 * r + lo, Sm90DequantFp8x8(make_uint2(raw.x, raw.y), a, b));
+      StShared128(tile + 2048 * r + hi, Sm90DequantFp8x8(make_uint2(raw.z, raw.w), a, b));
+    } else {
+      StShared128(tile + 2048 * r + lo, DequantizeFp8x8ToBf16(make_uint2(raw.x, raw.y), scale));
+      StShared128(tile + 2048 * r + hi, DequantizeFp8x8ToBf16(make_uint2(raw.z, raw.w), scale));
+    }
   }
 }
 
-template <class Config>
+// The fp8 variants (kFp8Variant; v7 = 1 is the default, DCP_SPARSE_MQA_FP8_VARIANT selects
+// another for measurement): 0 (v5): the consumers dequantize both halves of their block,
+// conversion instructions (DequantizeFp8x8ToBf16); 1 (v7): the same with the integer
+// dequantization (Sm90DequantFp8x8); 2 (v6): the producer dequantizes the first halves (L0,
+// R1), the consumers the second halves, integer dequantization.
+template <class Config, int kFp8Variant>
 __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
     const SparseMqaParams& p, const SparseMqaWork& work, int first_block, int num_pairs,
     const uint32_t (&k_base)[2], uint32_t index_base,
@@ -233,8 +246,8 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
     __syncwarp();  // lane8 0's scale chunks landed (each lane waited for its own cp.async)
     float scales[4][2];
     const uint32_t buffer = Opaque(k_base[which]);
-    Sm90Fp8ConvertTile(buffer, f0, true, scales);
-    Sm90Fp8ConvertTile(buffer, f0 + 1, false, scales);
+    Sm90Fp8ConvertTile<true>(buffer, f0, true, scales);
+    Sm90Fp8ConvertTile<true>(buffer, f0 + 1, false, scales);
     FenceProxyAsync();
     MbarrierArrive(ready_bar + 8 * half);
   };
@@ -243,6 +256,24 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
     const int free_parity = (pair & 1) ^ 1;
     load_rows(0, b0);
     load_rows(1, b1);
+    if constexpr (kFp8Variant != 2) {
+      // v5 / v7: every half only gathered (ready = landed), the consumers dequantize.
+      MbarrierWait(free_bar + 8 * kL0, free_parity);
+      issue(0, 0, false);
+      copy_indices(0, b0);
+      CpAsyncMbarrierArrive(ready_bar + 8 * kL0);
+      MbarrierWait(free_bar + 8 * kR1, free_parity);
+      issue(1, 2, true);
+      copy_indices(1, b1);
+      CpAsyncMbarrierArrive(ready_bar + 8 * kR1);
+      MbarrierWait(free_bar + 8 * kR0, free_parity);
+      issue(0, 2, true);
+      CpAsyncMbarrierArrive(ready_bar + 8 * kR0);
+      MbarrierWait(free_bar + 8 * kL1, free_parity);
+      issue(1, 0, false);
+      CpAsyncMbarrierArrive(ready_bar + 8 * kL1);
+      continue;
+    }
     MbarrierWait(free_bar + 8 * kL0, free_parity);
     issue(0, 0, false);
     copy_indices(0, b0);
@@ -267,7 +298,7 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
   CpAsyncWaitAll();
 }
 
-template <int kHeadDim, int kVDim, KvCacheDType kFormat>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat, int kFp8Variant = 1>
 __global__ void __launch_bounds__(384, 1)
     SparseMqaSm90Kernel(const SparseMqaParams p, const SparseMqaSplit split) {
 #if SPARSE_MQA_SM90_ENABLED
@@ -323,7 +354,7 @@ __global__ void __launch_bounds__(384, 1)
     if (warpgroup == 2) {
       // ----------------------------------------------------- producer, fp8_ds_mla rows
       RegistersDecrease<56>();
-      SparseMqaSm90Fp8Producer<Config>(p, work, first_block, num_pairs, k_base, index_base,
+      SparseMqaSm90Fp8Producer<Config, kFp8Variant>(p, work, first_block, num_pairs, k_base, index_base,
                                        ready_bar, free_bar);
       return;
     }
@@ -439,8 +470,8 @@ __global__ void __launch_bounds__(384, 1)
     float s[32];
     const uint64_t q_desc = Opaque(MakeDesc(q_base, 16, 1024));
     const uint64_t k_desc = Opaque(MakeDesc(own_k, 16, 1024));
-    if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
-      // fp8 rows. First half (dequantized by the producer): as for bf16 rows. Second half
+    if constexpr (kFormat == KvCacheDType::kFp8DsMla && kFp8Variant == 2) {
+      // fp8 rows, v6. First half (dequantized by the producer): as for bf16 rows. Second half
       // (landed raw): two steps, one fp8 tile f each (WG0 f = 2, 3; WG1 f = 0, 1): dequantize
       // f in place, publish it to this WG's wgmma (fence + 128-thread barrier), issue its two
       // tiles' wgmmas without waiting, so the conversion runs while the previous wgmmas
@@ -474,7 +505,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int step = 0; step < 2; ++step) {
         const int f = second_f + step;
-        Sm90Fp8ConvertTile(own_k, f, step == 0, scales);
+        Sm90Fp8ConvertTile<true>(own_k, f, step == 0, scales);
         FenceProxyAsync();
         NamedBarrierSync(kBarConvert + wg, 128);
         WgmmaFence();
@@ -488,6 +519,47 @@ __global__ void __launch_bounds__(384, 1)
           }
         }
         WgmmaCommit();
+      }
+    } else if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
+      // fp8 rows, v5 / v7: four steps, one fp8 tile f each (WG0 f = 0, 1 | 2, 3; WG1 f = 2, 3 |
+      // 0, 1): wait for the half on its first tile, dequantize f in place (bf16 tiles 2 f,
+      // 2 f + 1), publish it to this WG's wgmma (fence + 128-thread barrier), issue those
+      // tiles' wgmmas without waiting for them: the next step's conversion runs while they
+      // execute. The rope tile 8 after the first half (WG0: once R0 has landed). Tile order
+      // WG0 0-3, 8, 4-7, WG1 4-7, 8, 0-3, as for bf16 rows (the tests compare both bit for
+      // bit). Straight-line code for both WGs.
+      float scales[4][2];
+      const int first_f = wg == 0 ? 0 : 2;
+      MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
+#pragma unroll
+      for (int step = 0; step < 4; ++step) {
+        const int f = (first_f + step) % 4;
+        Sm90Fp8ConvertTile<kFp8Variant == 1>(own_k, f, step % 2 == 0, scales);
+        FenceProxyAsync();
+        NamedBarrierSync(kBarConvert + wg, 128);
+        WgmmaFence();
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int tile = 2 * f + i;
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            const uint32_t k_step = (tile * kTileBytes + ks * 32) >> 4;
+            WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step,
+                             (step > 0 || i > 0 || ks > 0) ? 1 : 0);
+          }
+        }
+        WgmmaCommit();
+        if (step == 1) {
+          MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
+          FenceProxyAsync();
+          WgmmaFence();
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            const uint32_t k_step = ((kTiles - 1) * kTileBytes + ks * 32) >> 4;
+            WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step, 1);
+          }
+          WgmmaCommit();
+        }
       }
     } else {
       // WG0 walks tiles 0-3, 8, 4-7 and WG1 4-7, 8, 0-3: the rope tile fifth for both, as in
@@ -632,11 +704,20 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-template <int kHeadDim, int kVDim, KvCacheDType kFormat>
-absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit& split,
-                                 cudaStream_t stream) {
+// DCP_SPARSE_MQA_FP8_VARIANT = 0, 1 or 2 picks the fp8 variant (measurement only; default 1).
+inline int SparseMqaSm90Fp8Variant() {
+  static const int variant = [] {
+    const char* value = std::getenv("DCP_SPARSE_MQA_FP8_VARIANT");
+    return value != nullptr && (value[0] == '0' || value[0] == '2') ? value[0] - '0' : 1;
+  }();
+  return variant;
+}
+
+template <int kHeadDim, int kVDim, KvCacheDType kFormat, int kFp8Variant = 1>
+absl::Status LaunchSparseMqaSm90Variant(const SparseMqaParams& p, const SparseMqaSplit& split,
+                                        cudaStream_t stream) {
   using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
-  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat>;
+  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, kFp8Variant>;
   // Once per device: the attribute call costs host time on every decode step otherwise.
   static std::atomic<uint64_t> configured{0};
   int device = 0;
@@ -666,6 +747,22 @@ absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit&
   DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, split));
   DCP_CUDA_LAUNCH_CHECK("SparseMqaSm90Kernel");
   return absl::OkStatus();
+}
+
+template <int kHeadDim, int kVDim, KvCacheDType kFormat>
+absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit& split,
+                                 cudaStream_t stream) {
+  if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
+    switch (SparseMqaSm90Fp8Variant()) {
+      case 0:
+        return LaunchSparseMqaSm90Variant<kHeadDim, kVDim, kFormat, 0>(p, split, stream);
+      case 2:
+        return LaunchSparseMqaSm90Variant<kHeadDim, kVDim, kFormat, 2>(p, split, stream);
+      default:
+        break;
+    }
+  }
+  return LaunchSparseMqaSm90Variant<kHeadDim, kVDim, kFormat, 1>(p, split, stream);
 }
 
 }  // namespace dcp::cuda
