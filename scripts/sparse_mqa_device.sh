@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build, test, sanitize and time the sparse MQA kernels ON the GPU machine, in one short call
 # (docs/sparse_mqa_sm90.md): a smaller sibling of scripts/device_test.sh that builds only
-# attention_cuda_test, engine_graph_test, dcp_bench and (stage worker) worker_multirank_test.
+# attention_cuda_test, fp8_cuda_test, engine_graph_test, dcp_bench and (stage worker)
+# worker_multirank_test.
 #   1. unpacks the carried .debs into a prefix (as device_test.sh), configures for sm_90a and
 #      builds the targets with ninja;
 #   2. runs the sparse MQA, top-k -> slots and merge tests with DCP_REQUIRE_GPU=1, the fp8_ds_mla
@@ -19,7 +20,7 @@
 #      merge cases.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
-# "build test bench engine nopdl sanitize"; ncu, variants and worker are extra), DCP_TEST_FILTER, DCP_BENCH_ARGS (appended),
+# "build test bench engine nopdl sanitize"; ncu and worker are extra), DCP_TEST_FILTER, DCP_BENCH_ARGS (appended),
 # DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -141,31 +142,6 @@ run_engine() {
 }
 if has_stage bench && [ "$hung" -eq 0 ]; then run_kernels kernels DCP_BENCH_RUN=1; fi
 if has_stage engine && [ "$hung" -eq 0 ]; then run_engine engine DCP_BENCH_RUN=1; fi
-# Stage variants: the other fp8 variants of the wgmma kernel (DCP_SPARSE_MQA_FP8_VARIANT 0, 2;
-# the default is 1): fp8_cuda_test's sparse MQA cases and the fp8 shape rows of each, with
-# their ratios against the bf16 rows of the default run.
-if has_stage variants && [ "$hung" -eq 0 ]; then
-  for v in 0 2; do
-    DCP_SPARSE_MQA_FP8_VARIANT=$v DCP_REQUIRE_GPU=1 timeout 60 "$fp8_exe" --gtest_color=no \
-        --gtest_filter='SparseMqaFp8*' >"$out/one.log" 2>&1
-    code=$?
-    [ "$code" -eq 0 ] || failures=$((failures + 1))
-    note "fp8 variant $v fp8_cuda_test: exit $code ($(elapsed)) $(grep -E '^\[  PASSED|^\[  FAILED' "$out/one.log" | tr '\n' ' ')"
-    grep -E "Failure|FAILED" "$out/one.log" | head -5 | tee -a "$summary"
-    DCP_SPARSE_MQA_FP8_VARIANT=$v timeout 60 mpirun --allow-run-as-root --bind-to none -np 1 \
-        "$bench" --mode kernels --device cuda --model deepseek_v32 --heads 128 --batches q1kv4k \
-        -w 3 -n 20 -b 1M -e 1M --csv "/tmp/kernels_v$v.csv" \
-        --only "sparse_mqa_sm90_fp8 t1 h128 k2048,sparse_mqa_sm90_fp8 t64 h128 k2048,sparse_mqa_sm90_fp8 t1024 h128,sparse_mqa_sm90_fp8 t1024 h16" \
-        >"$out/one.log" 2>&1
-    note "fp8 variant $v bench: exit $? ($(elapsed))"
-    if [ -f /tmp/kernels.csv ] && [ -f "/tmp/kernels_v$v.csv" ]; then
-      grep -v "sparse_mqa_sm90_fp8\|sparse_mqa_fp8" /tmp/kernels.csv >"/tmp/combined_v$v.csv"
-      tail -n +2 "/tmp/kernels_v$v.csv" | grep "sparse_mqa_sm90_fp8" >>"/tmp/combined_v$v.csv"
-      fp8_ratios "/tmp/combined_v$v.csv" | sed "s/^fp8 vs bf16:/fp8 variant $v vs bf16:/" | tee -a "$summary"
-    fi
-  done
-  rm -f "$out/one.log"
-fi
 if has_stage worker && [ "$hung" -eq 0 ]; then
   # The worker's multi-rank equivalence suite on CUDA ranks (compacted slots, split-KV).
   for np in 1 2; do

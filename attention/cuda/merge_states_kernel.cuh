@@ -103,7 +103,7 @@ __global__ void DcpCombineKernel(const float* outs, const float* lses, float* ou
 // On sm_90 the kernel may be launched as a programmatic dependent of the attention kernel
 // (MergeSplits): griddepcontrol.wait holds it until that grid has finished and its writes are
 // visible, while its launch and scheduling overlap the attention kernel's tail.
-constexpr int kMergeSplitsThreads = 128;  // 128 rows x 512 values: 128 CTAs, one per SM
+constexpr int kMergeSplitsThreads = 256;
 constexpr int kMergeUnroll = 16;
 
 __global__ void __launch_bounds__(kMergeSplitsThreads)

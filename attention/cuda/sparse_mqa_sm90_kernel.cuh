@@ -31,7 +31,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 
 #include "attention/attention_params.h"
 #include "attention/cuda/merge_states.h"
@@ -75,7 +74,8 @@ enum Sm90Barrier : int { kBarQ = 1, kBarMax = 2, kBarP = 3, kBarSum = 4, kBarCon
 
 // fp8_ds_mla rows (656 bytes: 512 e4m3 values in 4 tiles of 128, their 4 float32 scales at
 // byte 512, 64 bf16 k_pe at byte 528) fill the same bf16 swizzled half buffers as bf16 rows;
-// the raw bytes land in place and are dequantized there (v6):
+// the raw bytes land in place and the consumers dequantize them there (v5, kept; v6 and v7 in
+// docs/sparse_mqa_sm90.md were slower):
 //   - The raw placement, per row and lane8 = position / 8 of a 16-byte slot: in each fp8 tile
 //     f of a half (f0, f0 + 1; L: f0 = 0, R: f0 = 2), the 16 codes [16 lane8, +16) are values
 //     128 f + 16 lane8 + i, which land in bf16 tile 2 f + lane8 / 4 as the two 16-byte chunks
@@ -83,54 +83,15 @@ enum Sm90Barrier : int { kBarQ = 1, kBarMax = 2, kBarP = 3, kBarSum = 4, kBarCon
 //     The raw 16 codes are cp.async'd into the first chunk of that pair; the row's 16-byte
 //     scale block goes into the second chunk of lane8 0's pair in tile 2 f0; the rope (R
 //     halves) is bf16 already and goes straight into tile 8.
-//   - Who dequantizes: the halves each WG reads first (L0 for WG0, R1 for WG1; freed early, by
-//     the WG's own PV) are dequantized by the producer once they land, then published on their
-//     ready barrier (fence.proxy.async + 128 plain arrivals). The halves read second (R0, L1;
-//     freed late, after the cross PV) are only gathered by the producer (ready = landed,
-//     cp.async.mbarrier.arrive.noinc); the consumer WG that reads them dequantizes them itself,
-//     one fp8 tile (two bf16 tiles) at a time, while the wgmmas of its first half (and of the
-//     previous fp8 tile) run. So each half's gather starts when it is freed, and the 64 K
-//     values of a pair are converted by the producer and both consumer WGs in parallel.
-//   - Thread t = 8 group + lane8 of a warpgroup handles rows group + 16 r (r < 4): the same
-//     geometry for the producer's copies and every conversion (Sm90Fp8ConvertTile).
-//   - The conversion (Sm90DequantFp8x8) is exact and uses no conversion instruction but the
-//     final bf16 pack: the code's magnitude bits placed at bit 20 of a float are its value
-//     times 2^-120 (subnormal codes become float subnormals), two exact-or-once-rounded
-//     multiplies give fp32(value x scale), the sign is ORed into the bf16 result.
-// 8 e4m3 codes x a tile scale -> 8 bf16, bit-identical to DequantizeFp8x8ToBf16
-// (bf16(fp32(value x scale)), round to nearest even) with integer and fp32 arithmetic: the
-// magnitude bits of a code placed at bit 20 of a float are its value times 2^-120 (subnormal
-// codes become float subnormals, exactly); `a` and `b` (Sm90Fp8Factors) make
-// (x * b) * a one rounding of value x scale; the sign is ORed into the packed bf16 pair (RN
-// is symmetric). Codes 0x7F / 0xFF (e4m3 NaN) are never written (the quantizer saturates).
-__device__ __forceinline__ uint4 Sm90DequantFp8x8(uint2 codes, float a, float b) {
-  uint32_t out[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t word = i < 2 ? codes.x : codes.y;
-    const uint32_t k = 2 * (i & 1);  // the pair's first byte in the word
-    const uint32_t magnitude = word & 0x7F7F7F7Fu;
-    // byte k (and k + 1) alone in byte 3, then down to bits 26..20.
-    const float x0 = __uint_as_float(__byte_perm(magnitude, 0, 0x0444u | (k << 12)) >> 4);
-    const float x1 = __uint_as_float(__byte_perm(magnitude, 0, 0x0444u | ((k + 1) << 12)) >> 4);
-    const __nv_bfloat162 rounded = __floats2bfloat162_rn(__fmul_rn(__fmul_rn(x0, b), a),
-                                                         __fmul_rn(__fmul_rn(x1, b), a));
-    // The codes' signs (bit 7 of bytes k, k + 1) to bits 15 and 31.
-    const uint32_t signs = __byte_perm(word, 0, 0x0404u | (k << 4) | ((k + 1) << 12));
-    out[i] = *reinterpret_cast<const uint32_t*>(&rounded) | (signs & 0x80008000u);
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
-// The two factors of Sm90DequantFp8x8 for a tile scale s: (x * b) * a = x 2^120 s, exact
-// operands, one rounding: s < 2^8: b = 1, a = s 2^120 (finite); otherwise b = 2^120 (x b is the
-// code's value, a normal float), a = s.
-__device__ __forceinline__ void Sm90Fp8Factors(float s, float& a, float& b) {
-  const float k2p120 = __int_as_float(0x7B800000);  // 2^120
-  const bool small = s < 256.f;
-  a = small ? s * k2p120 : s;
-  b = small ? 1.f : k2p120;
-}
+//   - The producer (SparseMqaSm90Fp8Producer) only gathers, as for bf16 rows: thread
+//     t = 8 group + lane8 issues rows group + 16 r (r < 4) and arrives on the half's ready
+//     barrier with cp.async.mbarrier.arrive.noinc (128 arrivals; ready = landed), order L0,
+//     R1, R0, L1, so each half's gather starts the moment the half is freed.
+//   - The consumer WG that computes S on a buffer dequantizes it in place (e4m3 x scale in
+//     fp32, rounded to bf16: DequantizeFp8x8ToBf16), one fp8 tile (two bf16 tiles) at a
+//     time with the producer's thread geometry (Sm90Fp8ConvertTile), and issues that step's
+//     wgmmas before converting the next tile, so the conversion of tile k + 1 overlaps the
+//     tensor work of tile k.
 
 // Dequantizes fp8 tile f of the landed raw rows of a K buffer in place (bf16 tiles 2 f and
 // 2 f + 1), thread t of a warpgroup taking the producer thread t's slots (rows t / 8 + 16 r,
@@ -138,7 +99,6 @@ __device__ __forceinline__ void Sm90Fp8Factors(float s, float& a, float& b) {
 // (into `scales`: the scales of tiles f and f + 1), then a __syncwarp (the 8 threads of a row
 // are in one warp) before lane8 0 overwrites the scale chunk with converted values (the raw
 // codes each thread reads are its own chunk: no ordering needed there).
-template <bool kIntegerDequant>
 __device__ __forceinline__ void Sm90Fp8ConvertTile(uint32_t buffer, int f, bool first,
                                                    float (&scales)[4][2]) {
   using namespace sm90;
@@ -160,24 +120,12 @@ __device__ __forceinline__ void Sm90Fp8ConvertTile(uint32_t buffer, int f, bool 
   for (int r = 0; r < 4; ++r) {
     const uint4 raw = LdShared128(tile + 2048 * r + lo);
     const float scale = first ? scales[r][0] : scales[r][1];
-    if constexpr (kIntegerDequant) {
-      float a, b;
-      Sm90Fp8Factors(scale, a, b);
-      StShared128(tile + 2048 * r + lo, Sm90DequantFp8x8(make_uint2(raw.x, raw.y), a, b));
-      StShared128(tile + 2048 * r + hi, Sm90DequantFp8x8(make_uint2(raw.z, raw.w), a, b));
-    } else {
-      StShared128(tile + 2048 * r + lo, DequantizeFp8x8ToBf16(make_uint2(raw.x, raw.y), scale));
-      StShared128(tile + 2048 * r + hi, DequantizeFp8x8ToBf16(make_uint2(raw.z, raw.w), scale));
-    }
+    StShared128(tile + 2048 * r + lo, DequantizeFp8x8ToBf16(make_uint2(raw.x, raw.y), scale));
+    StShared128(tile + 2048 * r + hi, DequantizeFp8x8ToBf16(make_uint2(raw.z, raw.w), scale));
   }
 }
 
-// The fp8 variants (kFp8Variant; v7 = 1 is the default, DCP_SPARSE_MQA_FP8_VARIANT selects
-// another for measurement): 0 (v5): the consumers dequantize both halves of their block,
-// conversion instructions (DequantizeFp8x8ToBf16); 1 (v7): the same with the integer
-// dequantization (Sm90DequantFp8x8); 2 (v6): the producer dequantizes the first halves (L0,
-// R1), the consumers the second halves, integer dequantization.
-template <class Config, int kFp8Variant>
+template <class Config>
 __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
     const SparseMqaParams& p, const SparseMqaWork& work, int first_block, int num_pairs,
     const uint32_t (&k_base)[2], uint32_t index_base,
@@ -241,64 +189,31 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
                key < key_end ? token_indices + key : token_indices, key < key_end);
     }
   };
-  // Dequantize this thread's chunks of a landed half in place, then publish it.
-  auto convert = [&](int which, int f0, int half) {
-    __syncwarp();  // lane8 0's scale chunks landed (each lane waited for its own cp.async)
-    float scales[4][2];
-    const uint32_t buffer = Opaque(k_base[which]);
-    Sm90Fp8ConvertTile<true>(buffer, f0, true, scales);
-    Sm90Fp8ConvertTile<true>(buffer, f0 + 1, false, scales);
-    FenceProxyAsync();
-    MbarrierArrive(ready_bar + 8 * half);
-  };
+  // Every half only gathered (ready = landed): the consumers dequantize.
   for (int pair = 0; pair < num_pairs; ++pair) {
     const int b0 = first_block + 2 * pair, b1 = b0 + 1;
     const int free_parity = (pair & 1) ^ 1;
     load_rows(0, b0);
     load_rows(1, b1);
-    if constexpr (kFp8Variant != 2) {
-      // v5 / v7: every half only gathered (ready = landed), the consumers dequantize.
-      MbarrierWait(free_bar + 8 * kL0, free_parity);
-      issue(0, 0, false);
-      copy_indices(0, b0);
-      CpAsyncMbarrierArrive(ready_bar + 8 * kL0);
-      MbarrierWait(free_bar + 8 * kR1, free_parity);
-      issue(1, 2, true);
-      copy_indices(1, b1);
-      CpAsyncMbarrierArrive(ready_bar + 8 * kR1);
-      MbarrierWait(free_bar + 8 * kR0, free_parity);
-      issue(0, 2, true);
-      CpAsyncMbarrierArrive(ready_bar + 8 * kR0);
-      MbarrierWait(free_bar + 8 * kL1, free_parity);
-      issue(1, 0, false);
-      CpAsyncMbarrierArrive(ready_bar + 8 * kL1);
-      continue;
-    }
     MbarrierWait(free_bar + 8 * kL0, free_parity);
     issue(0, 0, false);
     copy_indices(0, b0);
-    CpAsyncCommit();
+    CpAsyncMbarrierArrive(ready_bar + 8 * kL0);
     MbarrierWait(free_bar + 8 * kR1, free_parity);
     issue(1, 2, true);
     copy_indices(1, b1);
-    CpAsyncCommit();
-    // R0 and L1 (freed after the cross PV): gathered only, the consumers dequantize them.
+    CpAsyncMbarrierArrive(ready_bar + 8 * kR1);
     MbarrierWait(free_bar + 8 * kR0, free_parity);
     issue(0, 2, true);
     CpAsyncMbarrierArrive(ready_bar + 8 * kR0);
     MbarrierWait(free_bar + 8 * kL1, free_parity);
     issue(1, 0, false);
     CpAsyncMbarrierArrive(ready_bar + 8 * kL1);
-    // L0 and R1: dequantized here as their (committed) groups land.
-    CpAsyncWaitGroup<1>();
-    convert(0, 0, kL0);
-    CpAsyncWaitGroup<0>();
-    convert(1, 2, kR1);
   }
   CpAsyncWaitAll();
 }
 
-template <int kHeadDim, int kVDim, KvCacheDType kFormat, int kFp8Variant = 1>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat>
 __global__ void __launch_bounds__(384, 1)
     SparseMqaSm90Kernel(const SparseMqaParams p, const SparseMqaSplit split) {
 #if SPARSE_MQA_SM90_ENABLED
@@ -354,7 +269,7 @@ __global__ void __launch_bounds__(384, 1)
     if (warpgroup == 2) {
       // ----------------------------------------------------- producer, fp8_ds_mla rows
       RegistersDecrease<56>();
-      SparseMqaSm90Fp8Producer<Config, kFp8Variant>(p, work, first_block, num_pairs, k_base, index_base,
+      SparseMqaSm90Fp8Producer<Config>(p, work, first_block, num_pairs, k_base, index_base,
                                        ready_bar, free_bar);
       return;
     }
@@ -470,58 +385,8 @@ __global__ void __launch_bounds__(384, 1)
     float s[32];
     const uint64_t q_desc = Opaque(MakeDesc(q_base, 16, 1024));
     const uint64_t k_desc = Opaque(MakeDesc(own_k, 16, 1024));
-    if constexpr (kFormat == KvCacheDType::kFp8DsMla && kFp8Variant == 2) {
-      // fp8 rows, v6. First half (dequantized by the producer): as for bf16 rows. Second half
-      // (landed raw): two steps, one fp8 tile f each (WG0 f = 2, 3; WG1 f = 0, 1): dequantize
-      // f in place, publish it to this WG's wgmma (fence + 128-thread barrier), issue its two
-      // tiles' wgmmas without waiting, so the conversion runs while the previous wgmmas
-      // execute. The rope tile 8 (bf16 as gathered) goes before them. Tile order WG0 0-3, 8,
-      // 4-7, WG1 4-7, 8, 0-3, as for bf16 rows (the tests compare both bit for bit).
-      MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
-      FenceProxyAsync();
-      WgmmaFence();
-#pragma unroll
-      for (int i = 0; i < kLeftTiles; ++i) {
-        const int tile = first_tile + i;
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          const uint32_t k_step = (tile * kTileBytes + ks * 32) >> 4;
-          WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step, (i > 0 || ks > 0) ? 1 : 0);
-        }
-      }
-      WgmmaCommit();
-      float scales[4][2];
-      const int second_f = wg == 0 ? 2 : 0;
-      // The rope tile 8 first: bf16 already (WG0: R0's, landed; WG1: R1's, ready).
-      MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
-      FenceProxyAsync();
-      WgmmaFence();
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        const uint32_t k_step = ((kTiles - 1) * kTileBytes + ks * 32) >> 4;
-        WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step, 1);
-      }
-      WgmmaCommit();
-#pragma unroll
-      for (int step = 0; step < 2; ++step) {
-        const int f = second_f + step;
-        Sm90Fp8ConvertTile<true>(own_k, f, step == 0, scales);
-        FenceProxyAsync();
-        NamedBarrierSync(kBarConvert + wg, 128);
-        WgmmaFence();
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int tile = 2 * f + i;
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            const uint32_t k_step = (tile * kTileBytes + ks * 32) >> 4;
-            WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step, 1);
-          }
-        }
-        WgmmaCommit();
-      }
-    } else if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
-      // fp8 rows, v5 / v7: four steps, one fp8 tile f each (WG0 f = 0, 1 | 2, 3; WG1 f = 2, 3 |
+    if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
+      // fp8 rows: four steps, one fp8 tile f each (WG0 f = 0, 1 | 2, 3; WG1 f = 2, 3 |
       // 0, 1): wait for the half on its first tile, dequantize f in place (bf16 tiles 2 f,
       // 2 f + 1), publish it to this WG's wgmma (fence + 128-thread barrier), issue those
       // tiles' wgmmas without waiting for them: the next step's conversion runs while they
@@ -534,7 +399,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int step = 0; step < 4; ++step) {
         const int f = (first_f + step) % 4;
-        Sm90Fp8ConvertTile<kFp8Variant == 1>(own_k, f, step % 2 == 0, scales);
+        Sm90Fp8ConvertTile(own_k, f, step % 2 == 0, scales);
         FenceProxyAsync();
         NamedBarrierSync(kBarConvert + wg, 128);
         WgmmaFence();
@@ -704,20 +569,11 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-// DCP_SPARSE_MQA_FP8_VARIANT = 0, 1 or 2 picks the fp8 variant (measurement only; default 1).
-inline int SparseMqaSm90Fp8Variant() {
-  static const int variant = [] {
-    const char* value = std::getenv("DCP_SPARSE_MQA_FP8_VARIANT");
-    return value != nullptr && (value[0] == '0' || value[0] == '2') ? value[0] - '0' : 1;
-  }();
-  return variant;
-}
-
-template <int kHeadDim, int kVDim, KvCacheDType kFormat, int kFp8Variant = 1>
-absl::Status LaunchSparseMqaSm90Variant(const SparseMqaParams& p, const SparseMqaSplit& split,
-                                        cudaStream_t stream) {
+template <int kHeadDim, int kVDim, KvCacheDType kFormat>
+absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit& split,
+                                 cudaStream_t stream) {
   using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
-  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, kFp8Variant>;
+  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat>;
   // Once per device: the attribute call costs host time on every decode step otherwise.
   static std::atomic<uint64_t> configured{0};
   int device = 0;
@@ -747,22 +603,6 @@ absl::Status LaunchSparseMqaSm90Variant(const SparseMqaParams& p, const SparseMq
   DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, split));
   DCP_CUDA_LAUNCH_CHECK("SparseMqaSm90Kernel");
   return absl::OkStatus();
-}
-
-template <int kHeadDim, int kVDim, KvCacheDType kFormat>
-absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit& split,
-                                 cudaStream_t stream) {
-  if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
-    switch (SparseMqaSm90Fp8Variant()) {
-      case 0:
-        return LaunchSparseMqaSm90Variant<kHeadDim, kVDim, kFormat, 0>(p, split, stream);
-      case 2:
-        return LaunchSparseMqaSm90Variant<kHeadDim, kVDim, kFormat, 2>(p, split, stream);
-      default:
-        break;
-    }
-  }
-  return LaunchSparseMqaSm90Variant<kHeadDim, kVDim, kFormat, 1>(p, split, stream);
 }
 
 }  // namespace dcp::cuda
