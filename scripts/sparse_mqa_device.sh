@@ -20,8 +20,8 @@
 #      merge cases.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
-# "build test bench engine nopdl sanitize"; ncu and worker are extra), DCP_TEST_FILTER, DCP_BENCH_ARGS (appended),
-# DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k).
+# "build test bench engine nopdl sanitize"; ncu and worker are extra), DCP_TEST_FILTER,
+# DCP_BENCH_ARGS (appended), DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out="${OUT:-/tmp/dcp-device-out}"
@@ -185,8 +185,8 @@ if has_stage ncu && [ "$hung" -eq 0 ]; then
       --only "sparse_mqa_sm90 t1 h128 k2048,sparse_mqa_sm90_fp8 t1 h128 k2048" \
       >"$out/ncu.txt" 2>&1
   note "ncu: exit $? ($(elapsed))"
-  # One line per profiled kernel (a merge is labelled with the grid of the attention kernel
-  # before it, i.e. its split count), then the mean per label.
+  # The mean duration per kernel, row format and grid (a merge is labelled with the grid of
+  # the attention kernel before it, i.e. its split count).
   awk '/SparseMqaSm90Kernel|MergeSplitsKernel/ {
          grid = match($0, /\([0-9]+, [0-9]+, [0-9]+\)x/) ? substr($0, RSTART, RLENGTH - 1) : "?"
          if (index($0, "SparseMqaSm90Kernel")) {
