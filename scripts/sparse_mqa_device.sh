@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
 # Build, test, sanitize and time the sparse MQA kernels ON the GPU machine, in one short call
 # (docs/sparse_mqa_sm90.md): a smaller sibling of scripts/device_test.sh that builds only
-# attention_cuda_test, engine_graph_test, dcp_bench and (stage worker) worker_multirank_test.
+# attention_cuda_test, fp8_cuda_test, engine_graph_test, dcp_bench and (stage worker)
+# worker_multirank_test.
 #   1. unpacks the carried .debs into a prefix (as device_test.sh), configures for sm_90a and
 #      builds the targets with ninja;
-#   2. runs the sparse MQA, top-k -> slots and merge tests with DCP_REQUIRE_GPU=1, and the
-#      engine's graph-capture test (the kernels are captured as programmatic dependents);
+#   2. runs the sparse MQA, top-k -> slots and merge tests with DCP_REQUIRE_GPU=1, the fp8_ds_mla
+#      tests (fp8_cuda_test: cache write, gather, sparse MQA on fp8 rows) and the engine's
+#      graph-capture test (the kernels are captured as programmatic dependents);
 #   3. dcp_bench --mode kernels: ceilings, the sparse MQA shapes (both kernels, splits), and the
-#      attention kernels of the decode batches at 128 heads; stage nopdl repeats the sparse
-#      shapes with DCP_NO_PDL=1 (plain launches) for comparison;
+#      attention kernels of the decode batches at 128 heads, then the fp8_ds_mla rows against
+#      the bf16 rows of the same shapes (speed-up and TF/s ratios); stage nopdl repeats the
+#      sparse shapes with DCP_NO_PDL=1 (plain launches) for comparison; stage ncu times the
+#      one-token decode's attention kernel and split merge apart (Nsight Compute);
 #   4. dcp_bench --mode engine: one DcpEngine layer (host, eager, graph) for the decode batches
 #      at 128 heads, with and (stage nopdl) without programmatic launches;
 #   5. the worker's multi-rank suite on CUDA ranks at np 1 and 2 (stage worker, off by default);
-#   6. compute-sanitizer memcheck and racecheck on the small sparse MQA and merge cases.
+#   6. compute-sanitizer memcheck and racecheck on the small sparse MQA (bf16 and fp8 rows) and
+#      merge cases.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
-# "build test bench engine nopdl sanitize"), DCP_TEST_FILTER, DCP_BENCH_ARGS (appended),
-# DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k).
+# "build test bench engine nopdl sanitize"; ncu and worker are extra), DCP_TEST_FILTER,
+# DCP_BENCH_ARGS (appended), DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out="${OUT:-/tmp/dcp-device-out}"
@@ -50,7 +55,7 @@ if has_stage build; then
     exit 1
   fi
   # shellcheck disable=SC2046  # an empty word when the worker stage is off
-  if ! ninja -C "$build" -j "$(nproc)" attention_cuda_test engine_graph_test dcp_bench \
+  if ! ninja -C "$build" -j "$(nproc)" attention_cuda_test fp8_cuda_test engine_graph_test dcp_bench \
       $(has_stage worker && echo worker_multirank_test) \
       >>"$out/build.log" 2>&1; then
     grep -E "error|FAILED" "$out/build.log" | head -30 | tee -a "$summary"
@@ -61,6 +66,7 @@ if has_stage build; then
   note "build: ok ($(elapsed))"
 fi
 test_exe="$build/tests/attention/cuda/attention_cuda_test"
+fp8_exe="$build/tests/workspace/cuda/fp8_cuda_test"
 
 hung=0
 if has_stage test; then
@@ -82,6 +88,13 @@ if has_stage test; then
   [ "$code" -eq 0 ] || failures=$((failures + 1))
   note "test: exit $code ($(elapsed)) $(grep -E '^\[  PASSED|^\[  FAILED' "$out/test.log" | tr '\n' ' ')"
   grep -E "Failure|Expected|Which is|error|FAILED" "$out/test.log" | head -30 | tee -a "$summary"
+  # fp8_ds_mla rows: the cache write / gather and sparse MQA (both kernels, bit-exact with the
+  # bf16 kernel on the dequantized rows, float64 on the dequantized cache).
+  DCP_REQUIRE_GPU=1 timeout 120 "$fp8_exe" --gtest_color=no >"$out/fp8_test.log" 2>&1
+  code=$?
+  [ "$code" -eq 0 ] || failures=$((failures + 1))
+  note "fp8_cuda_test: exit $code ($(elapsed)) $(grep -E '^\[  PASSED|^\[  FAILED' "$out/fp8_test.log" | tr '\n' ' ')"
+  grep -E "Failure|Expected|Which is|error|FAILED" "$out/fp8_test.log" | head -20 | tee -a "$summary"
   DCP_REQUIRE_GPU=1 timeout 60 "$build/tests/runtime/cuda/engine_graph_test" --gtest_color=no \
       >>"$out/test.log" 2>&1
   code=$?
@@ -99,6 +112,24 @@ run_kernels() {  # $1: csv name; the rest: environment for the run
       --csv "/tmp/$name.csv" ${DCP_BENCH_ARGS:-} >"$out/$name.txt" 2>&1
   note "$name: exit $? ($(elapsed))"
   grep -E "copy_ceiling|gemm_ceiling|sparse_mqa|mqa|merge" "$out/$name.txt" | cut -c1-160 | tee -a "$summary"
+  fp8_ratios "/tmp/$name.csv" | tee -a "$summary"
+}
+# fp8_ds_mla rows against bf16 rows, same kernel and selection, from a kernels CSV: each
+# "sparse_mqa_sm90_fp8 <shape>" row against "sparse_mqa_sm90 <shape>" (speed-up = bf16 time /
+# fp8 time; TF/s ratio = fp8 / bf16), and the batch rows sparse_mqa_fp8 against sparse_mqa.
+fp8_ratios() {
+  [ -f "$1" ] || return 0
+  awk -F, 'NR == 1 { for (i = 1; i <= NF; ++i) col[$i] = i; next }
+    { k = $col["kernel"]  # shape rows name their shape; batch rows add batch and heads
+      if (k !~ /^sparse_mqa_sm/ && col["batch"]) k = k "|" $col["batch"] "|" $col["heads"]
+      t[k] = $col["time_us"]; f[k] = $col["tflops"]; order[n++] = k }
+    END { for (i = 0; i < n; ++i) { k = order[i]; b = k
+            if (sub(/^sparse_mqa_sm90_fp8 /, "sparse_mqa_sm90 ", b) == 0 &&
+                sub(/^sparse_mqa_fp8\|/, "sparse_mqa|", b) == 0) continue
+            if (!(b in t) || t[k] <= 0) continue
+            printf "fp8 vs bf16: %-44s bf16 %9.1f us  fp8 %9.1f us  speed-up %.2fx  TF/s %.1f vs %.1f (%+.0f%%)\n",
+                   k, t[b], t[k], t[b] / t[k], f[b], f[k], (f[b] > 0 ? (f[k] / f[b] - 1) * 100 : 0) } }' \
+      "$1"
 }
 run_engine() {
   local name=$1
@@ -127,15 +158,44 @@ fi
 
 if has_stage sanitize && [ "$hung" -eq 0 ]; then
   small='SparseMqaCudaTest.SmallSplits*:SparseMqaCudaTest.OneKey*:SparseMqaCudaTest.NoWorkspace*:TopkToSlotsCudaTest.*:MergeStatesCudaTest.MergeSplits*'
+  small_fp8='SparseMqaFp8CudaTest.PartialHeadBlockAndRaggedBlocks:SparseMqaFp8CudaTest.OneKeyAndEmptyCache:SparseMqaFp8CudaTest.ExtremeTileScales*'
   for tool in memcheck racecheck; do
-    DCP_REQUIRE_GPU=1 timeout 50 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        "$test_exe" --gtest_filter="$small" >"$out/one.log" 2>&1
-    code=$?
-    [ "$code" -eq 0 ] || failures=$((failures + 1))
-    note "$tool: exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/one.log" | tail -1)"
-    { echo "=== $tool (exit $code)"; cat "$out/one.log"; } >>"$out/sanitize.log"
-    rm -f "$out/one.log"
+    for exe in "$test_exe" "$fp8_exe"; do
+      filter=$small
+      [ "$exe" = "$fp8_exe" ] && filter=$small_fp8
+      DCP_REQUIRE_GPU=1 timeout 60 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+          "$exe" --gtest_filter="$filter" >"$out/one.log" 2>&1
+      code=$?
+      [ "$code" -eq 0 ] || failures=$((failures + 1))
+      note "$tool $(basename "$exe"): exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/one.log" | tail -1)"
+      { echo "=== $tool $exe (exit $code)"; cat "$out/one.log"; } >>"$out/sanitize.log"
+      rm -f "$out/one.log"
+    done
   done
+fi
+
+# GPU time of each kernel of the one-token decode (1 x 128 heads x 2048 keys; bf16 and fp8
+# rows; heuristic and forced splits): Nsight Compute's gpu__time_duration with the L2 left warm
+# as in the bench, so the attention kernel and the split merge are seen apart.
+if has_stage ncu && [ "$hung" -eq 0 ]; then
+  timeout 120 mpirun --allow-run-as-root --bind-to none -np 1 ncu --clock-control none \
+      --cache-control none --metrics gpu__time_duration.sum -k 'regex:SparseMqaSm90|MergeSplits' \
+      "$bench" --mode kernels --device cuda --model deepseek_v32 --heads 128 --batches q1kv4k \
+      -w 1 -n 2 -b 1M -e 1M \
+      --only "sparse_mqa_sm90 t1 h128 k2048,sparse_mqa_sm90_fp8 t1 h128 k2048" \
+      >"$out/ncu.txt" 2>&1
+  note "ncu: exit $? ($(elapsed))"
+  # The mean duration per kernel, row format and grid (a merge is labelled with the grid of
+  # the attention kernel before it, i.e. its split count).
+  awk '/SparseMqaSm90Kernel|MergeSplitsKernel/ {
+         grid = match($0, /\([0-9]+, [0-9]+, [0-9]+\)x/) ? substr($0, RSTART, RLENGTH - 1) : "?"
+         if (index($0, "SparseMqaSm90Kernel")) {
+           rows = (index($0, "Kernel<576, 512, 1") ? "fp8" : "bf16"); label = "attention " rows " grid" grid; last = grid
+         } else { label = "merge " rows " after grid" last }
+       }
+       /gpu__time_duration.sum/ { s[label] += $(NF); n[label]++ }
+       END { for (k in s) printf "ncu %-44s %7.2f us (mean of %d)\n", k, s[k] / n[k], n[k] }' \
+      "$out/ncu.txt" | sort | tee -a "$summary"
 fi
 
 # Last (the least needed when time is short): the same kernels and layer with plain launches.

@@ -69,29 +69,62 @@ struct SparseMqaSm90Config {
 // The four half buffers (mbarrier indices): L = tiles 0-3, R = tiles 4-8 of K0 / K1.
 enum Sm90Half : int { kL0 = 0, kR0 = 1, kL1 = 2, kR1 = 3 };
 // Named barriers of the two consumer warpgroups (256 threads); 0 is __syncthreads.
-enum Sm90Barrier : int { kBarQ = 1, kBarMax = 2, kBarP = 3, kBarSum = 4 };
+// kBarConvert + wg: one consumer WG's 128 threads (fp8 rows: a dequantized tile is published).
+enum Sm90Barrier : int { kBarQ = 1, kBarMax = 2, kBarP = 3, kBarSum = 4, kBarConvert = 5 };
 
-// The producer warpgroup for fp8_ds_mla rows (656 bytes: 512 e4m3 values in 4 tiles of 128,
-// their 4 float32 scales at byte 512, 64 bf16 k_pe at byte 528). It fills the same bf16
-// swizzled half buffers as the bf16 producer (the consumers do not know the difference), in
-// the same order L0, R1, R0, L1, gathering half the bytes:
-//   - Thread t (group = t / 8, lane8 = t % 8) owns rows group + 16 r (r < 4) and, in each fp8
-//     tile f of the half (f0, f0 + 1; L: f0 = 0, R: f0 = 2), the 16 codes [16 lane8, +16):
-//     values 128 f + 16 lane8 + i, which land in bf16 tile 2 f + lane8 / 4 as the two
-//     16-byte chunks 2 (lane8 % 4) and 2 (lane8 % 4) + 1 of the row (an aligned 32-byte pair
-//     in the swizzle). The raw 16 codes are cp.async'd into the first chunk of that pair; the
-//     row's 16-byte scale block goes (lane8 0 only) into the second chunk of its pair in tile
-//     2 f0. Once landed, each thread dequantizes its own chunks in place (e4m3 x scale in fp32,
-//     rounded to bf16, as DequantizeFp8x8ToBf16 does for the mma.sync kernel); a __syncwarp
-//     between the reads and the writes of a row orders lane8 0's scale chunk (read by the 8
-//     lanes of the row, all in one warp) before it is overwritten. No staging buffer.
-//   - The rope tile (R halves) is bf16 already: cp.async straight into tile 8.
-//   - Order per pair: issue L0, R1; convert L0 (not on the first pair); issue R0, L1 (freed
-//     last, after the consumers' cross PV); convert (L0,) R1, R0, L1 as their cp.async groups
-//     land. Every half of a pair is converted before the next pair's free barriers are waited
-//     on: those are only released once the consumers have used the whole pair.
-//   - Each thread's st.shared are made visible to the wgmma (async proxy) with
-//     fence.proxy.async before its plain mbarrier arrive (ready barriers count 128 arrivals).
+// fp8_ds_mla rows (656 bytes: 512 e4m3 values in 4 tiles of 128, their 4 float32 scales at
+// byte 512, 64 bf16 k_pe at byte 528) fill the same bf16 swizzled half buffers as bf16 rows;
+// the raw bytes land in place and the consumers dequantize them there (v5, kept; v6 and v7 in
+// docs/sparse_mqa_sm90.md were slower):
+//   - The raw placement, per row and lane8 = position / 8 of a 16-byte slot: in each fp8 tile
+//     f of a half (f0, f0 + 1; L: f0 = 0, R: f0 = 2), the 16 codes [16 lane8, +16) are values
+//     128 f + 16 lane8 + i, which land in bf16 tile 2 f + lane8 / 4 as the two 16-byte chunks
+//     2 (lane8 % 4) and 2 (lane8 % 4) + 1 of the row (an aligned 32-byte pair in the swizzle).
+//     The raw 16 codes are cp.async'd into the first chunk of that pair; the row's 16-byte
+//     scale block goes into the second chunk of lane8 0's pair in tile 2 f0; the rope (R
+//     halves) is bf16 already and goes straight into tile 8.
+//   - The producer (SparseMqaSm90Fp8Producer) only gathers, as for bf16 rows: thread
+//     t = 8 group + lane8 issues rows group + 16 r (r < 4) and arrives on the half's ready
+//     barrier with cp.async.mbarrier.arrive.noinc (128 arrivals; ready = landed), order L0,
+//     R1, R0, L1, so each half's gather starts the moment the half is freed.
+//   - The consumer WG that computes S on a buffer dequantizes it in place (e4m3 x scale in
+//     fp32, rounded to bf16: DequantizeFp8x8ToBf16), one fp8 tile (two bf16 tiles) at a
+//     time with the producer's thread geometry (Sm90Fp8ConvertTile), and issues that step's
+//     wgmmas before converting the next tile, so the conversion of tile k + 1 overlaps the
+//     tensor work of tile k.
+
+// Dequantizes fp8 tile f of the landed raw rows of a K buffer in place (bf16 tiles 2 f and
+// 2 f + 1), thread t of a warpgroup taking the producer thread t's slots (rows t / 8 + 16 r,
+// r < 4). On the first tile of a half (first == true) the rows' scale chunks are read first
+// (into `scales`: the scales of tiles f and f + 1), then a __syncwarp (the 8 threads of a row
+// are in one warp) before lane8 0 overwrites the scale chunk with converted values (the raw
+// codes each thread reads are its own chunk: no ordering needed there).
+__device__ __forceinline__ void Sm90Fp8ConvertTile(uint32_t buffer, int f, bool first,
+                                                   float (&scales)[4][2]) {
+  using namespace sm90;
+  constexpr int kTileBytes = 64 * 64 * 2;
+  const int t = threadIdx.x % 128;
+  const int group = t / 8, lane8 = t % 8;
+  const uint32_t tile = buffer + (2 * f + lane8 / 4) * kTileBytes;
+  const uint32_t lo = TileChunk(group, 2 * (lane8 % 4)), hi = TileChunk(group, 2 * (lane8 % 4) + 1);
+  if (first) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float4 s = LdShared128f(buffer + 2 * f * kTileBytes + 2048 * r + TileChunk(group, 1));
+      scales[r][0] = f == 0 ? s.x : s.z;
+      scales[r][1] = f == 0 ? s.y : s.w;
+    }
+    __syncwarp();
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const uint4 raw = LdShared128(tile + 2048 * r + lo);
+    const float scale = first ? scales[r][0] : scales[r][1];
+    StShared128(tile + 2048 * r + lo, DequantizeFp8x8ToBf16(make_uint2(raw.x, raw.y), scale));
+    StShared128(tile + 2048 * r + hi, DequantizeFp8x8ToBf16(make_uint2(raw.z, raw.w), scale));
+  }
+}
+
 template <class Config>
 __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
     const SparseMqaParams& p, const SparseMqaWork& work, int first_block, int num_pairs,
@@ -105,11 +138,10 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
   const int32_t* token_indices = p.indices + int64_t(work.token) * p.indices_token_stride;
   const int key_end = work.key_end;
   // This thread's shared-memory offsets inside a buffer, for row `group` (row group + 16 r is
-  // 2048 r bytes further: same swizzle phase): its pair of chunks in tile 2 f + lane8 / 4
-  // (add 2 f tiles), the scale chunk in tile 2 f0 (add 2 f0 tiles), its rope chunk in tile 8.
-  const uint32_t pair_chunk = 2 * (lane8 % 4);
-  const uint32_t own_lo = (lane8 / 4) * kTileBytes + TileChunk(group, pair_chunk);
-  const uint32_t own_hi = (lane8 / 4) * kTileBytes + TileChunk(group, pair_chunk + 1);
+  // 2048 r bytes further: same swizzle phase): the first chunk of its pair in tile
+  // 2 f + lane8 / 4 (add 2 f tiles), the scale chunk in tile 2 f0 (add 2 f0 tiles), its rope
+  // chunk in tile 8.
+  const uint32_t own_lo = (lane8 / 4) * kTileBytes + TileChunk(group, 2 * (lane8 % 4));
   const uint32_t own_scale = TileChunk(group, 1);
   const uint32_t own_rope = (Config::kTiles - 1) * kTileBytes + TileChunk(group, lane8);
   const uint8_t* kv_lane = kv + 16 * lane8;  // this thread's 16 bytes of each 128-code tile
@@ -141,7 +173,8 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
                           src + (f0 + f) * fp8_ds_mla::kTileSize, valid);
       }
       if (lane8 == 0) {
-        CpAsync16(row + 2 * f0 * kTileBytes + own_scale, src + fp8_ds_mla::kScaleOffset, valid);
+        CpAsync16(row + 2 * f0 * kTileBytes + own_scale,
+                  src + fp8_ds_mla::kScaleOffset, valid);
       }
       if (rope) {
         CpAsync16(row + own_rope, src + fp8_ds_mla::kRopeOffset, valid);
@@ -156,30 +189,7 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
                key < key_end ? token_indices + key : token_indices, key < key_end);
     }
   };
-  // Dequantize this thread's chunks of a landed half in place, then publish it. Per row: the
-  // scale block and the codes of tile f0 are read, a __syncwarp, then tile f0's chunks are
-  // written (lane8 0's write overwrites the scale block), then tile f0 + 1 (own chunks only).
-  auto convert = [&](int which, int f0, int half) {
-    __syncwarp();  // lane8 0's scale chunks landed (each lane waited for its own cp.async)
-    const uint32_t buffer = Opaque(k_base[which]);
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const uint32_t row = buffer + 2048 * r;
-      const float4 scales = LdShared128f(row + 2 * f0 * kTileBytes + own_scale);
-#pragma unroll
-      for (int f = 0; f < 2; ++f) {
-        const uint32_t tile = row + 2 * (f0 + f) * kTileBytes;
-        const uint4 raw = LdShared128(tile + own_lo);
-        if (f == 0) __syncwarp();  // every lane of the row has read lane8 0's scale chunk
-        const float scale = f0 == 0 ? (f == 0 ? scales.x : scales.y)
-                                    : (f == 0 ? scales.z : scales.w);
-        StShared128(tile + own_lo, DequantizeFp8x8ToBf16(make_uint2(raw.x, raw.y), scale));
-        StShared128(tile + own_hi, DequantizeFp8x8ToBf16(make_uint2(raw.z, raw.w), scale));
-      }
-    }
-    FenceProxyAsync();
-    MbarrierArrive(ready_bar + 8 * half);
-  };
+  // Every half only gathered (ready = landed): the consumers dequantize.
   for (int pair = 0; pair < num_pairs; ++pair) {
     const int b0 = first_block + 2 * pair, b1 = b0 + 1;
     const int free_parity = (pair & 1) ^ 1;
@@ -188,35 +198,19 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
     MbarrierWait(free_bar + 8 * kL0, free_parity);
     issue(0, 0, false);
     copy_indices(0, b0);
-    CpAsyncCommit();
+    CpAsyncMbarrierArrive(ready_bar + 8 * kL0);
     MbarrierWait(free_bar + 8 * kR1, free_parity);
     issue(1, 2, true);
     copy_indices(1, b1);
-    CpAsyncCommit();
-    // L0 and R1 are freed by the consumers' own PV, R0 and L1 only after the cross PV: convert
-    // L0 while waiting for those, except on the first pair, where everything is free and R0 /
-    // L1 are issued at once.
-    if (pair > 0) {
-      CpAsyncWaitGroup<1>();
-      convert(0, 0, kL0);
-    }
+    CpAsyncMbarrierArrive(ready_bar + 8 * kR1);
     MbarrierWait(free_bar + 8 * kR0, free_parity);
     issue(0, 2, true);
-    CpAsyncCommit();
+    CpAsyncMbarrierArrive(ready_bar + 8 * kR0);
     MbarrierWait(free_bar + 8 * kL1, free_parity);
     issue(1, 0, false);
-    CpAsyncCommit();
-    if (pair == 0) {
-      CpAsyncWaitGroup<3>();
-      convert(0, 0, kL0);
-    }
-    CpAsyncWaitGroup<2>();
-    convert(1, 2, kR1);
-    CpAsyncWaitGroup<1>();
-    convert(0, 2, kR0);
-    CpAsyncWaitGroup<0>();
-    convert(1, 0, kL1);
+    CpAsyncMbarrierArrive(ready_bar + 8 * kL1);
   }
+  CpAsyncWaitAll();
 }
 
 template <int kHeadDim, int kVDim, KvCacheDType kFormat>
@@ -391,27 +385,74 @@ __global__ void __launch_bounds__(384, 1)
     float s[32];
     const uint64_t q_desc = Opaque(MakeDesc(q_base, 16, 1024));
     const uint64_t k_desc = Opaque(MakeDesc(own_k, 16, 1024));
-    MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
-    FenceProxyAsync();
-    WgmmaFence();
+    if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
+      // fp8 rows: four steps, one fp8 tile f each (WG0 f = 0, 1 | 2, 3; WG1 f = 2, 3 |
+      // 0, 1): wait for the half on its first tile, dequantize f in place (bf16 tiles 2 f,
+      // 2 f + 1), publish it to this WG's wgmma (fence + 128-thread barrier), issue those
+      // tiles' wgmmas without waiting for them: the next step's conversion runs while they
+      // execute. The rope tile 8 after the first half (WG0: once R0 has landed). Tile order
+      // WG0 0-3, 8, 4-7, WG1 4-7, 8, 0-3, as for bf16 rows (the tests compare both bit for
+      // bit). Straight-line code for both WGs.
+      float scales[4][2];
+      const int first_f = wg == 0 ? 0 : 2;
+      MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
 #pragma unroll
-    for (int i = 0; i < kTiles; ++i) {
-      // The same straight-line code for both WGs (a branch between wgmmas serialises them):
-      // WG1 waits for L1 after tiles 4-7, one tile earlier than it must.
-      if (i == kLeftTiles) {
-        WgmmaCommit();
-        MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
+      for (int step = 0; step < 4; ++step) {
+        const int f = (first_f + step) % 4;
+        Sm90Fp8ConvertTile(own_k, f, step % 2 == 0, scales);
         FenceProxyAsync();
+        NamedBarrierSync(kBarConvert + wg, 128);
         WgmmaFence();
-      }
-      const int tile = (first_tile + i) % kTiles;
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        const uint32_t step = (tile * kTileBytes + ks * 32) >> 4;  // descriptor address units
-        WgmmaM64N64K16SS(s, q_desc + step, k_desc + step, (i > 0 || ks > 0) ? 1 : 0);
+        for (int i = 0; i < 2; ++i) {
+          const int tile = 2 * f + i;
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            const uint32_t k_step = (tile * kTileBytes + ks * 32) >> 4;
+            WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step,
+                             (step > 0 || i > 0 || ks > 0) ? 1 : 0);
+          }
+        }
+        WgmmaCommit();
+        if (step == 1) {
+          MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
+          FenceProxyAsync();
+          WgmmaFence();
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            const uint32_t k_step = ((kTiles - 1) * kTileBytes + ks * 32) >> 4;
+            WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step, 1);
+          }
+          WgmmaCommit();
+        }
       }
+    } else {
+      // WG0 walks tiles 0-3, 8, 4-7 and WG1 4-7, 8, 0-3: the rope tile fifth for both, as in
+      // the fp8 path, which must sum in the same order (its tests are bit-exact against this
+      // one). The same straight-line code for both WGs (a branch between wgmmas serialises
+      // them): WG0 waits for R0 before the rope tile, WG1 for L1 one tile earlier than it must.
+      MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
+      FenceProxyAsync();
+      WgmmaFence();
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i) {
+        if (i == kLeftTiles) {
+          WgmmaCommit();
+          MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
+          FenceProxyAsync();
+          WgmmaFence();
+        }
+        const int tile = i < kLeftTiles    ? first_tile + i
+                         : i == kLeftTiles ? kTiles - 1
+                                           : (first_tile ^ kLeftTiles) + i - kLeftTiles - 1;
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+          const uint32_t step = (tile * kTileBytes + ks * 32) >> 4;  // descriptor address units
+          WgmmaM64N64K16SS(s, q_desc + step, k_desc + step, (i > 0 || ks > 0) ? 1 : 0);
+        }
+      }
+      WgmmaCommit();
     }
-    WgmmaCommit();
     WgmmaWait<0>();
     FenceOperands(s);
 

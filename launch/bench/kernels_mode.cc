@@ -449,7 +449,8 @@ ModeResult KernelBench::Finish() {
 // with the same number of valid keys in a compacted row (valid_counts), random distinct rows of
 // a cache larger than L2. Each kernel (sm90 = wgmma, sm80 = mma.sync) with the launcher's split
 // choice, and the one-token decode at forced split counts. TF/s count the valid keys'
-// 2 H (576 + 512) FLOPs, GB/s the gathered rows (576 x 2 bytes per valid key and token).
+// 2 H (576 + 512) FLOPs, GB/s the gathered rows (576 x 2 bytes per valid key and token; 656
+// for the sparse_mqa_sm90_fp8 rows: the same selections over the rows quantized to fp8_ds_mla).
 absl::Status KernelBench::MeasureSparseMqaShapes() {
   Device& device = *env_.device;
   const BenchOptions& o = env_.options;
@@ -486,28 +487,54 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
     return FillRandom(device, cache.data(), DType::kBF16, size_t(kSlots) * kWidth, o.seed,
                       kStreamB);
   }();
-  auto run_shape = [&](const Shape& shape, int kernel, int splits) -> absl::Status {
-    const std::string name = absl::StrCat("sparse_mqa_", kernel == 2 ? "sm90" : "sm80", " t",
-                                          shape.tokens, " h", shape.heads, " k", shape.keys,
-                                          splits > 0 ? absl::StrCat(" s", splits) : "");
+  // The same rows quantized to fp8_ds_mla (656 bytes a row): the sparse_mqa_sm90_fp8 rows run
+  // the same selections over them (bf16 / fp8 ratios: scripts/sparse_mqa_device.sh).
+  Buffer fp8_cache, all_slots;
+  const absl::Status fp8_prepared = [&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(prepared);
+    std::vector<int32_t> identity(kSlots);
+    for (int64_t i = 0; i < kSlots; ++i) identity[i] = static_cast<int32_t>(i);
+    DCP_ASSIGN_OR_RETURN(all_slots, UploadInts(device, identity));
+    DCP_ASSIGN_OR_RETURN(fp8_cache, device.Allocate(size_t(kSlots) * fp8_ds_mla::kRowBytes));
+    Fp8DsMlaWriteParams w;
+    w.kv_c = cache.data();
+    w.k_pe = static_cast<const std::byte*>(cache.data()) + size_t(kValue) * 2;
+    w.slot_mapping = all_slots.as<int32_t>();
+    w.cache = fp8_cache.as<uint8_t>();
+    w.dtype = DType::kBF16;
+    w.num_rows = w.num_slots = kSlots;
+    w.kv_c_row_stride = w.k_pe_row_stride = kWidth;
+    return WriteFp8DsMlaRowsOn(device, w);
+  }();
+  auto run_shape = [&](const Shape& shape, int kernel, int splits,
+                       bool fp8 = false) -> absl::Status {
+    const std::string name =
+        absl::StrCat("sparse_mqa_", kernel == 2 ? "sm90" : "sm80", fp8 ? "_fp8" : "", " t",
+                     shape.tokens, " h", shape.heads, " k", shape.keys,
+                     splits > 0 ? absl::StrCat(" s", splits) : "");
     const double keys = double(shape.tokens) * shape.keys;
-    KernelRow row{name, nullptr, shape.heads, static_cast<int64_t>(keys * kWidth * 2),
-                  2.0 * shape.heads * (kWidth + kValue) * keys, keys * kWidth * 2};
+    const double row_bytes = fp8 ? fp8_ds_mla::kRowBytes : kWidth * 2;
+    KernelRow row{name, nullptr, shape.heads, static_cast<int64_t>(keys * row_bytes),
+                  2.0 * shape.heads * (kWidth + kValue) * keys, keys * row_bytes};
     SparseMqaParams p;
     p.q = q.data(), p.kv_cache = cache.data(), p.indices = indices.as<int32_t>();
+    if (fp8) {
+      p.kv_format = KvCacheDType::kFp8DsMla;
+      p.kv_cache = fp8_cache.data();
+    }
     p.valid_counts = counts.as<int32_t>();
     p.out = out.as<float>(), p.lse = lse.as<float>();
     p.dtype = DType::kBF16;
     p.num_tokens = shape.tokens, p.num_heads = shape.heads;
     p.head_dim = kWidth, p.v_dim = kValue, p.topk = kTopk, p.num_slots = kSlots;
     p.q_token_stride = int64_t{shape.heads} * kWidth, p.q_head_stride = kWidth;
-    p.kv_row_stride = kWidth, p.indices_token_stride = kTopk;
+    p.kv_row_stride = fp8 ? fp8_ds_mla::kRowBytes : kWidth, p.indices_token_stride = kTopk;
     p.out_token_stride = int64_t{shape.heads} * kValue, p.out_head_stride = kValue;
     p.lse_token_stride = shape.heads;
     p.scale = 0.1352f;
     p.kernel = kernel;
     p.num_splits = splits;
-    absl::Status ready = prepared;
+    absl::Status ready = fp8 ? fp8_prepared : prepared;
     if (ready.ok()) {
       const std::vector<int32_t> host(shape.tokens, shape.keys);
       ready = device.CopyFromHost(counts.data(), host.data(), host.size() * 4);
@@ -516,12 +543,16 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
   };
   for (const Shape& shape : shapes) {
     for (int kernel : {2, 1}) DCP_RETURN_IF_ERROR(run_shape(shape, kernel, 0));
+    DCP_RETURN_IF_ERROR(run_shape(shape, 2, 0, /*fp8=*/true));
   }
   for (int splits : {1, 4, 8, 16, 32}) {
     for (int kernel : {2, 1}) DCP_RETURN_IF_ERROR(run_shape({1, 128, 2048}, kernel, splits));
   }
   for (int splits : {1, 2, 4}) {
     DCP_RETURN_IF_ERROR(run_shape({64, 128, 2048}, 2, splits));
+  }
+  for (int splits : {8, 16, 32}) {
+    DCP_RETURN_IF_ERROR(run_shape({1, 128, 2048}, 2, splits, /*fp8=*/true));
   }
   return absl::OkStatus();
 }
