@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string_view>
 
 #include "attention/cuda/cublas_status.h"
 #include "attention/cuda/gemm_small_m.h"
@@ -54,25 +55,56 @@ absl::Status CheckParams(const GemmParams& p) {
 
 }  // namespace
 
-bool SmallMGemmEnabled() {
-  static const bool disabled = std::getenv("DCP_NO_SMALL_M_GEMM") != nullptr;
-  return !disabled;
-}
-
 namespace {
 
 enum class SmallMKernel { kNone, kSimt, kTensorCore };
 
-// Which small-M kernel takes a GEMM (gemm_small_m.h): the tensor-core one up to
-// kSmallMGemmDispatchMaxM rows; with DCP_SMALL_M_SIMT=1 the CUDA-core one at one row (the
-// dispatch before the tensor-core kernel, kept to compare); else cuBLAS.
-SmallMKernel SmallMKernelFor(const GemmParams& p) {
-  static const bool simt = std::getenv("DCP_SMALL_M_SIMT") != nullptr;
-  if (!SmallMGemmEnabled()) return SmallMKernel::kNone;
-  if (simt) return p.m <= 1 && SmallMGemmFits(p) ? SmallMKernel::kSimt : SmallMKernel::kNone;
-  return p.m <= kSmallMGemmDispatchMaxM && SmallMTcGemmFits(p) ? SmallMKernel::kTensorCore
-                                                                 : SmallMKernel::kNone;
+// DCP_SMALL_M_GEMM: "simt" (default), "tc" or "off"; DCP_NO_SMALL_M_GEMM=1 is "off".
+SmallMKernel SmallMChoice() {
+  static const SmallMKernel choice = [] {
+    if (std::getenv("DCP_NO_SMALL_M_GEMM") != nullptr) return SmallMKernel::kNone;
+    const char* value = std::getenv("DCP_SMALL_M_GEMM");
+    const std::string_view name = value == nullptr ? "simt" : value;
+    if (name == "off") return SmallMKernel::kNone;
+    if (name == "tc") return SmallMKernel::kTensorCore;
+    return SmallMKernel::kSimt;
+  }();
+  return choice;
 }
+
+// Which small-M kernel takes a GEMM (gemm_small_m.h): the CUDA-core one up to
+// kSmallMGemmDispatchMaxM rows, or the tensor-core one up to kSmallMTcGemmMaxM when chosen;
+// kNone: cuBLAS.
+SmallMKernel SmallMKernelFor(const GemmParams& p) {
+  switch (SmallMChoice()) {
+    case SmallMKernel::kSimt:
+      return p.m <= kSmallMGemmDispatchMaxM && SmallMGemmFits(p) ? SmallMKernel::kSimt
+                                                                 : SmallMKernel::kNone;
+    case SmallMKernel::kTensorCore:
+      return SmallMTcGemmFits(p) ? SmallMKernel::kTensorCore : SmallMKernel::kNone;
+    case SmallMKernel::kNone:
+      break;
+  }
+  return SmallMKernel::kNone;
+}
+
+}  // namespace
+
+bool SmallMGemmEnabled() { return SmallMChoice() != SmallMKernel::kNone; }
+
+const char* GemmKernelName(const GemmParams& p) {
+  switch (SmallMKernelFor(p)) {
+    case SmallMKernel::kTensorCore:
+      return "small_m_tc";
+    case SmallMKernel::kSimt:
+      return "small_m";
+    case SmallMKernel::kNone:
+      break;
+  }
+  return "cublas";
+}
+
+namespace {
 
 bool TakesSmallM(const GemmParams& p) { return SmallMKernelFor(p) != SmallMKernel::kNone; }
 

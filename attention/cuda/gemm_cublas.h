@@ -15,22 +15,27 @@
 namespace dcp::cuda {
 
 // `handle` must be bound to `stream` by the caller (cublasSetStream) or is bound here.
-// Shapes the small-M kernel takes (gemm_small_m.h: BF16 weights, m <= kSmallMGemmDispatchMaxM
+// Shapes a small-M kernel takes (gemm_small_m.h: BF16 weights, m <= kSmallMGemmDispatchMaxM
 // rows per batch entry: the 1-token decode projections) run there, in one launch with the side
-// copy and no cuBLAS call; everything else (and everything when the environment sets
-// DCP_NO_SMALL_M_GEMM, a switch for measuring the difference, read once per process) goes to
-// cuBLAS, the side copy then a copy of its own.
+// copy and no cuBLAS call; everything else goes to cuBLAS, the side copy then a copy of its
+// own. The environment picks the small-M kernel, read once per process: DCP_SMALL_M_GEMM=simt
+// (the default: CUDA cores, m <= kSmallMGemmDispatchMaxM), tc (tensor cores, m <=
+// kSmallMTcGemmMaxM) or off (DCP_NO_SMALL_M_GEMM=1 too): switches for measuring.
 absl::Status Gemm(cublasHandle_t handle, const GemmParams& params, cudaStream_t stream);
 
 // Always cuBLAS (the peer the small-M kernel is measured against).
 absl::Status GemmCublas(cublasHandle_t handle, const GemmParams& params, cudaStream_t stream);
 
-// Whether Gemm may take the small-M kernel (false when DCP_NO_SMALL_M_GEMM is set).
+// Whether Gemm may take a small-M kernel (false with DCP_SMALL_M_GEMM=off or
+// DCP_NO_SMALL_M_GEMM set).
 bool SmallMGemmEnabled();
+
+// The kernel Gemm takes for these params: "small_m", "small_m_tc" or "cublas" (tests, logs).
+const char* GemmKernelName(const GemmParams& params);
 
 // Whether Gemm takes these dtypes: A and B of one dtype always; A F32 with B BF16 (o_lat
 // straight from the attention's fp32 output, no conversion launch) only where the small-M
-// kernel runs (enabled and SmallMGemmFits).
+// kernel runs (GemmKernelName is not "cublas").
 bool GemmSupports(const GemmParams& params);
 
 }  // namespace dcp::cuda

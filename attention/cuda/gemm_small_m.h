@@ -3,7 +3,9 @@
 // - GemmSmallMTc (gemm_small_m_tc_kernel.cuh), m <= 64: each block brings its whole slice of
 //   the weights into shared memory with cp.async (issued before the previous kernel is waited
 //   for) and runs bf16 mma.sync over it; A is rounded to bf16 (as cuBLAS's path converts it).
-//   cuda::Gemm sends 1 <= m <= kSmallMGemmDispatchMaxM here.
+//   Opt-in (DCP_SMALL_M_GEMM=tc: cuda::Gemm sends m <= 64 here): on the H200 it is 1-4.6 us
+//   slower than cuBLAS in GPU time at every m (docs/engine_decode_latency.md), and what it
+//   saves is cuBLAS's host path, which pays only in eager layers with few heads.
 // - GemmSmallM (CUDA cores, below), m <= 16, A read as F32 when it is F32. The weights are streamed once
 // and the rows of A applied to each weight vector as it arrives (CUDA-core FMAs, fp32
 // accumulation). Row-major, strided per head exactly as GemmParams. What it buys over cuBLAS
@@ -28,11 +30,13 @@ namespace dcp::cuda {
 
 // Rows per head the small-M kernel takes (row tiles 1..16 compiled).
 constexpr int kSmallMGemmMaxM = 16;
-// Rows per head up to which cuda::Gemm sends a GEMM to a small-M kernel (the tensor-core one;
-// DCP_SMALL_M_SIMT=1 picks the CUDA-core one at m = 1 and cuBLAS above, as before it). The
-// CUDA-core kernel's GPU time grows with m (docs/engine_decode_latency.md: at 2 rows the two
-// decode projections cost ~3 us more than cuBLAS), the tensor-core kernel's does not.
-constexpr int kSmallMGemmDispatchMaxM = 64;
+// Rows per head up to which cuda::Gemm sends a GEMM to the CUDA-core small-M kernel, from the
+// H200 measurements (docs/engine_decode_latency.md): at 1 row the decode layer is faster on
+// the host, eager and graph-replayed; at 2 rows the two projections' extra GPU time (~3 us)
+// exceeds what the two saved launches give back in a replayed graph, so 2 and more rows go
+// to cuBLAS. DCP_SMALL_M_GEMM=tc sends m <= kSmallMTcGemmMaxM to the tensor-core kernel
+// instead; DCP_NO_SMALL_M_GEMM=1 (or DCP_SMALL_M_GEMM=off) sends everything to cuBLAS.
+constexpr int kSmallMGemmDispatchMaxM = 1;
 // Rows per head the tensor-core kernel takes (4 tiles of 16).
 constexpr int kSmallMTcGemmMaxM = 64;
 

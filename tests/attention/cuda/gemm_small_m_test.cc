@@ -63,14 +63,11 @@ class GemmSmallMTest : public GpuTest {
     const int64_t a_count = Span(c.batch, c.stride_a, c.m, c.lda, c.k);
     const int64_t b_count = Span(c.batch, c.stride_b, b_rows, c.ldb, b_cols);
     const int64_t c_count = Span(c.batch, c.stride_c, c.m, c.ldc, c.n);
-    // A as the kernel sees it (bf16-rounded unless F32 into the CUDA-core kernel; the
-    // dispatch takes m <= 64 to the tensor-core kernel), in float and double.
+    // A as the kernel sees it (bf16-rounded unless F32 into the CUDA-core kernel), in float
+    // and double; which kernel the dispatch takes is asked after the params are made.
     const std::vector<float> a_float = RandomFloats(rng, a_count);
     const std::vector<bf16> a_bf16 = ToBf16(a_float);
-    const bool a_rounded = !c.a_f32 || c.tensor_core ||
-                           (c.through_dispatch && c.m <= cuda::kSmallMGemmDispatchMaxM);
-    const std::vector<double> a =
-        a_rounded ? ToDouble(a_bf16) : std::vector<double>(a_float.begin(), a_float.end());
+    std::vector<double> a;
     const std::vector<bf16> b = ToBf16(RandomFloats(rng, b_count, -0.1f, 0.1f));
     // C starts NaN (beta == 0: must not be read) or random (beta != 0: it is read).
     std::vector<float> c0_float = RandomFloats(rng, c_count);
@@ -97,6 +94,10 @@ class GemmSmallMTest : public GpuTest {
     p.lda = c.lda, p.ldb = c.ldb, p.ldc = c.ldc;
     p.stride_a = c.stride_a, p.stride_b = c.stride_b, p.stride_c = c.stride_c;
     p.alpha = c.alpha, p.beta = c.beta;
+    const bool a_rounded =
+        !c.a_f32 || c.tensor_core ||
+        (c.through_dispatch && std::string(cuda::GemmKernelName(p)) == "small_m_tc");
+    a = a_rounded ? ToDouble(a_bf16) : std::vector<double>(a_float.begin(), a_float.end());
     if (c.through_dispatch) {
       ASSERT_TRUE(cuda::GemmSupports(p));
     } else {
@@ -227,9 +228,23 @@ TEST_F(GemmSmallMTest, DecodeProjectionShapes) {
   constexpr int dn = 128, r = 512, dr = 64, dv = 128, width = r + dr;
   for (int heads : {128, 13}) {
     for (int tokens : {1, 2, 4, 16, 64}) {
-      // Through cuda::Gemm (the tensor-core kernel at these rows), and the CUDA-core kernel
-      // directly where it takes the rows.
-      const bool dispatch = tokens <= cuda::kSmallMGemmDispatchMaxM;
+      // Each case through cuda::Gemm up to the dispatch's crossover, on the CUDA-core kernel
+      // directly where it takes the rows, and on the tensor-core kernel directly.
+      auto run_all = [&](Case c) {
+        const std::string name = c.name;
+        if (tokens <= cuda::kSmallMGemmDispatchMaxM) {
+          c.through_dispatch = true;
+          Run(rng, c);
+          c.through_dispatch = false;
+        }
+        if (tokens <= cuda::kSmallMGemmMaxM) {
+          c.name = name + ", CUDA cores";
+          Run(rng, c);
+        }
+        c.tensor_core = true;
+        c.name = name + ", tensor cores";
+        Run(rng, c);
+      };
       // Absorb: q_nope [T, H, Dn] x w_uk[h] [Dn, R] -> q' [T, H, R + Dr] (bf16).
       Case absorb{tokens,
                   r,
@@ -243,14 +258,8 @@ TEST_F(GemmSmallMTest, DecodeProjectionShapes) {
                   dn,
                   int64_t{dn} * r,
                   width};
-      absorb.through_dispatch = dispatch;
       absorb.name = "absorb";
-      Run(rng, absorb);
-      if (tokens <= cuda::kSmallMGemmMaxM) {
-        absorb.through_dispatch = false;
-        absorb.name = "absorb, CUDA cores";
-        Run(rng, absorb);
-      }
+      run_all(absorb);
       // Output: o_lat [T, H, R] x w_uv[h] [R, Dv] -> out [T, H, Dv] (fp32).
       Case out{tokens,
                dv,
@@ -264,24 +273,17 @@ TEST_F(GemmSmallMTest, DecodeProjectionShapes) {
                r,
                int64_t{r} * dv,
                dv};
-      out.through_dispatch = dispatch;
       out.name = "project out";
-      Run(rng, out);
+      run_all(out);
       out.a_f32 = true;  // o_lat straight from the attention's fp32 output
       out.name = "project out, o_lat F32";
-      Run(rng, out);
-      if (tokens <= cuda::kSmallMGemmMaxM) {
-        out.through_dispatch = false;
-        out.name = "project out, o_lat F32, CUDA cores";
-        Run(rng, out);
-      }
+      run_all(out);
       // Up-projection of a few rows: kv_c [n, R] (shared by the heads) x w_uk[h]^T -> k.
       Case up{
           tokens,          dn,     r, heads, true, true, width, r, int64_t{heads} * (dn + dr), 0,
           int64_t{dn} * r, dn + dr};
-      up.through_dispatch = dispatch;
       up.name = "up-projection, shared A";
-      Run(rng, up);
+      run_all(up);
     }
   }
 }
