@@ -37,9 +37,18 @@ template <int N8, bool NK>
 absl::Status LaunchTc(const GemmSmallMArgs& args, dim3 grid, int64_t shared,
                       cudaStream_t stream) {
   auto* kernel = GemmSmallMTcKernel<N8, NK>;
-  // The attribute is set once per instantiation, to the most any call may ask for.
-  static const cudaError_t attribute = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTcMaxSharedBytes));
+  // The attributes are set once per instantiation: the most shared memory any call may ask
+  // for, and the largest shared-memory carveout (the kernel reads B through cp.async.cg, which
+  // skips L1), so that two 88-KiB blocks of the w_uv shape fit an SM instead of the driver
+  // choosing a split that holds one (a hypothesis for the fixed cost measured on the H200,
+  // docs/engine_decode_latency.md; not measured yet).
+  static const cudaError_t attribute = [&] {
+    const cudaError_t size = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTcMaxSharedBytes));
+    if (size != cudaSuccess) return size;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                static_cast<int>(cudaSharedmemCarveoutMaxShared));
+  }();
   DCP_CUDA_CHECK(attribute);
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
