@@ -135,11 +135,16 @@ absl::Status LaunchCopyRows(const CopyRowsParams& p, int unit, cudaStream_t stre
 template <typename Index>
 absl::Status DispatchCopyRows(const CopyRowsParams& p, int unit, cudaStream_t stream) {
   switch (unit) {
-    case 16: return LaunchCopyRows<uint4, Index>(p, unit, stream);
-    case 8: return LaunchCopyRows<uint2, Index>(p, unit, stream);
-    case 4: return LaunchCopyRows<uint32_t, Index>(p, unit, stream);
-    case 2: return LaunchCopyRows<uint16_t, Index>(p, unit, stream);
-    case 1: return LaunchCopyRows<uint8_t, Index>(p, unit, stream);
+    case 16:
+      return LaunchCopyRows<uint4, Index>(p, unit, stream);
+    case 8:
+      return LaunchCopyRows<uint2, Index>(p, unit, stream);
+    case 4:
+      return LaunchCopyRows<uint32_t, Index>(p, unit, stream);
+    case 2:
+      return LaunchCopyRows<uint16_t, Index>(p, unit, stream);
+    case 1:
+      return LaunchCopyRows<uint8_t, Index>(p, unit, stream);
   }
   return DCP_ERROR(Internal, "CopyRows: no unit of %d bytes", unit);
 }
