@@ -85,6 +85,7 @@ class CpuDevice final : public Device {
   }
   absl::Status GatherRows(const GatherRowsParams& p) override { return cpu::GatherRows(p); }
   absl::Status ScatterRows(const ScatterRowsParams& p) override { return cpu::ScatterRows(p); }
+  absl::Status CopyRows(const CopyRowsParams& p) override { return cpu::CopyRows(p); }
   absl::Status WriteFp8DsMlaRows(const Fp8DsMlaWriteParams& p) override {
     return cpu::WriteFp8DsMlaRows(p);
   }

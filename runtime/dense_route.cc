@@ -176,15 +176,25 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
 
   // Queries [tp, Hl, Dr + Dn] = [q_rope | q_nope] of the prefill tokens: the head dims in the
   // order of UpProject's keys [k_pe | k_nope] (a dot product does not care about the order).
+  // Both halves are copied by the launch that broadcasts k_pe (one pass, 16-byte units).
   DCP_ASSIGN_OR_RETURN(void* q, q_.Get(size_t(tp) * hl * qk * element));
-  DCP_RETURN_IF_ERROR(device_.Copy2D(q, size_t(qk) * element, in.q_rope, size_t(dr) * element,
-                                     size_t(dr) * element, size_t(tp) * hl));
-  DCP_RETURN_IF_ERROR(device_.Copy2D(static_cast<std::byte*>(q) + size_t(dr) * element,
-                                     size_t(qk) * element, in.q_nope, size_t(dn) * element,
-                                     size_t(dn) * element, size_t(tp) * hl));
+  RowCopy q_rope_copy, q_nope_copy;
+  q_rope_copy.src = in.q_rope;
+  q_rope_copy.dst = q;
+  q_rope_copy.rows = tp * hl;
+  q_rope_copy.width = dr;
+  q_rope_copy.src_row_stride = dr;
+  q_rope_copy.dst_row_stride = qk;
+  q_nope_copy.src = in.q_nope;
+  q_nope_copy.dst = static_cast<std::byte*>(q) + size_t(dr) * element;
+  q_nope_copy.rows = tp * hl;
+  q_nope_copy.width = dn;
+  q_nope_copy.src_row_stride = dn;
+  q_nope_copy.dst_row_stride = qk;
+  const RowCopy query_copies[] = {q_rope_copy, q_nope_copy};
   // The new tokens' K/V from their latent rows: kv [tp, Hl, Dr + Dn + Dv].
   DCP_ASSIGN_OR_RETURN(void* kv_new, kv_new_.Get(size_t(tp) * hl * kv_width * element));
-  DCP_RETURN_IF_ERROR(projections_.UpProject(in.kv_new, tp, kv_new));
+  DCP_RETURN_IF_ERROR(projections_.UpProject(in.kv_new, tp, kv_new, query_copies));
   timer.End(&ForwardStats::up_projection_s);
   if (stats) stats->flops += 2.0 * double(tp) * hl * m.kv_lora_rank * (dn + dv);
   // K and V are views of a kv buffer: k = kv[:, :, :qk], v = kv[:, :, qk:].

@@ -118,6 +118,8 @@ class Device {
   virtual absl::Status ValidateTopk(const TopkValidateParams& params) = 0;
   virtual absl::Status GatherRows(const GatherRowsParams& params) = 0;
   virtual absl::Status ScatterRows(const ScatterRowsParams& params) = 0;
+  // A few strided row copies (with source rows broadcast) in one call (CopyRowsParams).
+  virtual absl::Status CopyRows(const CopyRowsParams& params) = 0;
   // fp8_ds_mla cache rows (core/kv_cache_format.h, workspace/fp8_rows_params.h): the quantizing
   // cache write (input in the storage dtype) and the dequantizing gather (output in the storage
   // dtype). Devices without them answer Unimplemented.

@@ -99,9 +99,10 @@ absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTab
     for (const PlannedRequest& r : plan_.requests) {
       const int32_t* row = tables.row(r.batch_index);
       const size_t request_runs = runs.size();
+      TokenSlotWalker slots(row, tables.block_size, layout, rank, r.context_len());
       for (int i = 0; i < r.query_len; ++i) {
         perm[r.token_begin + i] = static_cast<int32_t>(r.caller_token_begin + i);
-        const int64_t slot = TokenSlot(row, tables.block_size, layout, rank, r.context_len() + i);
+        const int64_t slot = slots.Next();
         write_slots[r.caller_token_begin + i] = static_cast<int32_t>(slot);
         if (slot < 0) continue;
         if (runs.size() > request_runs && runs.back().last + 1 == slot) {

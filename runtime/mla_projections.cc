@@ -1,5 +1,6 @@
 #include "runtime/mla_projections.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <limits>
 #include <vector>
@@ -9,12 +10,8 @@
 namespace dcp {
 
 absl::Status MlaProjections::Prepare(int64_t max_rows) {
-  const int64_t targets = max_rows * heads_;
-  if (broadcast_rows_ >= targets) return absl::OkStatus();
-  std::vector<int32_t> index(targets);
-  for (int64_t i = 0; i < targets; ++i) index[i] = static_cast<int32_t>(i / heads_);
-  DCP_RETURN_IF_ERROR(Upload(device_, rope_index_, index).status());
-  broadcast_rows_ = targets;
+  DCP_CHECK_ARG(max_rows >= 0, "UpProject rows %d must be >= 0", max_rows);
+  broadcast_rows_ = std::max(broadcast_rows_, max_rows * heads_);
   return absl::OkStatus();
 }
 
@@ -62,7 +59,8 @@ absl::Status MlaProjections::Absorb(const void* q_nope, const void* q_rope, int6
                    int64_t{hl} * width, width, tx, r, dn}, rope);
 }
 
-absl::Status MlaProjections::UpProject(const void* rows, int64_t n, void* kv) {
+absl::Status MlaProjections::UpProject(const void* rows, int64_t n, void* kv,
+                                       absl::Span<const RowCopy> also) {
   const int dn = model_.qk_nope_head_dim, dr = model_.qk_rope_head_dim, dv = model_.v_head_dim;
   const int r = model_.kv_lora_rank, hl = heads_, width = model_.latent_width();
   const int kv_width = KvWidth(model_);
@@ -72,6 +70,9 @@ absl::Status MlaProjections::UpProject(const void* rows, int64_t n, void* kv) {
   const int64_t targets = n * hl;
   DCP_CHECK_ARG(targets <= broadcast_rows_,
                 "up-projection of %d rows, but the plan prepared %d", n, broadcast_rows_ / hl);
+  DCP_CHECK_ARG(also.size() < size_t{CopyRowsParams::kMaxCopies},
+                "UpProject: %d extra copies, at most %d", also.size(),
+                CopyRowsParams::kMaxCopies - 1);
   if (w_kv_b_ != nullptr) {
     // [k_nope | v][t][h] = w_kv_b[h] kv_c[t]: per head [n, R] x [R, Dn + Dv] (w_kv_b[h] stored
     // [Dn + Dv, R]), one batched GEMM.
@@ -85,11 +86,21 @@ absl::Status MlaProjections::UpProject(const void* rows, int64_t n, void* kv) {
     DCP_RETURN_IF_ERROR(HeadGemm({rows, width, 0, w_uv_, false, nope + size_t(dn) * element,
                                   storage_, ldc, kv_width, n, dv, r}));
   }
-  // k_pe is shared by the heads: one gather copies row t's k_pe in front of each head's k_nope
-  // (row t * Hl + h of kv[:, :, :Dr] takes source row t), instead of a copy per head.
-  return device_.GatherRows({static_cast<const std::byte*>(rows) + size_t(r) * element,
-                             rope_index_.as<int32_t>(), kv, storage_, targets, n, dr, width,
-                             kv_width});
+  // k_pe is shared by the heads: one copy puts row t's k_pe in front of each head's k_nope
+  // (row t * Hl + h of kv[:, :, :Dr] takes source row t: a source row repeated Hl times), with
+  // the caller's copies in the same launch.
+  CopyRowsParams copies;
+  copies.dtype = storage_;
+  RowCopy& k_pe = copies.copies[copies.num_copies++];
+  k_pe.src = static_cast<const std::byte*>(rows) + size_t(r) * element;
+  k_pe.dst = kv;
+  k_pe.rows = targets;
+  k_pe.width = dr;
+  k_pe.src_row_stride = width;
+  k_pe.dst_row_stride = kv_width;
+  k_pe.src_row_repeat = hl;
+  for (const RowCopy& copy : also) copies.copies[copies.num_copies++] = copy;
+  return device_.CopyRows(copies);
 }
 
 absl::StatusOr<Buffer> MlaProjections::CombineKvB(Device& device, const ModelDims& m, int heads,

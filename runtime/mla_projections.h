@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "core/dtype.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
@@ -23,7 +24,7 @@ class MlaProjections {
   MlaProjections(Device& device, const ModelDims& model, int heads)
       : device_(device), model_(model), heads_(heads), storage_(device.storage_dtype()) {}
 
-  // At plan time: UpProject will see at most `max_rows` rows (uploads the k_pe broadcast index).
+  // At plan time: UpProject will see at most `max_rows` rows.
   absl::Status Prepare(int64_t max_rows);
   // The layer's weights: w_uk [Hl, Dn, R], w_uv [Hl, R, Dv], storage dtype, on the device;
   // w_kv_b (optional, may be null) the same weights as vLLM's kv_b_proj holds them (see
@@ -47,11 +48,13 @@ class MlaProjections {
   // dense attention reads: k = kv[:, :, :Dr + Dn] (rope dims first: the queries are built as
   // [q_rope | q_nope]), v = kv[:, :, Dr + Dn:]. With w_kv_b bound, one GEMM batched over the
   // heads ([n, R] x [R, Dn + Dv] per head) writes k_nope and v; else one GEMM each. k_pe is
-  // broadcast to the heads by one gather.
+  // broadcast to the heads by one Device::CopyRows, which also does the caller's `also` copies
+  // (at most CopyRowsParams::kMaxCopies - 1, same dtype: the dense route's query assembly).
   static int KvWidth(const ModelDims& m) {
     return m.qk_rope_head_dim + m.qk_nope_head_dim + m.v_head_dim;
   }
-  absl::Status UpProject(const void* rows, int64_t n, void* kv);
+  absl::Status UpProject(const void* rows, int64_t n, void* kv,
+                         absl::Span<const RowCopy> also = {});
   // o_lat [T, Hl, R] F32 -> out [T, Hl, Dv] F32. Read as F32 where the device's GEMM takes
   // F32 with storage-dtype weights (Device::GemmSupports: no conversion launch), else first
   // converted into o_lat_storage ([T, Hl, R] of the storage dtype, scratch).
@@ -87,8 +90,7 @@ class MlaProjections {
   const void* w_uk_ = nullptr;  // [Hl, Dn, R] of storage_
   const void* w_uv_ = nullptr;  // [Hl, R, Dv] of storage_
   const void* w_kv_b_ = nullptr;  // [Hl, Dn + Dv, R] of storage_, optional
-  ScratchBuffer rope_index_;    // i / Hl for i < broadcast_rows_: the k_pe broadcast's gather
-  int64_t broadcast_rows_ = 0;
+  int64_t broadcast_rows_ = 0;  // Prepare's max_rows x Hl
 };
 
 }  // namespace dcp

@@ -32,4 +32,40 @@ absl::Status CheckStepTables(absl::Span<const BatchRequest> batch, const StepTab
 int64_t TokenSlot(const int32_t* row, int block_size, const KvLayout& layout, int rank,
                   int64_t g);
 
+// TokenSlot of consecutive tokens first, first + 1, ... without a division per token (the
+// plan's per-token loop: TokenSlot's five 64-bit divisions were ~70% of a 4 x 2k plan).
+class TokenSlotWalker {
+ public:
+  TokenSlotWalker(const int32_t* row, int block_size, const KvLayout& layout, int rank,
+                  int64_t first)
+      : row_(row), block_size_(block_size), interleave_(layout.interleave),
+        world_(layout.world_size), rank_(rank),
+        offset_(static_cast<int>(first % layout.interleave)),
+        owner_(layout.owner(first)) {
+    const int64_t local = layout.local_length(first, rank);  // next owned token's local row
+    block_ = local / block_size;
+    in_block_ = static_cast<int>(local % block_size);
+  }
+  // The current token's slot (-1: another rank owns it); then moves to the next token.
+  int64_t Next() {
+    int64_t slot = -1;
+    if (owner_ == rank_) {
+      slot = int64_t{row_[block_]} * block_size_ + in_block_;
+      if (++in_block_ == block_size_) in_block_ = 0, ++block_;
+    }
+    if (++offset_ == interleave_) {
+      offset_ = 0;
+      if (++owner_ == world_) owner_ = 0;
+    }
+    return slot;
+  }
+
+ private:
+  const int32_t* row_;
+  int block_size_, interleave_, world_, rank_;
+  int offset_, owner_;  // of the current token: position in its interleave run, its rank
+  int64_t block_;       // the next owned token's local row: block_ * B + in_block_
+  int in_block_;
+};
+
 }  // namespace dcp

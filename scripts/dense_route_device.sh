@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The dense route's speed on the GPU machine in one call (docs/dense_prefill_cudnn.md, issue 13
 # item 5): builds only what it needs, runs the dense/cuDNN GPU tests and the CUDA worker tests
-# (DCP_REQUIRE_GPU=1), then dcp_bench routes (the dense route at 128 and 16 heads through cudnn,
-# with its phases), kernels (the up-projection GEMMs, dense MHA through cudnn, the cache-write
-# scatter and the copy ceiling) and the torch peers of both, packed into $OUT.
+# (DCP_REQUIRE_GPU=1) and the row-copy kernels' tests, then dcp_bench routes (the dense route at
+# 128 and 16 heads through cudnn, with its phases), kernels (dense MHA through native, cudnn and
+# auto on the table's shapes, the up-projection GEMMs, the copy ceiling) and the torch peers of
+# both, packed into $OUT; summary.txt carries the per-shape ratios and phases.
 #   DCP_ROUTE_STEPS="tests routes kernels peers" (default all), DCP_ROUTE_BACKENDS (routes,
 #   default "cudnn"), DCP_ATTENTION_FILTER / DCP_WORKER_FILTER (gtest filters), DCP_WORKER_NP
 #   (default "1 2"). Every step has its own timeout.
@@ -37,7 +38,8 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
     -DCMAKE_CXX_FLAGS="-include cstdint" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 grep -E "prefill_backend cudnn" "$out/build.log" | tee -a "$summary"
-ninja -C "$build" -k 0 attention_cuda_test worker_multirank_test dcp_bench >>"$out/build.log" 2>&1 \
+ninja -C "$build" -k 0 attention_cuda_test worker_multirank_test workspace_cuda_test dcp_bench \
+    >>"$out/build.log" 2>&1 \
     || { grep -E "error|FAILED" "$out/build.log" | head -30 | tee -a "$summary"; note "build: FAILED"; }
 note "build done ($(elapsed))"
 
@@ -48,6 +50,10 @@ if has_step tests; then
       >"$out/test_attention.log" 2>&1
   note "attention_cuda_test (dense + cudnn): exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_attention.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]|Failure|error' "$out/test_attention.log" | head -20 | tee -a "$summary"
+  DCP_REQUIRE_GPU=1 timeout 60 "$build/tests/workspace/cuda/workspace_cuda_test" \
+      >"$out/test_workspace.log" 2>&1
+  note "workspace_cuda_test (rows, CopyRows): exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_workspace.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$out/test_workspace.log" | head -10 | tee -a "$summary"
   for np in ${DCP_WORKER_NP:-1 2}; do
     DCP_REQUIRE_GPU=1 DCP_TEST_DEVICE=cuda timeout 60 mpirun --allow-run-as-root \
         --oversubscribe --bind-to none -np $np --mca pml ob1 --mca btl self,vader,tcp \
@@ -74,28 +80,63 @@ if has_step routes; then
 fi
 if has_step kernels; then
   echo "== kernels ($(elapsed))"
-  kernel_batches=q1k,2q2k,4q1k,8q512,4q2k,q8k
-  timeout 40 "$bench" --mode kernels --device cuda --model deepseek_v32 --heads 16,128 \
-      --prefill_backend cudnn --only dense_mha,gemm_up,scatter_rows,copy \
-      --batches $kernel_batches -b 4M -e 64M -f 4 -w 3 -n 10 \
+  # The auto table's shapes (attention/cuda/cudnn/dense_backend_table.cc) through every
+  # implementation, and the up-projection GEMMs against the copy and GEMM ceilings.
+  kernel_batches="${DCP_KERNEL_BATCHES:-q16,q64,q256,q512,q1k,q2k,q8k,2q2k,4q1k,4q2k,8q512,16q64,16q1k,64q512,16q64s128,64q64s128,4q512s2k}"
+  timeout 90 "$bench" --mode kernels --device cuda --model deepseek_v32 --heads 16,128 \
+      --prefill_backend native,cudnn,auto --only dense_mha,gemm_up,copy \
+      --batches "$kernel_batches" -b 64M -e 64M -w 2 -n 5 \
       --csv "$out/kernels.csv" >"$out/kernels.log" 2>&1
   note "kernels: exit $? ($(elapsed))"
-  # The same dense MHA rows with every batch through ragged graphs (the form before uniform).
-  DCP_CUDNN_SDPA_RAGGED=1 timeout 30 "$bench" --mode kernels --device cuda --model deepseek_v32 \
-      --heads 16,128 --prefill_backend cudnn --only dense_mha --batches $kernel_batches \
-      -w 3 -n 10 --csv "$out/kernels_ragged.csv" >"$out/kernels_ragged.log" 2>&1
-  note "kernels (ragged graphs): exit $? ($(elapsed))"
 fi
 if has_step peers; then
   echo "== torch peers ($(elapsed))"
-  [ -f "$out/kernels.csv" ] && timeout 40 python3 scripts/peer_torch.py \
+  [ -f "$out/kernels.csv" ] && timeout 60 python3 scripts/peer_torch.py --dense-peers sdpa_cudnn \
       --kernels "$out/kernels.csv" -w 2 -n 5 --out "$out/peers_kernels.csv" >"$out/peers.log" 2>&1
   note "peers kernels: exit $? ($(elapsed))"
   for f in "$out"/routes_128_cudnn.csv "$out"/routes_16_cudnn.csv; do
     [ -f "$f" ] || continue
-    timeout 25 python3 scripts/peer_torch.py --routes "$f" -w 2 -n 5 \
+    timeout 30 python3 scripts/peer_torch.py --dense-peers sdpa_cudnn --routes "$f" -w 2 -n 5 \
         --out "${f%.csv}_peers.csv" >>"$out/peers.log" 2>&1
     note "peers routes $(basename "$f"): exit $? ($(elapsed))"
   done
 fi
+# Per shape into the summary (the only file sure to come back): the routes' phases and ratios,
+# the kernels' dense rows against torch SDPA.
+python3 - "$out" >>"$summary" 2>&1 <<'PY'
+import csv, glob, os, sys
+out = sys.argv[1]
+def rows(path):
+    return list(csv.DictReader(open(path))) if os.path.exists(path) else []
+phases = ["plan", "cache_write", "gather", "up_proj", "attention", "other"]
+for f in sorted(glob.glob(f"{out}/routes_*_cudnn.csv")):
+    peers = {(r["batch"], r["heads"], r["op"]): r for r in rows(f[:-4] + "_peers.csv")}
+    print(f"== {os.path.basename(f)}: batch heads route auto_us | torch_route ratio | "
+          f"attn ours/sdpa | " + " ".join(phases))
+    for r in rows(f):
+        t = peers.get((r["batch"], r["heads"], "dense_route"), {})
+        a = peers.get((r["batch"], r["heads"], "dense_mha"), {})
+        ratio = (float(r["auto_us"]) / float(t["peer_us"])) if t.get("peer_us") else float("nan")
+        print(f"{r['batch']} {r['heads']} {r['route_auto']} {r['auto_us']} | "
+              f"{t.get('peer_us', '-')} {ratio:.3f} | {r['auto_attn_us']}/{a.get('peer_us', '-')} | "
+              + " ".join(r.get(f"auto_{p}_us", "-") for p in phases))
+k = rows(f"{out}/kernels.csv")
+peers = {(r["batch"], r["heads"]): r for r in rows(f"{out}/peers_kernels.csv")}
+dense = {}
+for r in k:
+    if r["kernel"].startswith("dense_mha"):
+        dense.setdefault((r["batch"], r["heads"]), {})[r["kernel"]] = r["time_us"]
+if dense:
+    print("== kernels dense_mha: batch heads native cudnn auto | torch sdpa_cudnn | auto/torch")
+for (b, h), d in dense.items():
+    p = peers.get((b, h), {}).get("peer_us", "")
+    auto = d.get("dense_mha", "")
+    ratio = f"{float(auto) / float(p):.3f}" if auto and p else "-"
+    print(f"{b} {h} {d.get('dense_mha_native', '-')} {d.get('dense_mha_cudnn', '-')} {auto or '-'}"
+          f" | {p or '-'} | {ratio}")
+for r in k:
+    if not r["kernel"].startswith("dense_mha"):
+        print(f"{r['kernel']} {r['batch']} {r['heads']} {r['time_us']} us {r['tflops']} TF "
+              f"{r['gbps']} GB/s {r['ceiling_pct']}%")
+PY
 note "done ($(elapsed))"

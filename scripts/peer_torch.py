@@ -269,6 +269,9 @@ def main():
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--routes", help="dcp_bench --mode routes CSV")
     parser.add_argument("--kernels", help="dcp_bench --mode kernels CSV")
+    parser.add_argument("--dense-peers", default=",".join(DENSE_PEERS),
+                        help="dense MHA peers to time, comma-separated (default: all of "
+                             f"{','.join(DENSE_PEERS)})")
     parser.add_argument("--out", help="output CSV (default: peers.csv next to the first input)")
     parser.add_argument("--dims", default="deepseek_v32", choices=sorted(DIMS),
                         help="only rows of these dims, and the peers at their sizes (default "
@@ -304,6 +307,9 @@ def main():
     if not torch.cuda.is_available():
         fail("torch sees no CUDA device")
     qk, v, latent, rank, nope = DIMS[args.dims]
+    dense_peers = [peer for peer in args.dense_peers.split(",") if peer]
+    if not dense_peers or any(peer not in DENSE_PEERS for peer in dense_peers):
+        fail(f"--dense-peers: '{args.dense_peers}' must name some of {','.join(DENSE_PEERS)}")
     peers = Peers(torch, args.warmup, args.iters, qk=qk, v=v, latent=latent, rank=rank,
                   nope=nope)
     print(f"# peer_torch: torch {torch.__version__}, {torch.cuda.get_device_name()}, "
@@ -315,7 +321,7 @@ def main():
             continue
         if op in DENSE_KERNELS:
             flops = 2.0 * h * (qk + v) * selected_keys(b, q, s, 1 << 62)
-            runs = [(peer, peers.dense(peer, b, q, s, h)) for peer in DENSE_PEERS]
+            runs = [(peer, peers.dense(peer, b, q, s, h)) for peer in dense_peers]
         elif op == "dense_route":
             flops = (2.0 * h * (qk + v) * selected_keys(b, q, s, 1 << 62)
                      + 2.0 * b * s * rank * h * (nope + v))

@@ -34,4 +34,23 @@ inline absl::Status CheckRows(const ScatterRowsParams& p) {
                       p.src_row_stride, p.dst_row_stride);
 }
 
+inline absl::Status CheckRows(const CopyRowsParams& p) {
+  DCP_CHECK_ARG(p.num_copies >= 0 && p.num_copies <= CopyRowsParams::kMaxCopies,
+                "CopyRows: %d copies, at most %d", p.num_copies, CopyRowsParams::kMaxCopies);
+  for (int c = 0; c < p.num_copies; ++c) {
+    const RowCopy& copy = p.copies[c];
+    DCP_CHECK_ARG(copy.rows >= 0 && copy.width >= 0 && copy.src_row_repeat >= 1,
+                  "CopyRows: copy %d has rows %d, width %d, src_row_repeat %d (need >= 0, >= 0, "
+                  ">= 1)",
+                  c, copy.rows, copy.width, copy.src_row_repeat);
+    if (copy.rows == 0 || copy.width == 0) continue;
+    DCP_CHECK_ARG(copy.src != nullptr && copy.dst != nullptr,
+                  "CopyRows: copy %d: src and dst must not be null", c);
+    DCP_CHECK_ARG(copy.src_row_stride >= copy.width && copy.dst_row_stride >= copy.width,
+                  "CopyRows: copy %d: row strides (%d, %d) must be >= width %d", c,
+                  copy.src_row_stride, copy.dst_row_stride, copy.width);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace dcp

@@ -34,4 +34,25 @@ struct ScatterRowsParams {
   int64_t src_row_stride = 0, dst_row_stride = 0;
 };
 
+// A few strided row copies in one call (the dense route's query assembly and k_pe broadcast in
+// one launch): for every copy and every r in [0, rows), dst[r * dst_row_stride, + width) =
+// src[(r / src_row_repeat) * src_row_stride, + width). src_row_repeat > 1 broadcasts each source
+// row to that many consecutive destination rows. Strides and widths are in elements of dtype;
+// the copies' destinations must not overlap each other or their sources.
+struct RowCopy {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int64_t rows = 0;
+  int width = 0;
+  int64_t src_row_stride = 0, dst_row_stride = 0;
+  int src_row_repeat = 1;
+};
+
+struct CopyRowsParams {
+  static constexpr int kMaxCopies = 4;
+  RowCopy copies[kMaxCopies];
+  int num_copies = 0;
+  DType dtype = DType::kBF16;
+};
+
 }  // namespace dcp

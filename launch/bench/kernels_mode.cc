@@ -423,6 +423,37 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
     DCP_RETURN_IF_ERROR(Measure(
         row, prepared, nullptr, [&] { return device.Gemm(p); }, nullptr));
   }
+
+  // The dense route's one copy launch (Device::CopyRows): q [T, H, Dr + Dn] = [q_rope | q_nope]
+  // and k_pe of each latent row [T, R + Dr] broadcast in front of every head of kv [T, H, Dr +
+  // Dn + Dv]. Memory-bound: bytes = q read and written + k_pe written (+ its rows read).
+  {
+    const int dr = m.qk_rope_head_dim, kv_width = dr + dn + dv;
+    const int64_t rows = t * heads;
+    KernelRow row{"copy_rows", &shape, heads, 0, 0,
+                  double(element) * (2.0 * rows * qk + double(rows) * dr + double(t) * dr)};
+    Buffer q_nope, q_rope, latent, q, kv;
+    const absl::Status prepared = [&]() -> absl::Status {
+      DCP_ASSIGN_OR_RETURN(q_nope, device.Allocate(size_t(rows) * dn * element));
+      DCP_ASSIGN_OR_RETURN(q_rope, device.Allocate(size_t(rows) * dr * element));
+      DCP_ASSIGN_OR_RETURN(latent, device.Allocate(size_t(t) * width * element));
+      DCP_ASSIGN_OR_RETURN(q, device.Allocate(size_t(rows) * qk * element));
+      DCP_ASSIGN_OR_RETURN(kv, device.Allocate(size_t(rows) * kv_width * element));
+      DCP_RETURN_IF_ERROR(FillRandom(device, q_nope.data(), dtype, rows * dn, o.seed, kStreamA));
+      DCP_RETURN_IF_ERROR(FillRandom(device, q_rope.data(), dtype, rows * dr, o.seed, kStreamB));
+      return FillRandom(device, latent.data(), dtype, t * width, o.seed, kStreamA);
+    }();
+    CopyRowsParams p;
+    p.dtype = dtype;
+    p.num_copies = 3;
+    p.copies[0] = {static_cast<const std::byte*>(latent.data()) + size_t(r) * element, kv.data(),
+                   rows, dr, width, kv_width, heads};
+    p.copies[1] = {q_rope.data(), q.data(), rows, dr, dr, qk, 1};
+    p.copies[2] = {q_nope.data(), static_cast<std::byte*>(q.data()) + size_t(dr) * element, rows,
+                   dn, dn, qk, 1};
+    DCP_RETURN_IF_ERROR(Measure(
+        row, prepared, nullptr, [&] { return device.CopyRows(p); }, nullptr));
+  }
   return absl::OkStatus();
 }
 

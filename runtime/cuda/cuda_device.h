@@ -86,6 +86,7 @@ class CudaDevice final : public Device {
   absl::Status ValidateTopk(const TopkValidateParams& params) override;
   absl::Status GatherRows(const GatherRowsParams& params) override;
   absl::Status ScatterRows(const ScatterRowsParams& params) override;
+  absl::Status CopyRows(const CopyRowsParams& params) override;
   absl::Status WriteFp8DsMlaRows(const Fp8DsMlaWriteParams& params) override;
   absl::Status GatherFp8DsMlaRows(const Fp8DsMlaGatherParams& params) override;
 

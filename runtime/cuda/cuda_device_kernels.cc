@@ -231,6 +231,11 @@ absl::Status CudaDevice::ScatterRows(const ScatterRowsParams& params) {
   return cuda::ScatterRows(params, stream_);
 }
 
+absl::Status CudaDevice::CopyRows(const CopyRowsParams& params) {
+  DCP_RETURN_IF_ERROR(Activate());
+  return cuda::CopyRows(params, stream_);
+}
+
 absl::Status CudaDevice::WriteFp8DsMlaRows(const Fp8DsMlaWriteParams& params) {
   DCP_RETURN_IF_ERROR(Activate());
   return cuda::WriteFp8DsMlaRows(params, stream_);

@@ -40,4 +40,20 @@ absl::Status ScatterRows(const ScatterRowsParams& p) {
   return absl::OkStatus();
 }
 
+absl::Status CopyRows(const CopyRowsParams& p) {
+  DCP_RETURN_IF_ERROR(CheckRows(p));
+  const size_t element = dtype_size(p.dtype);
+  for (int c = 0; c < p.num_copies; ++c) {
+    const RowCopy& copy = p.copies[c];
+    const auto* src = static_cast<const std::byte*>(copy.src);
+    auto* dst = static_cast<std::byte*>(copy.dst);
+    const size_t row_bytes = size_t(copy.width) * element;
+    for (int64_t r = 0; r < copy.rows && row_bytes > 0; ++r) {
+      std::memcpy(dst + r * copy.dst_row_stride * element,
+                  src + (r / copy.src_row_repeat) * copy.src_row_stride * element, row_bytes);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace dcp::cpu

@@ -9,5 +9,6 @@ namespace dcp::cpu {
 
 absl::Status GatherRows(const GatherRowsParams& params);
 absl::Status ScatterRows(const ScatterRowsParams& params);
+absl::Status CopyRows(const CopyRowsParams& params);
 
 }  // namespace dcp::cpu

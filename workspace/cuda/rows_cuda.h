@@ -14,5 +14,8 @@ namespace dcp::cuda {
 
 absl::Status GatherRows(const GatherRowsParams& params, cudaStream_t stream);
 absl::Status ScatterRows(const ScatterRowsParams& params, cudaStream_t stream);
+// Every copy of `params` in one launch (16-byte units when all widths, strides and pointers
+// allow, else the widest unit dividing them all).
+absl::Status CopyRows(const CopyRowsParams& params, cudaStream_t stream);
 
 }  // namespace dcp::cuda

@@ -15,13 +15,16 @@ struct Threshold {
   int native_max_keys;
 };
 
-// Measured on the H200 (dcp_bench --mode kernels --prefill_backend native,cudnn, 2026-12-01;
-// docs/dense_prefill_cudnn.md). DeepSeek-V3.2: native wins up to ~17M scores (q1k at 16
-// heads is a tie: 86 vs 83 us) and on every shape with <= 256 keys (64q64s128 at 128 heads:
-// 404 vs 569 us); GLM-5: the 256/256 native kernel spills registers and wins only below ~2M
-// scores (q256 at 16 heads: 53 vs 60 us; q512 at 16 heads, 4.2M: cuDNN 69 vs 80 us).
+// Measured on the H200 (dcp_bench --mode kernels --prefill_backend native,cudnn, 2026-12-01,
+// third run: host cu_seqlens passed, uniform cuDNN graphs; docs/dense_prefill_cudnn.md).
+// DeepSeek-V3.2: native wins below ~8M scores (q256 at 16 heads 20.0 vs 22.2 us; ties at q512 /
+// 16 heads, 4.2M: 27.9 vs 28.1, and q256 / 128 heads, 8.4M: 40.5 vs 39.5; cuDNN wins from q1k /
+// 16 heads, 16.8M: 35.7 vs 63.6) and on every shape with <= 256 keys (64q64s128 at 128 heads:
+// 382 vs 508 us; 16q64 at 128 heads: 89 vs 137); GLM-5 (second run, not re-measured): the
+// 256/256 native kernel spills registers and wins only below ~2M scores (q256 at 16 heads: 53
+// vs 60 us; q512 at 16 heads, 4.2M: cuDNN 69 vs 80 us).
 constexpr Threshold kTable[] = {
-    {192, 128, 3.2e7, 256},
+    {192, 128, 8.0e6, 256},
     {256, 256, 3.0e6, 0},
 };
 

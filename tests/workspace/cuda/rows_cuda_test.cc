@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/common/gpu_test_util.h"
+#include "workspace/cpu/rows_cpu.h"
 #include "workspace/cuda/rows_cuda.h"
 
 namespace dcp::testing {
@@ -118,6 +119,114 @@ TEST_F(RowsCudaTest, LargePagedGather) {
                              width * sizeof(bf16)))
         << "row " << i;
   }
+}
+
+// CopyRows (several strided copies, source rows repeated, one launch) against a host model
+// written here element by element: the dense route's own use (q = [q_rope | q_nope] and k_pe
+// broadcast to the heads, bf16: 16-byte units), odd widths / strides / repeats (narrow units),
+// a repeat that does not divide the rows, empty copies; the CPU implementation the same.
+struct CopySpec {
+  int64_t rows;
+  int width;
+  int64_t src_stride, dst_stride;
+  int repeat;
+  int64_t dst_offset;  // elements into the shared destination
+};
+
+void CheckCopyRows(DType dtype, const std::vector<CopySpec>& specs, int64_t dst_elements,
+                   std::mt19937_64& rng) {
+  const size_t element = dtype_size(dtype);
+  std::vector<std::vector<uint8_t>> sources;
+  std::vector<DeviceArray<uint8_t>> d_sources;
+  for (const CopySpec& c : specs) {
+    const int64_t src_rows = c.rows == 0 ? 0 : (c.rows - 1) / c.repeat + 1;
+    std::vector<uint8_t> src(size_t(std::max<int64_t>(src_rows * c.src_stride, 1)) * element);
+    for (auto& b : src) b = uint8_t(rng());
+    sources.push_back(src);
+    d_sources.emplace_back(src);
+  }
+  // Host model: poison, then every destination element from its source element.
+  std::vector<uint8_t> want(size_t(dst_elements) * element, 0xFF);
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const CopySpec& c = specs[k];
+    for (int64_t r = 0; r < c.rows; ++r) {
+      const int64_t source_row = r / c.repeat;
+      for (int e = 0; e < c.width; ++e) {
+        const size_t to = size_t(c.dst_offset + r * c.dst_stride + e) * element;
+        const size_t from = size_t(source_row * c.src_stride + e) * element;
+        for (size_t b = 0; b < element; ++b) want[to + b] = sources[k][from + b];
+      }
+    }
+  }
+  DeviceArray<uint8_t> d_dst(want.size());
+  d_dst.Poison();
+  CopyRowsParams p;
+  p.dtype = dtype;
+  std::vector<uint8_t> host_dst(want.size(), 0xFF);
+  CopyRowsParams host = p;
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const CopySpec& c = specs[k];
+    RowCopy copy;
+    copy.src = d_sources[k].get();
+    copy.dst = d_dst.get() + c.dst_offset * element;
+    copy.rows = c.rows;
+    copy.width = c.width;
+    copy.src_row_stride = c.src_stride;
+    copy.dst_row_stride = c.dst_stride;
+    copy.src_row_repeat = c.repeat;
+    p.copies[p.num_copies++] = copy;
+    copy.src = sources[k].data();
+    copy.dst = host_dst.data() + c.dst_offset * element;
+    host.copies[host.num_copies++] = copy;
+  }
+  ASSERT_TRUE(cuda::CopyRows(p, nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got = d_dst.Download();
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i], want[i]) << "byte " << i << " (element " << i / element << ")";
+  }
+  ASSERT_TRUE(cpu::CopyRows(host).ok());
+  ASSERT_EQ(host_dst, want) << "CPU";
+}
+
+TEST_F(RowsCudaTest, CopyRowsMatchesHostModel) {
+  std::mt19937_64 rng(TestSeed());
+  // The dense route at small size: 37 tokens x 3 heads; q [T, H, 64 + 128] from q_rope and
+  // q_nope, then kv [T, H, 64 + 128 + 128] takes k_pe (latent row [512 | 64]) per head.
+  const int64_t t = 37, h = 3;
+  const int64_t q_elements = t * h * 192;
+  const int64_t kv_elements = t * h * 320;
+  CheckCopyRows(DType::kBF16,
+                {{t * h, 64, 64, 192, 1, 0},
+                 {t * h, 128, 128, 192, 1, 64},
+                 {t * h, 64, 576, 320, int(h), q_elements}},
+                q_elements + kv_elements, rng);
+  // Odd sizes: narrow units, a repeat that leaves a partial last group, an empty copy.
+  CheckCopyRows(DType::kF32, {{50, 3, 5, 7, 4, 0}, {0, 9, 9, 9, 1, 400}, {9, 1, 1, 2, 1, 351}},
+                400, rng);
+  CheckCopyRows(DType::kBF16, {{17, 5, 5, 13, 3, 1}, {1, 7, 7, 7, 1000, 300}}, 320, rng);
+  // One large copy (many units per thread of the grid-stride loop).
+  CheckCopyRows(DType::kBF16, {{4096 * 16, 64, 576, 320, 16, 0}}, 4096 * 16 * 320, rng);
+}
+
+TEST_F(RowsCudaTest, CopyRowsRejectsBadArguments) {
+  EXPECT_TRUE(cuda::CopyRows(CopyRowsParams{}, nullptr).ok());
+  int dummy[16] = {};
+  CopyRowsParams p;
+  p.dtype = DType::kF32;
+  p.num_copies = 1;
+  p.copies[0] = {dummy, dummy + 8, 1, 4, 4, 4, 1};  // host pointers: never launched
+  p.copies[0].src_row_stride = 3;                   // < width
+  EXPECT_EQ(cuda::CopyRows(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cpu::CopyRows(p).code(), absl::StatusCode::kInvalidArgument);
+  p.copies[0].src_row_stride = 4;
+  p.copies[0].src_row_repeat = 0;
+  EXPECT_EQ(cuda::CopyRows(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  p.copies[0].src_row_repeat = 1;
+  p.copies[0].src = nullptr;
+  EXPECT_EQ(cpu::CopyRows(p).code(), absl::StatusCode::kInvalidArgument);
+  p.num_copies = CopyRowsParams::kMaxCopies + 1;
+  EXPECT_EQ(cuda::CopyRows(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,0 +1,64 @@
+// TokenSlotWalker (runtime/step.h) against a brute-force dealing of the tokens: the tokens of a
+// request are handed to the ranks in runs of I, round-robin, and each rank's local rows are
+// counted as they arrive (no KvLayout arithmetic), then mapped through a random block table.
+// Every world size 1-8, interleaves 1-64, block sizes 1-64, every rank, random start positions
+// (inside a run, on a run's boundary, 0) and lengths (0, 1, across many blocks); TokenSlot too.
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "runtime/step.h"
+
+namespace dcp {
+namespace {
+
+TEST(TokenSlotWalkerTest, MatchesBruteForceDealing) {
+  std::mt19937_64 rng(testing::UnitTest::GetInstance()->random_seed() + 7);
+  for (int world : {1, 2, 3, 4, 8}) {
+    for (int interleave : {1, 2, 3, 16, 64}) {
+      for (int block : {1, 5, 16, 64}) {
+        const int64_t length = 700;
+        // Brute force: owner and local row of every token, by dealing.
+        std::vector<int> owner(length);
+        std::vector<int64_t> local(length);
+        std::vector<int64_t> dealt(world, 0);
+        for (int64_t g = 0, rank = 0, in_run = 0; g < length; ++g) {
+          owner[g] = static_cast<int>(rank);
+          local[g] = dealt[rank]++;
+          if (++in_run == interleave) in_run = 0, rank = (rank + 1) % world;
+        }
+        for (int rank = 0; rank < world; ++rank) {
+          // A random permutation of physical blocks for this rank's rows.
+          const int64_t blocks = dealt[rank] / block + 1;
+          std::vector<int32_t> table(blocks);
+          std::iota(table.begin(), table.end(), 1000);
+          std::shuffle(table.begin(), table.end(), rng);
+          const KvLayout layout{world, interleave};
+          std::uniform_int_distribution<int64_t> pick(0, length);
+          for (int trial = 0; trial < 12; ++trial) {
+            int64_t first = trial == 0 ? 0 : pick(rng);
+            if (trial == 1) first = std::min<int64_t>(length, interleave);  // run boundary
+            int64_t count = trial == 2 ? 0 : pick(rng);
+            count = std::min(count, length - first);
+            TokenSlotWalker walker(table.data(), block, layout, rank, first);
+            for (int64_t g = first; g < first + count; ++g) {
+              const int64_t want = owner[g] != rank
+                                       ? -1
+                                       : int64_t{table[local[g] / block]} * block + local[g] % block;
+              const int64_t got = walker.Next();
+              ASSERT_EQ(got, want) << "W " << world << " I " << interleave << " B " << block
+                                   << " rank " << rank << " first " << first << " g " << g;
+              ASSERT_EQ(TokenSlot(table.data(), block, layout, rank, g), want) << "g " << g;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dcp
