@@ -22,10 +22,12 @@ double Since(Clock::time_point start) {
 
 }  // namespace
 
-absl::StatusOr<LayerTimes> TimeLayer(bool on_gpu, bool graph_on, int warmup, int iters,
-                                     const std::function<absl::Status(void* stream)>& run,
-                                     const std::function<absl::Status()>& watch,
-                                     const std::function<absl::Status()>& release) {
+// graph_on, watch and release serve the GPU path only (unused in builds without CUDA).
+absl::StatusOr<LayerTimes> TimeLayer(
+    bool on_gpu, [[maybe_unused]] bool graph_on, int warmup, int iters,
+    const std::function<absl::Status(void* stream)>& run,
+    [[maybe_unused]] const std::function<absl::Status()>& watch,
+    [[maybe_unused]] const std::function<absl::Status()>& release) {
   LayerTimes times;
   iters = iters < 1 ? 1 : iters;
   if (!on_gpu) {
