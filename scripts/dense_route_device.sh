@@ -7,7 +7,8 @@
 # both, packed into $OUT; summary.txt carries the per-shape ratios and phases.
 #   DCP_ROUTE_STEPS="tests routes kernels peers" (default all), DCP_ROUTE_BACKENDS (routes,
 #   default "cudnn"), DCP_ATTENTION_FILTER / DCP_WORKER_FILTER (gtest filters), DCP_WORKER_NP
-#   (default "1 2"). Every step has its own timeout.
+#   (default "1 2"), DCP_BUILD_DIR (default /tmp/build-dense-route). Every step has its own
+#   timeout.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 # Everything goes to a work folder, packed into $OUT/dense_route.tar.gz at the end with the
@@ -32,7 +33,7 @@ prefix=/tmp/dcp-prefix
 dcp_unpack_debs .debs "$prefix" || exit 2
 dcp_cudnn_from_torch  # the system's libcudnn.so.9 first, torch's as a fallback
 
-build=/tmp/build-dense-route
+build="${DCP_BUILD_DIR:-/tmp/build-dense-route}"  # another script's build is reused when given
 echo "== configure + build ($(elapsed))"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \

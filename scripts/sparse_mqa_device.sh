@@ -12,15 +12,17 @@
 #      attention kernels of the decode batches at 128 heads, then the fp8_ds_mla rows against
 #      the bf16 rows of the same shapes (speed-up and TF/s ratios); stage nopdl repeats the
 #      sparse shapes with DCP_NO_PDL=1 (plain launches) for comparison; stage ncu times the
-#      one-token decode's attention kernel and split merge apart (Nsight Compute);
+#      one-token decode's attention kernel and split merge apart (Nsight Compute), stage
+#      ncu_engine every kernel of a one-token decode layer;
 #   4. dcp_bench --mode engine: one DcpEngine layer (host, eager, graph) for the decode batches
-#      at 128 heads, with and (stage nopdl) without programmatic launches;
+#      at 128 heads, with and (stage nopdl) without programmatic launches, and with late
+#      triggers (DCP_NO_EARLY_TRIGGER=1);
 #   5. the worker's multi-rank suite on CUDA ranks at np 1 and 2 (stage worker, off by default);
 #   6. compute-sanitizer memcheck and racecheck on the small sparse MQA (bf16 and fp8 rows) and
 #      merge cases.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
-# "build test bench engine nopdl sanitize"; ncu and worker are extra), DCP_TEST_FILTER,
+# "build test bench engine nopdl sanitize"; ncu, ncu_engine and worker are extra), DCP_TEST_FILTER,
 # DCP_BENCH_ARGS (appended), DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -198,10 +200,31 @@ if has_stage ncu && [ "$hung" -eq 0 ]; then
       "$out/ncu.txt" | sort | tee -a "$summary"
 fi
 
+# GPU time of every kernel of the one-token decode layer (1 token x 128 heads, top-k 2048,
+# DcpEngine::Run eagerly, one rank over NCCL): Nsight Compute's gpu__time_duration per kernel,
+# L2 warm as in the bench (CUPTI tracing off: ncu owns the profiler).
+if has_stage ncu_engine && [ "$hung" -eq 0 ]; then
+  DCP_BENCH_NO_CUPTI=1 timeout 150 mpirun --allow-run-as-root --bind-to none -np 1 ncu \
+      --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+      --launch-skip 20 --launch-count 80 "$bench" --mode engine --device cuda --comm nccl \
+      --model deepseek_v32 --heads 128 --index_topk 2048 -w 2 -n 5 --batches q1kv4k \
+      >"$out/ncu_engine.txt" 2>&1
+  note "ncu engine: exit $? ($(elapsed))"
+  awk '/\([0-9]+, [0-9]+, [0-9]+\)x\([0-9]+, [0-9]+, [0-9]+\)/ {
+         name = $0; sub(/^ +/, "", name); sub(/^void /, "", name); sub(/[(<].*/, "", name)
+         sub(/.*::/, "", name) }
+       /gpu__time_duration.sum/ { s[name] += $(NF); n[name]++ }
+       END { for (k in s) printf "ncu engine %-36s %7.2f us (mean of %d)\n", k, s[k] / n[k], n[k] }' \
+      "$out/ncu_engine.txt" | sort | tee -a "$summary"
+fi
+
 # Last (the least needed when time is short): the same kernels and layer with plain launches.
 if has_stage nopdl && [ "$hung" -eq 0 ]; then
   has_stage bench && batches="${batches%%,*}" run_kernels kernels_nopdl DCP_NO_PDL=1
   has_stage engine && run_engine engine_nopdl DCP_NO_PDL=1
+  # Programmatic launches, but the split merge and the top-k -> slots step trigger their
+  # dependents when they end, not when they start.
+  has_stage engine && run_engine engine_late_trigger DCP_NO_EARLY_TRIGGER=1
 fi
 
 note "failures: $failures ($(elapsed))"

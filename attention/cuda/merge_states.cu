@@ -44,6 +44,11 @@ bool ProgrammaticLaunchEnabled() {
   return !disabled && DeviceMajor() >= 9;
 }
 
+bool EarlyTriggerEnabled() {
+  static const bool disabled = std::getenv("DCP_NO_EARLY_TRIGGER") != nullptr;
+  return !disabled && ProgrammaticLaunchEnabled();
+}
+
 absl::Status MergeStates(const MergeStatesParams& p, cudaStream_t stream) {
   DCP_RETURN_IF_ERROR(CheckSizes("MergeStates", p.num_tokens, p.num_heads, p.dim));
   const int64_t rows = int64_t(p.num_tokens) * p.num_heads;
@@ -120,7 +125,7 @@ absl::Status MergeSplits(const float* parts, const float* part_lse, int splits, 
   }
   DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, MergeSplitsKernel, parts, part_lse, splits, num_tokens,
                                     num_heads, dim, out, out_token_stride, out_head_stride, lse,
-                                    lse_token_stride, vector_store));
+                                    lse_token_stride, vector_store, EarlyTriggerEnabled()));
   DCP_CUDA_LAUNCH_CHECK("MergeSplitsKernel");
   return absl::OkStatus();
 }

@@ -28,6 +28,12 @@ constexpr int kMaxMergeSplits = 64;
 // previous kernel in the stream (sm_90+): on unless the environment sets DCP_NO_PDL (a switch
 // for measuring the difference). Read once per process.
 bool ProgrammaticLaunchEnabled();
+// Whether the small latency-bound kernels ahead of a weight-streaming GEMM (the split merge, the
+// top-k -> slots step) let their programmatic dependent launch as soon as they start
+// (griddepcontrol.launch_dependents before their own wait) instead of when they end: on with
+// programmatic launches unless the environment sets DCP_NO_EARLY_TRIGGER (a switch for
+// measuring the difference). Read once per process.
+bool EarlyTriggerEnabled();
 absl::Status MergeSplits(const float* parts, const float* part_lse, int splits, int num_tokens,
                          int num_heads, int dim, float* out, int64_t out_token_stride,
                          int64_t out_head_stride, float* lse, int64_t lse_token_stride,

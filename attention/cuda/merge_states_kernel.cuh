@@ -102,7 +102,11 @@ __global__ void DcpCombineKernel(const float* outs, const float* lses, float* ou
 // anything, NaN included (every split's partial must be readable memory).
 // On sm_90 the kernel may be launched as a programmatic dependent of the attention kernel
 // (MergeSplits): griddepcontrol.wait holds it until that grid has finished and its writes are
-// visible, while its launch and scheduling overlap the attention kernel's tail.
+// visible, while its launch and scheduling overlap the attention kernel's tail. With
+// `trigger_dependents` it lets its own programmatic dependent (the output projection's small-M
+// GEMM) launch at once, so that kernel's weight stream (loaded and prefetched before its own
+// wait) overlaps the attention kernel and this one; the dependent's griddepcontrol.wait still
+// waits for this whole grid to finish, so the trigger's place never changes what it reads.
 constexpr int kMergeSplitsThreads = 256;
 constexpr int kMergeUnroll = 16;
 
@@ -110,8 +114,9 @@ __global__ void __launch_bounds__(kMergeSplitsThreads)
     MergeSplitsKernel(const float* __restrict__ parts, const float* __restrict__ part_lse,
                       int splits, int num_tokens, int num_heads, int dim, float* out,
                       int64_t out_token_stride, int64_t out_head_stride, float* lse,
-                      int64_t lse_token_stride, bool vector_store) {
+                      int64_t lse_token_stride, bool vector_store, bool trigger_dependents) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (trigger_dependents) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
   const int chunks = dim >= 4 ? dim / 4 : 1;  // dim 0: one thread per row writes the LSE

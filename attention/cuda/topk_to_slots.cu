@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "attention/cuda/merge_states.h"
 #include "attention/cuda/topk_to_slots.h"
 #include "attention/cuda/topk_to_slots_kernel.cuh"
 #include "core/cuda/cuda_status.h"
@@ -8,8 +9,7 @@
 namespace dcp::cuda {
 
 absl::Status TopkToSlots(const TopkToSlotsParams& p, cudaStream_t stream) {
-  DCP_CHECK_ARG(p.num_tokens >= 0 && p.topk_width >= 0 && p.num_requests >= 0 &&
-                    p.max_blocks >= 0,
+  DCP_CHECK_ARG(p.num_tokens >= 0 && p.topk_width >= 0 && p.num_requests >= 0 && p.max_blocks >= 0,
                 "TopkToSlots: negative size (tokens %d, topk_width %d, requests %d, blocks %d)",
                 p.num_tokens, p.topk_width, p.num_requests, p.max_blocks);
   DCP_CHECK_ARG(p.world_size >= 1 && p.rank >= 0 && p.rank < p.world_size,
@@ -27,22 +27,36 @@ absl::Status TopkToSlots(const TopkToSlotsParams& p, cudaStream_t stream) {
     return absl::OkStatus();
   }
   if (total == 0) return absl::OkStatus();
-  DCP_CHECK_ARG(p.topk != nullptr && p.token_request != nullptr &&
-                    (p.slots != nullptr || compact),
+  DCP_CHECK_ARG(p.topk != nullptr && p.token_request != nullptr && (p.slots != nullptr || compact),
                 "TopkToSlots: topk, token_request and slots (or valid_slots) must not be null");
   DCP_CHECK_ARG(p.max_blocks == 0 || p.block_tables != nullptr,
                 "TopkToSlots: block_tables must not be null");
-  const TopkSlotArgs args{p.topk,         p.token_request, p.token_position, p.block_tables,
-                          p.slots,        p.valid_slots,   p.valid_counts,   p.num_tokens,
-                          p.topk_width,   p.num_requests,  p.max_blocks,     p.world_size,
-                          p.interleave,   p.rank,          p.block_size};
+  const TopkSlotArgs args{p.topk,       p.token_request, p.token_position, p.block_tables,
+                          p.slots,      p.valid_slots,   p.valid_counts,   p.num_tokens,
+                          p.topk_width, p.num_requests,  p.max_blocks,     p.world_size,
+                          p.interleave, p.rank,          p.block_size,     EarlyTriggerEnabled()};
+  // sm_90+: a programmatic dependent launch (the kernels wait with griddepcontrol.wait before
+  // they read anything), so this launch overlaps the previous kernel's tail.
+  cudaLaunchConfig_t config = {};
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  if (ProgrammaticLaunchEnabled()) {
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
   if (compact) {
-    TopkToSlotsCompactKernel<<<p.num_tokens, kCompactThreads, 0, stream>>>(args);
+    config.gridDim = dim3(static_cast<unsigned>(p.num_tokens));
+    config.blockDim = dim3(kCompactThreads);
+    DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, TopkToSlotsCompactKernel, args));
     DCP_CUDA_LAUNCH_CHECK("TopkToSlotsCompactKernel");
     return absl::OkStatus();
   }
   const int grid = static_cast<int>(std::clamp<int64_t>((total + 255) / 256, 1, 132 * 32));
-  TopkToSlotsKernel<<<grid, 256, 0, stream>>>(args);
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(256);
+  DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, TopkToSlotsKernel, args));
   DCP_CUDA_LAUNCH_CHECK("TopkToSlotsKernel");
   return absl::OkStatus();
 }

@@ -1,8 +1,12 @@
 // Thread mapping. Plain form: one thread per (token, k) entry, grid-stride; consecutive threads
 // take consecutive entries of a token's row, so the topk reads and slot writes are coalesced.
 // Compacting form (valid_slots given): one CTA of 256 threads per token walks its row in
-// chunks of 256 entries; a ballot per warp and a prefix over the 8 warps place each valid slot
-// at the count of valid entries before it, so the compacted row keeps the top-k order.
+// chunks of 2048 entries, 8 a thread (below); a ballot per warp and sub-chunk and a prefix over
+// the sub-chunks and warps place each valid slot at the count of valid entries before it, so
+// the compacted row keeps the top-k order.
+// Both may be launched as programmatic dependents (sm_90, TopkToSlots): nothing global is read
+// before griddepcontrol.wait; with `trigger_dependents` the next kernel (the absorb GEMM, which
+// streams its weights before its own wait) may launch as soon as this grid starts.
 #pragma once
 
 #include <cstdint>
@@ -18,21 +22,27 @@ struct TopkSlotArgs {
   int32_t* __restrict__ valid_slots;
   int32_t* __restrict__ valid_counts;
   int num_tokens, width, num_requests, max_blocks, world_size, interleave, rank, block_size;
+  bool trigger_dependents;
 };
 
-// The slot of top-k entry i (token `token`), or -1.
-__device__ __forceinline__ int32_t TopkEntrySlot(const TopkSlotArgs& a, int64_t token, int64_t i) {
-  const int64_t position = a.topk[i];
-  const int request = a.token_request[token];
+__device__ __forceinline__ void TopkSlotsGridDependency(const TopkSlotArgs& a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (a.trigger_dependents) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// The slot of top-k position `position` of a token of request `request` whose own position is
+// `own` (INT64_MAX when unknown), or -1.
+__device__ __forceinline__ int32_t TopkPositionSlot(const TopkSlotArgs& a, int request, int64_t own,
+                                                    int64_t position) {
   // A position past the token's own (invalid input) is dropped too: never a stale row.
-  const bool in_range =
-      position >= 0 && (a.token_position == nullptr || position <= a.token_position[token]);
-  if (!in_range || request < 0 || request >= a.num_requests ||
+  if (position < 0 || position > own || request < 0 || request >= a.num_requests ||
       (position / a.interleave) % a.world_size != a.rank) {
     return -1;
   }
-  const int64_t local = (position / (int64_t(a.world_size) * a.interleave)) * a.interleave +
-                        position % a.interleave;
+  const int64_t local =
+      (position / (int64_t(a.world_size) * a.interleave)) * a.interleave + position % a.interleave;
   const int64_t block = local / a.block_size;
   if (block >= a.max_blocks) return -1;
   const int64_t physical = a.block_tables[int64_t(request) * a.max_blocks + block];
@@ -40,38 +50,74 @@ __device__ __forceinline__ int32_t TopkEntrySlot(const TopkSlotArgs& a, int64_t 
   return (physical >= 0 && local_slot <= INT32_MAX) ? static_cast<int32_t>(local_slot) : -1;
 }
 
+__device__ __forceinline__ int64_t TokenOwnPosition(const TopkSlotArgs& a, int64_t token) {
+  return a.token_position == nullptr ? INT64_MAX : a.token_position[token];
+}
+
 __global__ void TopkToSlotsKernel(const TopkSlotArgs a) {
+  TopkSlotsGridDependency(a);
   const int64_t total = int64_t(a.num_tokens) * a.width;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    a.slots[i] = TopkEntrySlot(a, i / a.width, i);
+    const int64_t token = i / a.width;
+    a.slots[i] = TopkPositionSlot(a, a.token_request[token], TokenOwnPosition(a, token), a.topk[i]);
   }
 }
 
+// The compacting form takes a token's row in chunks of kCompactThreads x kCompactPerThread
+// entries (2048: DeepSeek-V3.2's whole top-k in one): thread t holds entries base + e * 256 + t,
+// e < kCompactPerThread, so every load of a chunk (the positions, then the block-table entries)
+// is in flight at once and coalesced, and one barrier per chunk orders the compacted writes.
+// (The first version walked 256-entry chunks one after the other, a dependent round trip to
+// memory for each: about 8 of them for a 2048-entry row, most of a decode token's time here.)
 constexpr int kCompactThreads = 256;
+constexpr int kCompactPerThread = 8;
+constexpr int kCompactChunk = kCompactThreads * kCompactPerThread;
 
 __global__ void __launch_bounds__(kCompactThreads) TopkToSlotsCompactKernel(const TopkSlotArgs a) {
-  __shared__ int warp_counts[kCompactThreads / 32];
+  constexpr int kWarps = kCompactThreads / 32;
+  __shared__ int warp_counts[kCompactPerThread][kWarps];
+  TopkSlotsGridDependency(a);
   const int64_t token = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const unsigned lanes_below = (1u << lane) - 1;
   const int64_t row = token * a.width;
+  const int request = a.token_request[token];
+  const int64_t own = TokenOwnPosition(a, token);
   int count = 0;  // valid entries before this chunk (the same in every thread)
-  for (int base = 0; base < a.width; base += kCompactThreads) {
-    const int k = base + threadIdx.x;
-    const int32_t slot = k < a.width ? TopkEntrySlot(a, token, row + k) : -1;
-    if (k < a.width && a.slots != nullptr) a.slots[row + k] = slot;
-    const unsigned valid = __ballot_sync(0xffffffffu, slot >= 0);
-    if (lane == 0) warp_counts[warp] = __popc(valid);
-    __syncthreads();
-    int before = count;
-    int chunk_total = 0;
+  for (int base = 0; base < a.width; base += kCompactChunk) {
+    int32_t position[kCompactPerThread];
 #pragma unroll
-    for (int w = 0; w < kCompactThreads / 32; ++w) {
-      before += w < warp ? warp_counts[w] : 0;
-      chunk_total += warp_counts[w];
+    for (int e = 0; e < kCompactPerThread; ++e) {
+      const int k = base + e * kCompactThreads + threadIdx.x;
+      position[e] = k < a.width ? a.topk[row + k] : -1;
     }
-    if (slot >= 0) a.valid_slots[row + before + __popc(valid & ((1u << lane) - 1))] = slot;
-    count += chunk_total;
+    int32_t slot[kCompactPerThread];
+    unsigned valid[kCompactPerThread];
+#pragma unroll
+    for (int e = 0; e < kCompactPerThread; ++e) {
+      slot[e] = TopkPositionSlot(a, request, own, position[e]);
+      const int k = base + e * kCompactThreads + threadIdx.x;
+      if (k < a.width && a.slots != nullptr) a.slots[row + k] = slot[e];
+      valid[e] = __ballot_sync(0xffffffffu, slot[e] >= 0);
+      if (lane == 0) warp_counts[e][warp] = __popc(valid[e]);
+    }
+    __syncthreads();
+    // Entry (e, t) goes after every valid entry of the sub-chunks before e and of the warps and
+    // lanes before t in sub-chunk e.
+    int before = count;
+#pragma unroll
+    for (int e = 0; e < kCompactPerThread; ++e) {
+      int offset = before, sub_total = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        offset += w < warp ? warp_counts[e][w] : 0;
+        sub_total += warp_counts[e][w];
+      }
+      if (slot[e] >= 0) a.valid_slots[row + offset + __popc(valid[e] & lanes_below)] = slot[e];
+      before += sub_total;
+    }
+    count = before;
     __syncthreads();  // warp_counts is rewritten by the next chunk
   }
   for (int k = count + threadIdx.x; k < a.width; k += kCompactThreads) a.valid_slots[row + k] = -1;

@@ -1,12 +1,13 @@
 // Top-k positions -> local slots on the GPU (attention/cuda/topk_to_slots.h) against a
 // brute-force enumeration written here: walking a request's tokens in order and counting, per
 // rank, how many it already holds (no closed-form layout formula shared with the kernel).
+#include "attention/cuda/topk_to_slots.h"
+
 #include <algorithm>
 #include <random>
 #include <tuple>
 #include <vector>
 
-#include "attention/cuda/topk_to_slots.h"
 #include "gtest/gtest.h"
 #include "tests/common/gpu_test_util.h"
 
@@ -90,9 +91,9 @@ TEST_F(TopkToSlotsCudaTest, MatchesEnumeration) {
           }
           ASSERT_EQ(counts[t], int(want.size())) << "token " << t;
           want.resize(width, -1);
-          ASSERT_EQ(std::vector<int32_t>(valid.begin() + t * width,
-                                         valid.begin() + (t + 1) * width),
-                    want)
+          ASSERT_EQ(
+              std::vector<int32_t>(valid.begin() + t * width, valid.begin() + (t + 1) * width),
+              want)
               << "token " << t;
         }
       }
@@ -118,59 +119,64 @@ TEST_F(TopkToSlotsCudaTest, MatchesEnumeration) {
 }
 
 TEST_F(TopkToSlotsCudaTest, CompactsLongRows) {
-  // Rows wider than the 256-entry chunk of the compacting kernel, with every count class.
-  const int width = 2048, world = 2, rank = 1;
-  std::mt19937_64 rng(TestSeed());
-  const std::vector<int> wanted = {0, 1, 63, 64, 65, 300, 1024};
-  std::vector<int32_t> topk, token_request, token_position;
-  std::vector<int32_t> want_counts;
-  for (int t = 0; t < int(wanted.size()); ++t) {
-    token_request.push_back(0);
-    token_position.push_back(2 * width);
-    // positions 2j + 1 are rank 1's (interleave 1, W 2); -1 elsewhere, shuffled in.
-    std::vector<int32_t> row(width, -1);
-    for (int j = 0; j < wanted[t]; ++j) row[j] = 2 * j + 1;
-    for (int j = wanted[t]; j < width; j += 3) row[j] = 2 * j;  // rank 0's: dropped
-    std::shuffle(row.begin(), row.end(), rng);
-    topk.insert(topk.end(), row.begin(), row.end());
-    want_counts.push_back(wanted[t]);
-  }
-  const int tokens = int(wanted.size()), max_blocks = 2 * width;
-  std::vector<int32_t> tables(max_blocks);
-  for (int b = 0; b < max_blocks; ++b) tables[b] = b;  // block size 1: slot = local index
-  DeviceArray<int32_t> d_topk(topk), d_req(token_request), d_pos(token_position),
-      d_tables(tables), d_valid(topk.size()), d_counts(tokens);
-  d_valid.Poison();
-  d_counts.Poison();
-  TopkToSlotsParams p;
-  p.topk = d_topk.get();
-  p.token_request = d_req.get();
-  p.token_position = d_pos.get();
-  p.block_tables = d_tables.get();
-  p.valid_slots = d_valid.get();
-  p.valid_counts = d_counts.get();
-  p.num_tokens = tokens;
-  p.topk_width = width;
-  p.num_requests = 1;
-  p.max_blocks = max_blocks;
-  p.world_size = world;
-  p.rank = rank;
-  ASSERT_TRUE(cuda::TopkToSlots(p, nullptr).ok());
-  const auto valid = d_valid.Download();
-  ASSERT_EQ(d_counts.Download(), want_counts);
-  for (int t = 0; t < tokens; ++t) {
-    std::vector<int32_t> want;
-    for (int k = 0; k < width; ++k) {
-      const int32_t g = topk[t * width + k];
-      if (g >= 0 && g % 2 == 1) want.push_back(g / 2);  // local index of position g
+  // Rows of one 2048-entry chunk of the compacting kernel, and wider rows with a partial last
+  // chunk, with every count class.
+  for (const int width : {2048, 5000}) {
+    SCOPED_TRACE(::testing::Message() << "width " << width);
+    const int world = 2, rank = 1;
+    std::mt19937_64 rng(TestSeed());
+    std::vector<int> wanted = {0, 1, 63, 64, 65, 300, 1024};
+    if (width > 2048) wanted.insert(wanted.end(), {2047, 2048, 2049, 2500});
+    std::vector<int32_t> topk, token_request, token_position;
+    std::vector<int32_t> want_counts;
+    for (int t = 0; t < int(wanted.size()); ++t) {
+      token_request.push_back(0);
+      token_position.push_back(2 * width);
+      // positions 2j + 1 are rank 1's (interleave 1, W 2); -1 elsewhere, shuffled in.
+      std::vector<int32_t> row(width, -1);
+      for (int j = 0; j < wanted[t]; ++j) row[j] = 2 * j + 1;
+      for (int j = wanted[t]; j < width; j += 3) row[j] = 2 * j;  // rank 0's: dropped
+      std::shuffle(row.begin(), row.end(), rng);
+      topk.insert(topk.end(), row.begin(), row.end());
+      want_counts.push_back(wanted[t]);
     }
-    want.resize(width, -1);
-    ASSERT_EQ(std::vector<int32_t>(valid.begin() + t * width, valid.begin() + (t + 1) * width),
-              want)
-        << "token " << t;
+    const int tokens = int(wanted.size()), max_blocks = 2 * width;
+    std::vector<int32_t> tables(max_blocks);
+    for (int b = 0; b < max_blocks; ++b) tables[b] = b;  // block size 1: slot = local index
+    DeviceArray<int32_t> d_topk(topk), d_req(token_request), d_pos(token_position),
+        d_tables(tables), d_valid(topk.size()), d_counts(tokens);
+    d_valid.Poison();
+    d_counts.Poison();
+    TopkToSlotsParams p;
+    p.topk = d_topk.get();
+    p.token_request = d_req.get();
+    p.token_position = d_pos.get();
+    p.block_tables = d_tables.get();
+    p.valid_slots = d_valid.get();
+    p.valid_counts = d_counts.get();
+    p.num_tokens = tokens;
+    p.topk_width = width;
+    p.num_requests = 1;
+    p.max_blocks = max_blocks;
+    p.world_size = world;
+    p.rank = rank;
+    ASSERT_TRUE(cuda::TopkToSlots(p, nullptr).ok());
+    const auto valid = d_valid.Download();
+    ASSERT_EQ(d_counts.Download(), want_counts);
+    for (int t = 0; t < tokens; ++t) {
+      std::vector<int32_t> want;
+      for (int k = 0; k < width; ++k) {
+        const int32_t g = topk[t * width + k];
+        if (g >= 0 && g % 2 == 1) want.push_back(g / 2);  // local index of position g
+      }
+      want.resize(width, -1);
+      ASSERT_EQ(std::vector<int32_t>(valid.begin() + t * width, valid.begin() + (t + 1) * width),
+                want)
+          << "token " << t;
+    }
+    p.valid_counts = nullptr;  // both or neither
+    EXPECT_EQ(cuda::TopkToSlots(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
   }
-  p.valid_counts = nullptr;  // both or neither
-  EXPECT_EQ(cuda::TopkToSlots(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(TopkToSlotsCudaTest, RejectsBadRank) {
