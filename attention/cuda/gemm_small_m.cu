@@ -3,8 +3,8 @@
 
 #include "attention/cuda/gemm_small_m.h"
 #include "attention/cuda/gemm_small_m_kernel.cuh"
-#include "attention/cuda/merge_states.h"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/programmatic_launch.h"
 #include "core/status.h"
 
 namespace dcp::cuda {
@@ -54,13 +54,8 @@ absl::Status Launch(const GemmSmallMArgs& args, bool nk, dim3 grid, int64_t shar
   config.stream = stream;
   // sm_90+: a programmatic dependent launch; the weights' L2 prefetch overlaps the previous
   // kernel's tail (the kernel waits with griddepcontrol.wait before it touches A or C).
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  if (ProgrammaticLaunchEnabled()) {
-    config.attrs = attribute;
-    config.numAttrs = 1;
-  }
+  cudaLaunchAttribute attribute;
+  SetProgrammaticLaunch(&config, &attribute);
   if (nk) {
     DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, GemmSmallMNkKernel<MT>, args));
     DCP_CUDA_LAUNCH_CHECK("GemmSmallMNkKernel");

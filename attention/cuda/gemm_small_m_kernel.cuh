@@ -27,6 +27,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/cuda/programmatic_launch.h"
+
 namespace dcp::cuda {
 
 constexpr int kSmallMThreads = 256;
@@ -54,18 +56,6 @@ struct GemmSmallMArgs {
   int64_t side_dst_pitch, side_src_pitch, side_row_bytes, side_rows;
   bool side_vector;
 };
-
-__device__ __forceinline__ void GridDependencyWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void TriggerDependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
 
 __device__ __forceinline__ void PrefetchL2(const void* address) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(address));
@@ -106,8 +96,7 @@ __device__ __forceinline__ void StoreC(const GemmSmallMArgs& p, int64_t index, f
 // The side copy, spread over every thread of the grid.
 __device__ __forceinline__ void SideCopy(const GemmSmallMArgs& p) {
   if (p.side_rows == 0) return;
-  const int64_t thread =
-      (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t thread = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t threads = int64_t(gridDim.x) * gridDim.y * blockDim.x;
   const int64_t unit = p.side_vector ? 16 : 1;
   const int64_t per_row = p.side_row_bytes / unit;

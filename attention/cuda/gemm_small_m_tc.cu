@@ -3,8 +3,8 @@
 
 #include "attention/cuda/gemm_small_m.h"
 #include "attention/cuda/gemm_small_m_tc_kernel.cuh"
-#include "attention/cuda/merge_states.h"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/programmatic_launch.h"
 #include "core/status.h"
 
 namespace dcp::cuda {
@@ -34,8 +34,7 @@ int TcColumns(const GemmParams& p) {
 }
 
 template <int N8, bool NK>
-absl::Status LaunchTc(const GemmSmallMArgs& args, dim3 grid, int64_t shared,
-                      cudaStream_t stream) {
+absl::Status LaunchTc(const GemmSmallMArgs& args, dim3 grid, int64_t shared, cudaStream_t stream) {
   auto* kernel = GemmSmallMTcKernel<N8, NK>;
   // The attributes are set once per instantiation: the most shared memory any call may ask
   // for, and the largest shared-memory carveout (the kernel reads B through cp.async.cg, which
@@ -55,13 +54,8 @@ absl::Status LaunchTc(const GemmSmallMArgs& args, dim3 grid, int64_t shared,
   config.blockDim = dim3(kSmallMTcThreads);
   config.dynamicSmemBytes = static_cast<size_t>(shared);
   config.stream = stream;
-  cudaLaunchAttribute attributes[1];
-  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[0].val.programmaticStreamSerializationAllowed = 1;
-  if (ProgrammaticLaunchEnabled()) {
-    config.attrs = attributes;
-    config.numAttrs = 1;
-  }
+  cudaLaunchAttribute programmatic;
+  SetProgrammaticLaunch(&config, &programmatic);
   DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
   DCP_CUDA_LAUNCH_CHECK("GemmSmallMTcKernel");
   return absl::OkStatus();
@@ -115,9 +109,8 @@ absl::Status GemmSmallMTc(const GemmParams& p, cudaStream_t stream) {
     args.side_src_pitch = side.src_pitch;
     args.side_row_bytes = side.row_bytes;
     args.side_rows = side.rows;
-    args.side_vector = Aligned(side.dst, 16) && Aligned(side.src, 16) &&
-                       side.dst_pitch % 16 == 0 && side.src_pitch % 16 == 0 &&
-                       side.row_bytes % 16 == 0;
+    args.side_vector = Aligned(side.dst, 16) && Aligned(side.src, 16) && side.dst_pitch % 16 == 0 &&
+                       side.src_pitch % 16 == 0 && side.row_bytes % 16 == 0;
   }
   const int per_vector = args.a_f32 ? 4 : 8;  // elements in 16 bytes
   args.a_vector = Aligned(p.a, 16) && p.lda % per_vector == 0 && p.stride_a % per_vector == 0 &&

@@ -1,7 +1,5 @@
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
 
 #include "attention/cuda/merge_states.h"
 #include "attention/cuda/merge_states_kernel.cuh"
@@ -14,20 +12,6 @@ constexpr int kThreads = 256;  // 8 rows per block
 
 int64_t BlocksFor(int64_t rows) { return (rows * 32 + kThreads - 1) / kThreads; }
 
-// The current device's compute capability major (cached per device; 0 when unknown).
-int DeviceMajor() {
-  static std::atomic<int> cached[64] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return 0;
-  if (device < 64 && cached[device].load() > 0) return cached[device].load();
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-    return 0;
-  }
-  if (device < 64) cached[device].store(major);
-  return major;
-}
-
 absl::Status CheckSizes(const char* what, int num_tokens, int num_heads, int dim) {
   DCP_CHECK_ARG(num_tokens >= 0 && num_heads >= 0 && dim >= 0,
                 "%s: negative size (tokens %d, heads %d, dim %d)", what, num_tokens, num_heads,
@@ -38,16 +22,6 @@ absl::Status CheckSizes(const char* what, int num_tokens, int num_heads, int dim
 }
 
 }  // namespace
-
-bool ProgrammaticLaunchEnabled() {
-  static const bool disabled = std::getenv("DCP_NO_PDL") != nullptr;
-  return !disabled && DeviceMajor() >= 9;
-}
-
-bool EarlyTriggerEnabled() {
-  static const bool disabled = std::getenv("DCP_NO_EARLY_TRIGGER") != nullptr;
-  return !disabled && ProgrammaticLaunchEnabled();
-}
 
 absl::Status MergeStates(const MergeStatesParams& p, cudaStream_t stream) {
   DCP_RETURN_IF_ERROR(CheckSizes("MergeStates", p.num_tokens, p.num_heads, p.dim));
@@ -116,13 +90,8 @@ absl::Status MergeSplits(const float* parts, const float* part_lse, int splits, 
   config.stream = stream;
   // On sm_90+: a programmatic dependent launch (the kernel waits for the previous grid in the
   // stream with griddepcontrol.wait), so its launch overlaps the attention kernel's tail.
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  if (ProgrammaticLaunchEnabled()) {
-    config.attrs = attribute;
-    config.numAttrs = 1;
-  }
+  cudaLaunchAttribute attribute;
+  SetProgrammaticLaunch(&config, &attribute);
   DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, MergeSplitsKernel, parts, part_lse, splits, num_tokens,
                                     num_heads, dim, out, out_token_stride, out_head_stride, lse,
                                     lse_token_stride, vector_store, EarlyTriggerEnabled()));

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "attention/attention_params.h"
+#include "core/cuda/programmatic_launch.h"
 
 namespace dcp::cuda {
 
@@ -22,18 +23,8 @@ absl::Status DcpCombine(const DcpCombineParams& params, cudaStream_t stream);
 // lse ([T, H], row stride lse_token_stride). 1 <= splits <= kMaxMergeSplits, dim % 4 == 0.
 // Every split's partial is read (an empty one, lse -inf, is selected out, its values may be
 // anything). On sm_90 it is launched as a programmatic dependent of the previous kernel in the
-// stream (it waits for that kernel's completion on the device; ProgrammaticLaunchEnabled).
+// stream (it waits for that kernel's completion on the device; core/cuda/programmatic_launch.h).
 constexpr int kMaxMergeSplits = 64;
-// Whether the sparse MQA kernels and MergeSplits are launched as programmatic dependents of the
-// previous kernel in the stream (sm_90+): on unless the environment sets DCP_NO_PDL (a switch
-// for measuring the difference). Read once per process.
-bool ProgrammaticLaunchEnabled();
-// Whether the small latency-bound kernels ahead of a weight-streaming GEMM (the split merge, the
-// top-k -> slots step) let their programmatic dependent launch as soon as they start
-// (griddepcontrol.launch_dependents before their own wait) instead of when they end: on with
-// programmatic launches unless the environment sets DCP_NO_EARLY_TRIGGER (a switch for
-// measuring the difference). Read once per process.
-bool EarlyTriggerEnabled();
 absl::Status MergeSplits(const float* parts, const float* part_lse, int splits, int num_tokens,
                          int num_heads, int dim, float* out, int64_t out_token_stride,
                          int64_t out_head_stride, float* lse, int64_t lse_token_stride,

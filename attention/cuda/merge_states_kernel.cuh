@@ -115,10 +115,8 @@ __global__ void __launch_bounds__(kMergeSplitsThreads)
                       int splits, int num_tokens, int num_heads, int dim, float* out,
                       int64_t out_token_stride, int64_t out_head_stride, float* lse,
                       int64_t lse_token_stride, bool vector_store, bool trigger_dependents) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (trigger_dependents) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  if (trigger_dependents) TriggerDependents();
+  GridDependencyWait();
   const int chunks = dim >= 4 ? dim / 4 : 1;  // dim 0: one thread per row writes the LSE
   const int64_t rows = int64_t(num_tokens) * num_heads;
   const int64_t index = blockIdx.x * int64_t(kMergeSplitsThreads) + threadIdx.x;

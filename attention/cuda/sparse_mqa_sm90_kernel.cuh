@@ -33,13 +33,13 @@
 #include <cstdint>
 
 #include "attention/attention_params.h"
-#include "attention/cuda/merge_states.h"
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/sparse_mqa.h"
 #include "attention/cuda/sparse_mqa_work.cuh"
 #include "attention/cuda/wgmma_sm90.cuh"
 #include "core/cuda/cuda_status.h"
 #include "core/cuda/fp8_e4m3.cuh"
+#include "core/cuda/programmatic_launch.h"
 #include "core/kv_cache_format.h"
 
 namespace dcp::cuda {
@@ -126,10 +126,11 @@ __device__ __forceinline__ void Sm90Fp8ConvertTile(uint32_t buffer, int f, bool 
 }
 
 template <class Config>
-__device__ __forceinline__ void SparseMqaSm90Fp8Producer(
-    const SparseMqaParams& p, const SparseMqaWork& work, int first_block, int num_pairs,
-    const uint32_t (&k_base)[2], uint32_t index_base,
-    uint32_t ready_bar, uint32_t free_bar) {
+__device__ __forceinline__ void SparseMqaSm90Fp8Producer(const SparseMqaParams& p,
+                                                         const SparseMqaWork& work, int first_block,
+                                                         int num_pairs, const uint32_t (&k_base)[2],
+                                                         uint32_t index_base, uint32_t ready_bar,
+                                                         uint32_t free_bar) {
   using namespace sm90;
   constexpr int kTileBytes = Config::kTileBytes;
   const int t = threadIdx.x % 128;
@@ -145,7 +146,7 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
   const uint32_t own_scale = TileChunk(group, 1);
   const uint32_t own_rope = (Config::kTiles - 1) * kTileBytes + TileChunk(group, lane8);
   const uint8_t* kv_lane = kv + 16 * lane8;  // this thread's 16 bytes of each 128-code tile
-  int32_t row_slot[2][4];                     // the cache slot of each row, or -1 when skipped
+  int32_t row_slot[2][4];                    // the cache slot of each row, or -1 when skipped
   auto load_rows = [&](int which, int block) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
@@ -164,8 +165,8 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
     for (int r = 0; r < 4; ++r) {
       const int32_t slot = row_slot[which][r];
       const bool valid = slot >= 0;
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(Opaque(reinterpret_cast<uint64_t>(
-          kv_lane + int64_t(valid ? slot : 0) * fp8_ds_mla::kRowBytes)));
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(Opaque(
+          reinterpret_cast<uint64_t>(kv_lane + int64_t(valid ? slot : 0) * fp8_ds_mla::kRowBytes)));
       const uint32_t row = buffer + 2048 * r;
 #pragma unroll
       for (int f = 0; f < 2; ++f) {
@@ -173,8 +174,7 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
                           src + (f0 + f) * fp8_ds_mla::kTileSize, valid);
       }
       if (lane8 == 0) {
-        CpAsync16(row + 2 * f0 * kTileBytes + own_scale,
-                  src + fp8_ds_mla::kScaleOffset, valid);
+        CpAsync16(row + 2 * f0 * kTileBytes + own_scale, src + fp8_ds_mla::kScaleOffset, valid);
       }
       if (rope) {
         CpAsync16(row + own_rope, src + fp8_ds_mla::kRopeOffset, valid);
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(384, 1)
   // stream (LaunchSparseMqaSm90): nothing global (valid_counts, indices, q, cache, outputs) is
   // touched before griddepcontrol.wait returns, i.e. before that kernel has finished and its
   // writes are visible; only this CTA's launch overlaps it.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  GridDependencyWait();
   const SparseMqaWork work =
       GetSparseMqaWork(p, split, Config::kBlockHeads, Config::kBlockKeys, /*block_align=*/2);
   const int first_block = work.key_begin / Config::kBlockKeys;
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(384, 1)
   __syncthreads();
   // Let our programmatic dependent (the split merge, MergeSplits) launch: it waits for this
   // whole grid with griddepcontrol.wait, so only its launch and scheduling overlap this one.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  TriggerDependents();
 
   if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
     if (warpgroup == 2) {
@@ -593,13 +593,8 @@ absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit&
   config.blockDim = dim3(Config::kThreads);
   config.dynamicSmemBytes = Config::kSmemBytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  if (ProgrammaticLaunchEnabled()) {
-    config.attrs = attribute;
-    config.numAttrs = 1;
-  }
+  cudaLaunchAttribute attribute;
+  SetProgrammaticLaunch(&config, &attribute);
   DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, split));
   DCP_CUDA_LAUNCH_CHECK("SparseMqaSm90Kernel");
   return absl::OkStatus();

@@ -1,10 +1,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "attention/cuda/merge_states.h"
 #include "attention/cuda/topk_to_slots.h"
 #include "attention/cuda/topk_to_slots_kernel.cuh"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/programmatic_launch.h"
 
 namespace dcp::cuda {
 
@@ -39,13 +39,8 @@ absl::Status TopkToSlots(const TopkToSlotsParams& p, cudaStream_t stream) {
   // they read anything), so this launch overlaps the previous kernel's tail.
   cudaLaunchConfig_t config = {};
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  if (ProgrammaticLaunchEnabled()) {
-    config.attrs = attribute;
-    config.numAttrs = 1;
-  }
+  cudaLaunchAttribute attribute;
+  SetProgrammaticLaunch(&config, &attribute);
   if (compact) {
     config.gridDim = dim3(static_cast<unsigned>(p.num_tokens));
     config.blockDim = dim3(kCompactThreads);

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "core/cuda/programmatic_launch.h"
+
 namespace dcp::cuda {
 
 struct TopkSlotArgs {
@@ -26,27 +28,31 @@ struct TopkSlotArgs {
 };
 
 __device__ __forceinline__ void TopkSlotsGridDependency(const TopkSlotArgs& a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (a.trigger_dependents) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  if (a.trigger_dependents) TriggerDependents();
+  GridDependencyWait();
 }
 
 // The slot of top-k position `position` of a token of request `request` whose own position is
-// `own` (INT64_MAX when unknown), or -1.
+// `own` (INT64_MAX when unknown), or -1. Positions are int32, so the layout's arithmetic is
+// done in 32 bits: a 64-bit division by a value known only at run time is a long emulated
+// sequence, and with three per entry it was most of a 2048-entry row's time (H200, ncu).
 __device__ __forceinline__ int32_t TopkPositionSlot(const TopkSlotArgs& a, int request, int64_t own,
-                                                    int64_t position) {
+                                                    int32_t position) {
   // A position past the token's own (invalid input) is dropped too: never a stale row.
-  if (position < 0 || position > own || request < 0 || request >= a.num_requests ||
-      (position / a.interleave) % a.world_size != a.rank) {
-    return -1;
-  }
-  const int64_t local =
-      (position / (int64_t(a.world_size) * a.interleave)) * a.interleave + position % a.interleave;
-  const int64_t block = local / a.block_size;
-  if (block >= a.max_blocks) return -1;
+  if (position < 0 || position > own || request < 0 || request >= a.num_requests) return -1;
+  const uint32_t p = static_cast<uint32_t>(position);
+  const uint32_t interleave = static_cast<uint32_t>(a.interleave);
+  const uint32_t world = static_cast<uint32_t>(a.world_size);
+  const uint32_t group = p / interleave;  // the interleave group; its owner is group % world
+  const uint32_t round = group / world;
+  if (group - round * world != static_cast<uint32_t>(a.rank)) return -1;
+  // This rank's local index: round * interleave + p % interleave (< p + 1, so 32 bits).
+  const uint32_t local = round * interleave + (p - group * interleave);
+  const uint32_t block_size = static_cast<uint32_t>(a.block_size);
+  const uint32_t block = local / block_size;
+  if (block >= static_cast<uint32_t>(a.max_blocks)) return -1;
   const int64_t physical = a.block_tables[int64_t(request) * a.max_blocks + block];
-  const int64_t local_slot = physical * a.block_size + local % a.block_size;
+  const int64_t local_slot = physical * a.block_size + (local - block * block_size);
   return (physical >= 0 && local_slot <= INT32_MAX) ? static_cast<int32_t>(local_slot) : -1;
 }
 
@@ -59,7 +65,8 @@ __global__ void TopkToSlotsKernel(const TopkSlotArgs a) {
   const int64_t total = int64_t(a.num_tokens) * a.width;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t token = i / a.width;
+    const int64_t token =
+        total <= INT32_MAX ? int64_t(uint32_t(i) / uint32_t(a.width)) : i / a.width;
     a.slots[i] = TopkPositionSlot(a, a.token_request[token], TokenOwnPosition(a, token), a.topk[i]);
   }
 }

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/programmatic_launch.h"
 #include "workspace/cuda/rows_cuda.h"
 #include "workspace/cuda/rows_kernel.cuh"
 #include "workspace/rows_check.h"
@@ -32,15 +33,26 @@ absl::Status Launch(const void* src, const int32_t* index, void* dst, int64_t nu
   const int64_t src_stride = src_stride_bytes / int64_t(sizeof(Vec));
   const int64_t dst_stride = dst_stride_bytes / int64_t(sizeof(Vec));
   const int grid = GridFor(num_rows * units);
+  // sm_90+: a programmatic dependent launch (the kernels wait with griddepcontrol.wait before
+  // they touch memory), letting their own dependent launch at once: a decode layer's cache
+  // write is followed by the top-k -> slots step and the absorb GEMM, whose weight stream then
+  // starts under this launch.
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(256);
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  SetProgrammaticLaunch(&config, &attribute);
+  const bool trigger = EarlyTriggerEnabled();
   if constexpr (kGather) {
-    GatherRowsKernel<Vec><<<grid, 256, 0, stream>>>(static_cast<const Vec*>(src), index,
-                                                    static_cast<Vec*>(dst), num_rows, bound_rows,
-                                                    units, src_stride, dst_stride);
+    DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, GatherRowsKernel<Vec>, static_cast<const Vec*>(src),
+                                      index, static_cast<Vec*>(dst), num_rows, bound_rows, units,
+                                      src_stride, dst_stride, trigger));
     DCP_CUDA_LAUNCH_CHECK("GatherRowsKernel");
   } else {
-    ScatterRowsKernel<Vec><<<grid, 256, 0, stream>>>(static_cast<const Vec*>(src), index,
-                                                     static_cast<Vec*>(dst), num_rows, bound_rows,
-                                                     units, src_stride, dst_stride);
+    DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, ScatterRowsKernel<Vec>, static_cast<const Vec*>(src),
+                                      index, static_cast<Vec*>(dst), num_rows, bound_rows, units,
+                                      src_stride, dst_stride, trigger));
     DCP_CUDA_LAUNCH_CHECK("ScatterRowsKernel");
   }
   return absl::OkStatus();
@@ -64,14 +76,14 @@ absl::Status Dispatch(const void* src, const int32_t* index, void* dst, DType dt
       return Launch<uint2, kGather>(src, index, dst, num_rows, bound_rows, row_bytes, src_stride,
                                     dst_stride, stream);
     case 4:
-      return Launch<uint32_t, kGather>(src, index, dst, num_rows, bound_rows, row_bytes,
-                                       src_stride, dst_stride, stream);
+      return Launch<uint32_t, kGather>(src, index, dst, num_rows, bound_rows, row_bytes, src_stride,
+                                       dst_stride, stream);
     case 2:
-      return Launch<uint16_t, kGather>(src, index, dst, num_rows, bound_rows, row_bytes,
-                                       src_stride, dst_stride, stream);
+      return Launch<uint16_t, kGather>(src, index, dst, num_rows, bound_rows, row_bytes, src_stride,
+                                       dst_stride, stream);
     case 1:
-      return Launch<uint8_t, kGather>(src, index, dst, num_rows, bound_rows, row_bytes,
-                                      src_stride, dst_stride, stream);
+      return Launch<uint8_t, kGather>(src, index, dst, num_rows, bound_rows, row_bytes, src_stride,
+                                      dst_stride, stream);
   }
   return DCP_ERROR(Internal, "rows: no unit of %d bytes", unit);
 }
@@ -173,14 +185,13 @@ absl::Status CopyRows(const CopyRowsParams& p, cudaStream_t stream) {
   for (int c = 0; c < p.num_copies; ++c) {
     const RowCopy& copy = p.copies[c];
     if (copy.rows == 0 || copy.width == 0) continue;
-    quantities.insert(quantities.end(),
-                      {copy.width * element, copy.src_row_stride * element,
-                       copy.dst_row_stride * element, reinterpret_cast<uint64_t>(copy.src),
-                       reinterpret_cast<uint64_t>(copy.dst)});
+    quantities.insert(
+        quantities.end(),
+        {copy.width * element, copy.src_row_stride * element, copy.dst_row_stride * element,
+         reinterpret_cast<uint64_t>(copy.src), reinterpret_cast<uint64_t>(copy.dst)});
     units += copy.rows * copy.width * int64_t(element);
-    largest = std::max<int64_t>(largest, copy.rows * std::max(copy.src_row_stride,
-                                                              copy.dst_row_stride) *
-                                             int64_t(element));
+    largest = std::max<int64_t>(
+        largest, copy.rows * std::max(copy.src_row_stride, copy.dst_row_stride) * int64_t(element));
   }
   if (quantities.empty()) return absl::OkStatus();
   int unit = 16;
