@@ -37,6 +37,22 @@ struct GemmParams {
     const void* src = nullptr;
     int64_t dst_pitch = 0, src_pitch = 0, row_bytes = 0, rows = 0;
   } side;
+  // Optional (splits > 1): A is merged from split-KV partials on the fly, the LSE merge of
+  // MergeSplits folded into the GEMM that consumes its result. A (F32, not transposed) then
+  // names split 0; split s's element is at the same index plus s * split_stride, and the value
+  // used is the merge over the splits with weights exp(lse_s) / sum_s exp(lse_s), lse_s at
+  // part_lse[(s * m + i) * batch + b] for row i of batch entry b ([splits, m, batch]; NaN and
+  // +inf count as -inf; a split of weight 0 is never read into the sum, so its values may be
+  // anything). The merged LSE of (i, b) goes to lse[i * lse_ld + b] (-inf where no split has
+  // a finite one; that row of A is 0). Taken by the CUDA small-M kernel only (B stored [K, N],
+  // splits <= 64): Device::GemmSupports says where; elsewhere Gemm refuses it.
+  struct SplitMerge {
+    int splits = 0;
+    int64_t split_stride = 0;         // elements
+    const float* part_lse = nullptr;  // [splits, m, batch]
+    float* lse = nullptr;             // [m, batch], row stride lse_ld
+    int64_t lse_ld = 0;
+  } merge_a;
 };
 
 // Dense multi-head attention over packed variable-length sequences (the prefill backend).
@@ -104,6 +120,15 @@ struct SparseMqaParams {
   // splits) bytes. Null or too small: the split count is lowered until it fits (1 needs none).
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
+  // CUDA only, optional (host memory): when set and the launch splits the keys, the partials
+  // are left unmerged in the workspace for the caller to merge (GemmParams::merge_a), out and
+  // lse are not written, and *deferred_merge says where they are. Otherwise (no split, or a
+  // device without split-KV) deferred_merge->splits is 1 and out/lse are written as usual.
+  struct DeferredMerge {
+    int splits = 1;
+    float* parts = nullptr;     // [splits, num_tokens, num_heads, v_dim] contiguous
+    float* part_lse = nullptr;  // [splits, num_tokens, num_heads]
+  }* deferred_merge = nullptr;
   // CUDA only. 0: the best kernel of the device (sm_90: warp-specialised wgmma); 1: the
   // mma.sync kernel (sm_80+); 2: the wgmma kernel (Unimplemented where not compiled / not sm_90).
   int kernel = 0;

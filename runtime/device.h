@@ -94,11 +94,11 @@ class Device {
 
   virtual absl::Status Gemm(const GemmParams& params) = 0;
   // Whether Gemm takes this mix of dtypes at this shape and alignment (the CPU takes every
-  // F32/BF16 mix; CUDA takes A F32 with B BF16 only on its small-M kernel). Sizes are not
+  // F32/BF16 mix; CUDA takes A F32 with B BF16, and an A merged from split partials
+  // (GemmParams::merge_a), only on its small-M kernel). Sizes are not
   // validated here: Gemm does that.
   virtual bool GemmSupports(const GemmParams& params) const {
-    (void)params;
-    return true;
+    return params.merge_a.splits <= 1;
   }
   virtual absl::Status DenseMha(const DenseMhaParams& params) = 0;
   virtual absl::Status SparseMqa(const SparseMqaParams& params) = 0;

@@ -156,4 +156,44 @@ absl::Status MlaProjections::ProjectOut(const float* o_lat, void* o_lat_storage,
   return device_.Gemm(p);
 }
 
+namespace {
+
+GemmParams::SplitMerge SplitMergeOf(const SparseMqaParams::DeferredMerge& parts, int64_t tx,
+                                    int heads, int r, float* lse, int64_t lse_ld) {
+  GemmParams::SplitMerge merge;
+  merge.splits = parts.splits;
+  merge.split_stride = tx * heads * int64_t{r};
+  merge.part_lse = parts.part_lse;
+  merge.lse = lse;
+  merge.lse_ld = lse_ld;
+  return merge;
+}
+
+}  // namespace
+
+bool MlaProjections::ProjectOutMergesSplits(int64_t tx) const {
+  const int hl = heads_, r = model_.kv_lora_rank, dv = model_.v_head_dim;
+  // Shapes and dtypes only: the pointers stand in for the ones Run will pass.
+  static float probe[4];
+  GemmParams p = HeadGemmParams({probe, int64_t{hl} * r, r, w_uv_, false, probe, DType::kF32,
+                                 int64_t{hl} * dv, dv, tx, dv, r});
+  p.a_dtype = DType::kF32;
+  p.merge_a = SplitMergeOf({2, probe, probe}, tx, hl, r, probe, hl);
+  return w_uv_ != nullptr && device_.GemmSupports(p);
+}
+
+absl::Status MlaProjections::ProjectOutMerged(const SparseMqaParams::DeferredMerge& parts,
+                                              int64_t tx, float* out, float* lse,
+                                              int64_t lse_ld) {
+  const int hl = heads_, r = model_.kv_lora_rank, dv = model_.v_head_dim;
+  GemmParams p = HeadGemmParams({parts.parts, int64_t{hl} * r, r, w_uv_, false, out, DType::kF32,
+                                 int64_t{hl} * dv, dv, tx, dv, r});
+  p.a_dtype = DType::kF32;
+  p.merge_a = SplitMergeOf(parts, tx, hl, r, lse, lse_ld);
+  DCP_CHECK_ARG(device_.GemmSupports(p),
+                "ProjectOutMerged: the device's GEMM does not merge split partials at %d tokens",
+                tx);
+  return device_.Gemm(p);
+}
+
 }  // namespace dcp

@@ -60,6 +60,13 @@ class MlaProjections {
   // converted into o_lat_storage ([T, Hl, R] of the storage dtype, scratch).
   absl::Status ProjectOut(const float* o_lat, void* o_lat_storage, int64_t num_tokens,
                           float* out);
+  // The same, with o_lat merged on the fly from split-KV partials (SparseMqaParams::
+  // DeferredMerge: [splits, T, Hl, R] and their LSEs) and the merged LSE written to lse
+  // ([T, Hl], row stride lse_ld): one launch instead of the split merge and the projection.
+  // Only where ProjectOutMergesSplits(num_tokens) holds.
+  absl::Status ProjectOutMerged(const SparseMqaParams::DeferredMerge& parts, int64_t num_tokens,
+                                float* out, float* lse, int64_t lse_ld);
+  bool ProjectOutMergesSplits(int64_t num_tokens) const;
 
   int heads() const { return heads_; }
 

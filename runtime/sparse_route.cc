@@ -197,6 +197,12 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
     p.workspace = split_workspace_.data();
     p.workspace_bytes = static_cast<int64_t>(split_workspace_.capacity());
   }
+  // One rank: where the device's output projection can merge split-KV partials itself, the
+  // kernel leaves them unmerged and ProjectOutMerged below folds the merge into the projection
+  // (one launch fewer, and the partials are read once, from L2). W > 1 merges first: the
+  // combine's collectives carry merged partials.
+  SparseMqaParams::DeferredMerge deferred;
+  if (world == 1 && projections_.ProjectOutMergesSplits(tx)) p.deferred_merge = &deferred;
   DCP_RETURN_IF_ERROR(device_.SparseMqa(p));
   if (world > 1) {
     const size_t out_block = size_t(hl) * r * 4, lse_block = size_t(hl) * 4;
@@ -224,6 +230,12 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
   // out[t][h] = w_uv[h]^T o_lat[t][h]: o_lat read as fp32 where the device's GEMM can (no
   // conversion launch), else converted to the storage dtype first (into o_lat_storage_).
   timer.Restart();
+  if (deferred.splits > 1) {
+    DCP_RETURN_IF_ERROR(projections_.ProjectOutMerged(deferred, tx, out, lse, hl));
+    timer.End(&ForwardStats::up_projection_s);
+    if (stats) stats->flops += 2.0 * double(tx) * hl * (double(dn) * r + double(r) * dv);
+    return absl::OkStatus();
+  }
   void* o_lat_storage = nullptr;
   if (storage != DType::kF32) {
     DCP_ASSIGN_OR_RETURN(o_lat_storage, o_lat_storage_.Get(part_count * element));

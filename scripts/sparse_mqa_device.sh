@@ -147,7 +147,7 @@ if has_stage engine && [ "$hung" -eq 0 ]; then run_engine engine DCP_BENCH_RUN=1
 if has_stage worker && [ "$hung" -eq 0 ]; then
   # The worker's multi-rank equivalence suite on CUDA ranks (compacted slots, split-KV).
   for np in 1 2; do
-    DCP_TEST_DEVICE=cuda timeout 60 mpirun --allow-run-as-root --oversubscribe --bind-to none \
+    DCP_TEST_DEVICE=cuda timeout 150 mpirun --allow-run-as-root --oversubscribe --bind-to none \
         -np "$np" "$build/tests/multirank/worker_multirank_test" --gtest_color=no \
         >"$out/one.log" 2>&1
     code=$?

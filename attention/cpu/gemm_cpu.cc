@@ -174,6 +174,8 @@ void DispatchB(const GemmParams& p) {
 
 absl::Status Gemm(const GemmParams& params) {
   DCP_RETURN_IF_ERROR(CheckGemmParams(params));
+  DCP_CHECK_ARG(params.merge_a.splits <= 1,
+                "Gemm (CPU): an A merged from split partials (merge_a) is a CUDA small-M feature");
   const GemmParams::SideCopy& side = params.side;
   if (side.rows > 0 && side.row_bytes > 0) {
     DCP_CHECK_ARG(side.dst != nullptr && side.src != nullptr,

@@ -164,6 +164,7 @@ void RunSparseMqa(const SparseMqaParams& p) {
 
 absl::Status SparseMqa(const SparseMqaParams& params, bool validate) {
   DCP_RETURN_IF_ERROR(CheckSparseMqaParams(params));
+  if (params.deferred_merge != nullptr) *params.deferred_merge = {};  // no split: out written
   if (params.num_tokens == 0) return absl::OkStatus();
   if (validate) DCP_RETURN_IF_ERROR(ValidateSlots(params));
   constexpr KvCacheDType kBF16 = KvCacheDType::kBF16, kFp8 = KvCacheDType::kFp8DsMla;

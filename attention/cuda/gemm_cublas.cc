@@ -111,6 +111,7 @@ bool TakesSmallM(const GemmParams& p) { return SmallMKernelFor(p) != SmallMKerne
 }  // namespace
 
 bool GemmSupports(const GemmParams& p) {
+  if (p.merge_a.splits > 1) return SmallMKernelFor(p) == SmallMKernel::kSimt;
   if (p.a_dtype == p.b_dtype) return p.a_dtype == DType::kF32 || p.a_dtype == DType::kBF16;
   return p.a_dtype == DType::kF32 && p.b_dtype == DType::kBF16 && TakesSmallM(p);
 }
@@ -135,6 +136,10 @@ absl::Status GemmCublas(cublasHandle_t handle, const GemmParams& p, cudaStream_t
                 "<= %d, aligned; see gemm_small_m.h), not m %d n %d k %d",
                 dtype_name(p.a_dtype), dtype_name(p.b_dtype), kSmallMGemmDispatchMaxM, p.m, p.n,
                 p.k);
+  DCP_CHECK_ARG(p.merge_a.splits <= 1,
+                "Gemm (cuBLAS): an A merged from %d split partials is taken by the small-M kernel "
+                "only (m <= %d, B stored [K, N]; GemmSupports)",
+                p.merge_a.splits, kSmallMGemmDispatchMaxM);
   DCP_RETURN_IF_ERROR(SideCopyAsync(p.side, stream));
   if (p.m == 0 || p.n == 0 || p.batch == 0) return absl::OkStatus();
   // BLAS rules, which cuBLAS follows: beta == 0 never reads C; k == 0 gives C = beta * C.

@@ -41,7 +41,9 @@ int64_t SharedBytes(const GemmParams& p) {
   const int64_t tile = RowTile(p.m);
   const int64_t a = tile * p.k;
   const int64_t partials = p.trans_b ? 0 : (kSmallMThreads / 32) * tile * ColumnThreads(p) * 8;
-  return std::max(a, partials) * int64_t{sizeof(float)};
+  // A merged from split partials: each row's split weights after A (kn kernel only).
+  const int64_t weights = p.merge_a.splits > 1 ? tile * kSmallMMaxMergeSplits : 0;
+  return (std::max(a, partials) + weights) * int64_t{sizeof(float)};
 }
 
 template <int MT>
@@ -87,6 +89,11 @@ bool SmallMGemmFits(const GemmParams& p) {
        side.src_pitch < side.row_bytes)) {
     return false;
   }
+  if (p.merge_a.splits > 1 &&
+      (p.trans_b || p.a_dtype != DType::kF32 || p.merge_a.splits > kSmallMMaxMergeSplits ||
+       p.merge_a.split_stride < 0)) {
+    return false;
+  }
   return SharedBytes(p) <= kMaxSharedBytes;
 }
 
@@ -106,6 +113,17 @@ absl::Status GemmSmallM(const GemmParams& p, cudaStream_t stream) {
   args.lda = p.lda, args.ldb = p.ldb, args.ldc = p.ldc;
   args.stride_a = p.stride_a, args.stride_b = p.stride_b, args.stride_c = p.stride_c;
   args.alpha = p.alpha, args.beta = p.beta;
+  if (p.merge_a.splits > 1) {
+    DCP_CHECK_ARG(p.merge_a.part_lse != nullptr && p.merge_a.lse != nullptr,
+                  "GemmSmallM: merge_a needs part_lse and lse");
+    DCP_CHECK_ARG(p.merge_a.lse_ld >= p.batch || p.m == 1,
+                  "GemmSmallM: merge_a.lse_ld %d < batch %d", p.merge_a.lse_ld, p.batch);
+    args.merge_splits = p.merge_a.splits;
+    args.merge_split_stride = p.merge_a.split_stride;
+    args.merge_part_lse = p.merge_a.part_lse;
+    args.merge_lse = p.merge_a.lse;
+    args.merge_lse_ld = p.merge_a.lse_ld;
+  }
   const GemmParams::SideCopy& side = p.side;
   if (side.rows > 0 && side.row_bytes > 0) {
     args.side_dst = static_cast<std::byte*>(side.dst);

@@ -32,6 +32,7 @@
 namespace dcp::cuda {
 
 constexpr int kSmallMThreads = 256;
+constexpr int kSmallMMaxMergeSplits = 64;  // GemmParams::merge_a.splits taken
 constexpr int kNkRows = 32;  // columns of C (rows of B) per block (B stored [N, K])
 constexpr int kNkRowsPerWarp = 4;
 
@@ -55,6 +56,12 @@ struct GemmSmallMArgs {
   const std::byte* side_src;
   int64_t side_dst_pitch, side_src_pitch, side_row_bytes, side_rows;
   bool side_vector;
+  // A merged from split partials (GemmParams::SplitMerge; [K, N] kernel): merge_splits > 1.
+  int merge_splits;
+  int64_t merge_split_stride;
+  const float* merge_part_lse;  // [splits, m, batch]
+  float* merge_lse;             // [m, batch], row stride merge_lse_ld; written by block x 0
+  int64_t merge_lse_ld;
 };
 
 __device__ __forceinline__ void PrefetchL2(const void* address) {
@@ -135,6 +142,76 @@ __device__ __forceinline__ void FmaRow(float (&acc)[MT][8], const uint4& v, cons
   }
 }
 
+// A^T [k][MT] in shared memory, each row (i, head) the LSE merge of its split partials
+// (GemmParams::SplitMerge, MergeSplits' rule): warp i turns row i's split LSEs into normalised
+// weights (after A's space, kSmallMMaxMergeSplits a row) and, in block x 0, writes the merged
+// LSE; then every thread sums its elements over the splits of nonzero weight, 8 loads in flight.
+__device__ __forceinline__ float MergeLse(float lse) {
+  return (isnan(lse) || lse == INFINITY) ? -INFINITY : lse;
+}
+
+template <int MT>
+__device__ __forceinline__ void StageMergedA(const GemmSmallMArgs& p, int head, int64_t a_base,
+                                             float* shared) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int splits = p.merge_splits;
+  float* weights = shared + MT * p.k;  // [MT][kSmallMMaxMergeSplits]
+  const int64_t heads = gridDim.y;
+  for (int m = warp; m < MT; m += kSmallMThreads / 32) {
+    float l[kSmallMMaxMergeSplits / 32];
+    float top = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kSmallMMaxMergeSplits / 32; ++j) {
+      const int s = lane + 32 * j;
+      l[j] = m < p.m && s < splits
+                 ? MergeLse(p.merge_part_lse[(int64_t(s) * p.m + m) * heads + head])
+                 : -INFINITY;
+      top = fmaxf(top, l[j]);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, offset));
+    }
+    float e[kSmallMMaxMergeSplits / 32], sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kSmallMMaxMergeSplits / 32; ++j) {
+      e[j] = l[j] == -INFINITY ? 0.f : expf(l[j] - top);
+      sum += e[j];
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    const float inverse = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+    for (int j = 0; j < kSmallMMaxMergeSplits / 32; ++j) {
+      weights[m * kSmallMMaxMergeSplits + lane + 32 * j] = e[j] * inverse;
+    }
+    if (lane == 0 && m < p.m && blockIdx.x == 0) {
+      p.merge_lse[m * p.merge_lse_ld + head] = sum > 0.f ? top + logf(sum) : -INFINITY;
+    }
+  }
+  __syncthreads();
+  const float* a = static_cast<const float*>(p.a);
+  for (int i = tid; i < MT * p.k; i += kSmallMThreads) {
+    const int m = i / p.k, x = i - m * p.k;
+    float value = 0.f;
+    if (m < p.m) {
+      const float* row = a + a_base + m * p.lda + x;
+      const float* w = weights + m * kSmallMMaxMergeSplits;
+      for (int s0 = 0; s0 < splits; s0 += 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          // A split of weight 0 is not read into the sum (its values may be NaN).
+          v[u] = s0 + u < splits && w[s0 + u] > 0.f ? row[(s0 + u) * p.merge_split_stride] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) value = s0 + u < splits ? fmaf(w[s0 + u], v[u], value) : value;
+      }
+    }
+    shared[x * MT + m] = value;
+  }
+}
+
 // Weight vectors a thread of the [K, N] kernel loads before A is ready (kept in registers).
 template <int MT>
 constexpr int KnPreload() {
@@ -168,9 +245,13 @@ __global__ void __launch_bounds__(kSmallMThreads) GemmSmallMKnKernel(const GemmS
   }
   GridDependencyWait();
   const int64_t a_base = head * p.stride_a;
-  for (int i = tid; i < MT * p.k; i += kSmallMThreads) {
-    const int m = i / p.k, x = i - m * p.k;
-    shared[x * MT + m] = m < p.m ? LoadA(p, a_base + m * p.lda + x) : 0.f;
+  if (p.merge_splits > 1) {
+    StageMergedA<MT>(p, head, a_base, shared);
+  } else {
+    for (int i = tid; i < MT * p.k; i += kSmallMThreads) {
+      const int m = i / p.k, x = i - m * p.k;
+      shared[x * MT + m] = m < p.m ? LoadA(p, a_base + m * p.lda + x) : 0.f;
+    }
   }
   __syncthreads();
 

@@ -68,6 +68,7 @@ bool SmallMTcGemmFits(const GemmParams& p) {
   if (p.a_dtype != DType::kBF16 && p.a_dtype != DType::kF32) return false;
   if (p.c_dtype != DType::kF32 && p.c_dtype != DType::kBF16) return false;
   if (p.trans_a || p.m < 1 || p.m > kSmallMTcGemmMaxM || p.n < 1 || p.k < 1) return false;
+  if (p.merge_a.splits > 1) return false;  // the CUDA-core kernel's feature only
   if (p.batch < 1 || p.batch > 65535) return false;
   if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return false;
   if (p.lda < p.k || p.ldc < p.n || p.ldb < (p.trans_b ? p.k : p.n)) return false;

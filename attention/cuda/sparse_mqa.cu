@@ -129,6 +129,7 @@ int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& p, int splits) {
 
 absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   DCP_RETURN_IF_ERROR(Check(params));
+  if (params.deferred_merge != nullptr) *params.deferred_merge = {};  // out written, unless below
   if (params.num_tokens == 0 || params.num_heads == 0) return absl::OkStatus();
   if (params.head_dim != 576 || params.v_dim != 512) {
     return DCP_ERROR(InvalidArgument, "SparseMqa (CUDA): no kernel for head_dim %d / v_dim %d",
@@ -164,6 +165,11 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
     DCP_RETURN_IF_ERROR((LaunchSparseMqa<576, 512>(params, split, stream)));
   }
   if (splits == 1) return absl::OkStatus();
+  if (params.deferred_merge != nullptr) {
+    // The caller merges (GemmParams::merge_a): out and lse stay unwritten.
+    *params.deferred_merge = {splits, split.part_out, split.part_lse};
+    return absl::OkStatus();
+  }
   return MergeSplits(split.part_out, split.part_lse, splits, params.num_tokens, params.num_heads,
                      params.v_dim, params.out, params.out_token_stride, params.out_head_stride,
                      params.lse, params.lse_token_stride, stream);

@@ -415,5 +415,124 @@ TEST_F(GemmSmallMTest, RefusesWhatItCannotRun) {
   refused_tc(q, "trans_a");
 }
 
+// GemmParams::merge_a: A merged on the fly from split-KV partials (the sparse route's output
+// projection at one rank), against a float64 merge + GEMM written here: every split count class
+// (2, 7, 16, 33, 64), 1-3 rows, rows whose splits are partly empty (lse -inf, NaN or +inf,
+// their values NaN: never read into the sum), a row with no finite LSE at all (A row 0, lse
+// -inf), huge LSEs; C and the merged LSE poisoned first; the refusals.
+TEST_F(GemmSmallMTest, MergesSplitPartialsIntoA) {
+  std::mt19937_64 rng(TestSeed());
+  const int n = 128, k = 512, batch = 5;
+  for (const int splits : {2, 7, 16, 33, 64}) {
+    for (const int m : {1, 2, 3}) {
+      SCOPED_TRACE(::testing::Message() << "splits " << splits << " m " << m);
+      const int64_t per_split = int64_t(m) * batch * k;  // [m, batch, k] per split
+      std::vector<float> parts = RandomFloats(rng, per_split * splits);
+      std::vector<float> lse(size_t(splits) * m * batch);
+      std::uniform_real_distribution<float> lse_dist(-3.f, 3.f);
+      for (size_t i = 0; i < lse.size(); ++i) {
+        const int s = static_cast<int>(i / (size_t(m) * batch));
+        const int64_t row = static_cast<int64_t>(i % (size_t(m) * batch));  // i * batch + b
+        float value = lse_dist(rng);
+        if (s == 1) value += 80.f;                             // huge logits: exp would overflow
+        if ((row + s) % 5 == 3) value = -INFINITY;             // an empty split
+        if (s == splits - 1 && row % 3 == 1) value = std::nanf("");
+        if (s == 0 && row % 4 == 2) value = INFINITY;          // counts as -inf too
+        if (row == m * batch - 1) value = -INFINITY;           // a row with no keys at all
+        lse[i] = value;
+        const bool empty = !(std::isfinite(value));
+        if (empty) {  // its values may be anything: poison them
+          for (int x = 0; x < k; ++x) parts[s * per_split + row * k + x] = std::nanf("");
+        }
+      }
+      const std::vector<bf16> b = ToBf16(RandomFloats(rng, int64_t(batch) * k * n, -0.1f, 0.1f));
+      DeviceArray<float> d_parts(parts), d_lse(lse);
+      DeviceArray<bf16> d_b(b);
+      DeviceArray<float> d_c(std::vector<float>(size_t(m) * batch * n, std::nanf("")));
+      DeviceArray<float> d_out_lse(std::vector<float>(size_t(m) * batch, std::nanf("")));
+      GemmParams p;
+      p.a = d_parts.get(), p.b = d_b.get(), p.c = d_c.get();
+      p.a_dtype = DType::kF32, p.b_dtype = DType::kBF16, p.c_dtype = DType::kF32;
+      p.m = m, p.n = n, p.k = k, p.batch = batch;
+      p.lda = int64_t(batch) * k, p.stride_a = k;  // [m, batch, k]
+      p.ldb = n, p.stride_b = int64_t(k) * n;
+      p.ldc = int64_t(batch) * n, p.stride_c = n;
+      p.merge_a = {splits, per_split, d_lse.get(), d_out_lse.get(), batch};
+      ASSERT_TRUE(cuda::SmallMGemmFits(p));
+      EXPECT_FALSE(cuda::SmallMTcGemmFits(p));
+      EXPECT_EQ(cuda::GemmSupports(p), m <= cuda::kSmallMGemmDispatchMaxM &&
+                                           std::string(cuda::GemmKernelName(p)) == "small_m");
+      const absl::Status status = cuda::GemmSmallM(p, nullptr);
+      ASSERT_TRUE(status.ok()) << status;
+      const std::vector<float> got = d_c.Download(), got_lse = d_out_lse.Download();
+      double diff = 0, norm = 0;
+      for (int i = 0; i < m; ++i) {
+        for (int h = 0; h < batch; ++h) {
+          const int64_t row = int64_t(i) * batch + h;
+          double top = -INFINITY;
+          std::vector<double> l(splits);
+          for (int s = 0; s < splits; ++s) {
+            const float v = lse[size_t(s) * m * batch + row];
+            l[s] = std::isfinite(v) ? double(v) : -INFINITY;
+            top = std::max(top, l[s]);
+          }
+          std::vector<double> a(k, 0.0);
+          double want_lse = -INFINITY;
+          if (top != -INFINITY) {
+            double sum = 0;
+            for (int s = 0; s < splits; ++s) sum += l[s] == -INFINITY ? 0.0 : std::exp(l[s] - top);
+            want_lse = top + std::log(sum);
+            for (int s = 0; s < splits; ++s) {
+              if (l[s] == -INFINITY) continue;
+              const double w = std::exp(l[s] - top) / sum;
+              for (int x = 0; x < k; ++x) a[x] += w * parts[s * per_split + row * k + x];
+            }
+          }
+          const float lse_got = got_lse[row];
+          if (want_lse == -INFINITY) {
+            EXPECT_TRUE(std::isinf(lse_got) && lse_got < 0) << "row " << i << " head " << h;
+          } else {
+            EXPECT_NEAR(lse_got, want_lse, 1e-5 * std::max(1.0, std::abs(want_lse)))
+                << "row " << i << " head " << h;
+          }
+          for (int j = 0; j < n; ++j) {
+            double want = 0;
+            for (int x = 0; x < k; ++x) {
+              want += a[x] * double(bf16_to_float(b[int64_t(h) * k * n + int64_t(x) * n + j]));
+            }
+            const float value = got[row * n + j];
+            ASSERT_TRUE(std::isfinite(value)) << "C row " << i << " head " << h << " col " << j;
+            diff += (value - want) * (value - want);
+            norm += want * want;
+          }
+        }
+      }
+      EXPECT_LT(std::sqrt(diff / std::max(norm, 1e-30)), 1e-5);
+    }
+  }
+  // Refusals: the [N, K] kernel, a BF16 A, more splits than compiled; cuBLAS refuses it.
+  DeviceArray<float> a(std::vector<float>(512, 0.f)), c(std::vector<float>(512, 0.f));
+  DeviceArray<bf16> b(std::vector<bf16>(512 * 128));
+  GemmParams p;
+  p.a = a.get(), p.b = b.get(), p.c = c.get();
+  p.a_dtype = DType::kF32, p.b_dtype = DType::kBF16, p.c_dtype = DType::kF32;
+  p.m = 1, p.n = 128, p.k = 512, p.batch = 1, p.lda = 512, p.ldb = 128, p.ldc = 128;
+  p.merge_a = {2, 512, a.get(), c.get(), 1};
+  ASSERT_TRUE(cuda::SmallMGemmFits(p));
+  GemmParams q = p;
+  q.trans_b = true, q.ldb = 512;
+  EXPECT_FALSE(cuda::SmallMGemmFits(q)) << "B stored [N, K]";
+  q = p;
+  q.a_dtype = DType::kBF16;
+  EXPECT_FALSE(cuda::SmallMGemmFits(q)) << "BF16 A";
+  q = p;
+  q.merge_a.splits = 65;
+  EXPECT_FALSE(cuda::SmallMGemmFits(q)) << "65 splits";
+  q = p;
+  q.merge_a.part_lse = nullptr;
+  EXPECT_EQ(cuda::GemmSmallM(q, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cuda::GemmCublas(handle_, p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace dcp::testing
