@@ -63,7 +63,9 @@ class MlaProjections {
   // The same, with o_lat merged on the fly from split-KV partials (SparseMqaParams::
   // DeferredMerge: [splits, T, Hl, R] and their LSEs) and the merged LSE written to lse
   // ([T, Hl], row stride lse_ld): one launch instead of the split merge and the projection.
-  // Only where ProjectOutMergesSplits(num_tokens) holds.
+  // Only where ProjectOutMergesSplits(num_tokens) holds: the device's GEMM takes it and the
+  // environment sets DCP_MERGE_IN_PROJECTION (opt-in: slower than the split merge kernel on the
+  // H200 so far, docs/engine_decode_latency.md).
   absl::Status ProjectOutMerged(const SparseMqaParams::DeferredMerge& parts, int64_t num_tokens,
                                 float* out, float* lse, int64_t lse_ld);
   bool ProjectOutMergesSplits(int64_t num_tokens) const;

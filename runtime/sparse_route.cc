@@ -197,10 +197,9 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
     p.workspace = split_workspace_.data();
     p.workspace_bytes = static_cast<int64_t>(split_workspace_.capacity());
   }
-  // One rank: where the device's output projection can merge split-KV partials itself, the
-  // kernel leaves them unmerged and ProjectOutMerged below folds the merge into the projection
-  // (one launch fewer, and the partials are read once, from L2). W > 1 merges first: the
-  // combine's collectives carry merged partials.
+  // One rank, opt-in (MlaProjections::ProjectOutMergesSplits): the kernel leaves the split
+  // partials unmerged and ProjectOutMerged below folds the merge into the projection (one
+  // launch fewer). W > 1 merges first: the combine's collectives carry merged partials.
   SparseMqaParams::DeferredMerge deferred;
   if (world == 1 && projections_.ProjectOutMergesSplits(tx)) p.deferred_merge = &deferred;
   DCP_RETURN_IF_ERROR(device_.SparseMqa(p));
