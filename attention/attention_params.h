@@ -44,8 +44,8 @@ struct GemmParams {
   // part_lse[(s * m + i) * batch + b] for row i of batch entry b ([splits, m, batch]; NaN and
   // +inf count as -inf; a split of weight 0 is never read into the sum, so its values may be
   // anything). The merged LSE of (i, b) goes to lse[i * lse_ld + b] (-inf where no split has
-  // a finite one; that row of A is 0). Taken by the CUDA small-M kernel only (B stored [K, N],
-  // splits <= 64): Device::GemmSupports says where; elsewhere Gemm refuses it.
+  // a finite one; that row of A is 0). Taken by the CUDA small-M kernel only (m 1, B stored
+  // [K, N], splits <= 64): Device::GemmSupports says where; elsewhere Gemm refuses it.
   struct SplitMerge {
     int splits = 0;
     int64_t split_stride = 0;         // elements

@@ -41,9 +41,7 @@ int64_t SharedBytes(const GemmParams& p) {
   const int64_t tile = RowTile(p.m);
   const int64_t a = tile * p.k;
   const int64_t partials = p.trans_b ? 0 : (kSmallMThreads / 32) * tile * ColumnThreads(p) * 8;
-  // A merged from split partials: each row's split weights after A (kn kernel only).
-  const int64_t weights = p.merge_a.splits > 1 ? tile * kSmallMMaxMergeSplits : 0;
-  return (std::max(a, partials) + weights) * int64_t{sizeof(float)};
+  return std::max(a, partials) * int64_t{sizeof(float)};
 }
 
 template <int MT>
@@ -61,6 +59,13 @@ absl::Status Launch(const GemmSmallMArgs& args, bool nk, dim3 grid, int64_t shar
   if (nk) {
     DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, GemmSmallMNkKernel<MT>, args));
     DCP_CUDA_LAUNCH_CHECK("GemmSmallMNkKernel");
+  } else if (args.merge_splits > 1) {
+    if constexpr (MT == 1) {
+      DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, GemmSmallMKnKernel<1, true>, args));
+      DCP_CUDA_LAUNCH_CHECK("GemmSmallMKnKernel (merged A)");
+    } else {
+      return DCP_ERROR(Internal, "GemmSmallM: a merged A with a row tile of %d", MT);
+    }
   } else {
     DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, GemmSmallMKnKernel<MT>, args));
     DCP_CUDA_LAUNCH_CHECK("GemmSmallMKnKernel");
@@ -90,7 +95,8 @@ bool SmallMGemmFits(const GemmParams& p) {
     return false;
   }
   if (p.merge_a.splits > 1 &&
-      (p.trans_b || p.a_dtype != DType::kF32 || p.merge_a.splits > kSmallMMaxMergeSplits ||
+      (p.trans_b || p.a_dtype != DType::kF32 || p.m != 1 ||
+       p.merge_a.splits > kSmallMMaxMergeSplits ||
        p.merge_a.split_stride < 0)) {
     return false;
   }

@@ -143,9 +143,15 @@ __device__ __forceinline__ void FmaRow(float (&acc)[MT][8], const uint4& v, cons
 }
 
 // A^T [k][MT] in shared memory, each row (i, head) the LSE merge of its split partials
-// (GemmParams::SplitMerge, MergeSplits' rule): warp i turns row i's split LSEs into normalised
-// weights (after A's space, kSmallMMaxMergeSplits a row) and, in block x 0, writes the merged
-// LSE; then every thread sums its elements over the splits of nonzero weight, 8 loads in flight.
+// (GemmParams::SplitMerge, MergeSplits' rule). A thread takes two elements of A at a time and,
+// per group of kMergeGroup splits, loads the group's LSEs (L1 serves the repeats) and both
+// elements' values together: one memory round trip per group, the values of an empty split
+// loaded but never multiplied (they may be NaN). An online LSE merge carries across groups.
+// Block x 0's thread of element 0 writes the row's merged LSE. (The first version computed
+// the weights in a pass of their own and then loaded 8 splits at a time: five dependent round
+// trips at 16 splits, ~4.4 us on the H200.)
+constexpr int kMergeGroup = 16;
+
 __device__ __forceinline__ float MergeLse(float lse) {
   return (isnan(lse) || lse == INFINITY) ? -INFINITY : lse;
 }
@@ -153,62 +159,63 @@ __device__ __forceinline__ float MergeLse(float lse) {
 template <int MT>
 __device__ __forceinline__ void StageMergedA(const GemmSmallMArgs& p, int head, int64_t a_base,
                                              float* shared) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int splits = p.merge_splits;
-  float* weights = shared + MT * p.k;  // [MT][kSmallMMaxMergeSplits]
-  const int64_t heads = gridDim.y;
-  for (int m = warp; m < MT; m += kSmallMThreads / 32) {
-    float l[kSmallMMaxMergeSplits / 32];
-    float top = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kSmallMMaxMergeSplits / 32; ++j) {
-      const int s = lane + 32 * j;
-      l[j] = m < p.m && s < splits
-                 ? MergeLse(p.merge_part_lse[(int64_t(s) * p.m + m) * heads + head])
-                 : -INFINITY;
-      top = fmaxf(top, l[j]);
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, offset));
-    }
-    float e[kSmallMMaxMergeSplits / 32], sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < kSmallMMaxMergeSplits / 32; ++j) {
-      e[j] = l[j] == -INFINITY ? 0.f : expf(l[j] - top);
-      sum += e[j];
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-#pragma unroll
-    for (int j = 0; j < kSmallMMaxMergeSplits / 32; ++j) {
-      weights[m * kSmallMMaxMergeSplits + lane + 32 * j] = e[j] * inverse;
-    }
-    if (lane == 0 && m < p.m && blockIdx.x == 0) {
-      p.merge_lse[m * p.merge_lse_ld + head] = sum > 0.f ? top + logf(sum) : -INFINITY;
-    }
-  }
-  __syncthreads();
   const float* a = static_cast<const float*>(p.a);
-  for (int i = tid; i < MT * p.k; i += kSmallMThreads) {
-    const int m = i / p.k, x = i - m * p.k;
-    float value = 0.f;
-    if (m < p.m) {
-      const float* row = a + a_base + m * p.lda + x;
-      const float* w = weights + m * kSmallMMaxMergeSplits;
-      for (int s0 = 0; s0 < splits; s0 += 8) {
-        float v[8];
+  const int64_t heads = gridDim.y;
+  const int splits = p.merge_splits, total = MT * p.k;
+  for (int i0 = threadIdx.x; i0 < total; i0 += 2 * kSmallMThreads) {
+    int m[2], x[2];
+    bool in[2];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          // A split of weight 0 is not read into the sum (its values may be NaN).
-          v[u] = s0 + u < splits && w[s0 + u] > 0.f ? row[(s0 + u) * p.merge_split_stride] : 0.f;
+    for (int e = 0; e < 2; ++e) {
+      const int i = i0 + e * kSmallMThreads;
+      m[e] = i < total ? i / p.k : MT;
+      x[e] = i < total ? i - m[e] * p.k : 0;
+      in[e] = m[e] < p.m;  // rows m..MT-1 of the tile are zeros
+    }
+    float top[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f}, acc[2] = {0.f, 0.f};
+    for (int s0 = 0; s0 < splits; s0 += kMergeGroup) {
+      float l[2][kMergeGroup], v[2][kMergeGroup];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+#pragma unroll
+        for (int u = 0; u < kMergeGroup; ++u) {
+          const int s = s0 + u;
+          const bool load = in[e] && s < splits;
+          l[e][u] = load ? MergeLse(p.merge_part_lse[(int64_t(s) * p.m + m[e]) * heads + head])
+                         : -INFINITY;
+          v[e][u] = load ? a[a_base + m[e] * p.lda + x[e] + s * p.merge_split_stride] : 0.f;
         }
+      }
 #pragma unroll
-        for (int u = 0; u < 8; ++u) value = s0 + u < splits ? fmaf(w[s0 + u], v[u], value) : value;
+      for (int e = 0; e < 2; ++e) {
+        float group_top = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < kMergeGroup; ++u) group_top = fmaxf(group_top, l[e][u]);
+        if (group_top == -INFINITY) continue;  // no key in this group
+        const float new_top = fmaxf(top[e], group_top);
+        const float rescale = top[e] == -INFINITY ? 0.f : expf(top[e] - new_top);
+        top[e] = new_top;
+        sum[e] *= rescale;
+        acc[e] *= rescale;
+#pragma unroll
+        for (int u = 0; u < kMergeGroup; ++u) {
+          // A weight of 0 selects its split out: never multiplied (its values may be NaN).
+          const float w = l[e][u] == -INFINITY ? 0.f : expf(l[e][u] - top[e]);
+          sum[e] += w;
+          if (w > 0.f) acc[e] = fmaf(w, v[e][u], acc[e]);
+        }
       }
     }
-    shared[x * MT + m] = value;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int i = i0 + e * kSmallMThreads;
+      if (i >= total) continue;
+      shared[x[e] * MT + m[e]] = sum[e] > 0.f ? acc[e] / sum[e] : 0.f;
+      if (in[e] && x[e] == 0 && blockIdx.x == 0) {
+        p.merge_lse[m[e] * p.merge_lse_ld + head] =
+            sum[e] > 0.f ? top[e] + logf(sum[e]) : -INFINITY;
+      }
+    }
   }
 }
 
@@ -219,9 +226,14 @@ constexpr int KnPreload() {
 }
 
 // Shared memory (floats): A^T [k][MT], then the warps' partials [8][MT][8 * col_threads].
-template <int MT>
-__global__ void __launch_bounds__(kSmallMThreads) GemmSmallMKnKernel(const GemmSmallMArgs p) {
-  constexpr int kPreload = KnPreload<MT>();
+// kMergeA: A merged from split partials (StageMergedA; compiled for MT 1 only): a separate
+// instantiation, so the merge's registers do not lower the plain kernel's occupancy.
+template <int MT, bool kMergeA = false>
+__global__ void __launch_bounds__(kSmallMThreads, kMergeA ? 2 : 1)
+    GemmSmallMKnKernel(const GemmSmallMArgs p) {
+  // The merged-A variant preloads half as many weight vectors: its staging holds 2 x 16 split
+  // values and LSEs, and two blocks an SM (<= 128 registers) keep the decode shapes one wave.
+  constexpr int kPreload = kMergeA ? KnPreload<MT>() / 2 : KnPreload<MT>();
   extern __shared__ float4 shared_kn[];
   float* shared = reinterpret_cast<float*>(shared_kn);
   const int head = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -245,7 +257,7 @@ __global__ void __launch_bounds__(kSmallMThreads) GemmSmallMKnKernel(const GemmS
   }
   GridDependencyWait();
   const int64_t a_base = head * p.stride_a;
-  if (p.merge_splits > 1) {
+  if constexpr (kMergeA) {
     StageMergedA<MT>(p, head, a_base, shared);
   } else {
     for (int i = tid; i < MT * p.k; i += kSmallMThreads) {
