@@ -141,6 +141,16 @@ class Device {
   virtual absl::Status SetStream(void* stream);
   virtual void* stream_handle() const { return nullptr; }
 
+  // Concurrency inside a layer (a fork and a join, captured as such in a CUDA graph): calls
+  // between BeginSide() and EndSide() enqueue on a side stream that starts after everything
+  // enqueued before BeginSide(); calls after EndSide() go to the main stream again, and
+  // JoinSide() makes what is enqueued after it wait for the side work too. One side section at
+  // a time; EndSide() must follow a BeginSide() that succeeded, also when a call in between
+  // failed. Devices that run calls in order (CPU ranks) do nothing.
+  virtual absl::Status BeginSide() { return absl::OkStatus(); }
+  virtual absl::Status EndSide() { return absl::OkStatus(); }
+  virtual absl::Status JoinSide() { return absl::OkStatus(); }
+
  private:
   std::vector<double> host_marks_;  // seconds since an arbitrary origin, by slot
 };

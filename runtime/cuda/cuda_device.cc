@@ -33,7 +33,12 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal) {
     cudaStreamDestroy(stream);
     return set;
   }
-  return std::unique_ptr<CudaDevice>(new CudaDevice(ordinal, stream, cublas));
+  std::unique_ptr<CudaDevice> device(new CudaDevice(ordinal, stream, cublas));
+  // The side stream (blocking like the main one, for the same reason) and its two events.
+  DCP_CUDA_CHECK(cudaStreamCreateWithFlags(&device->side_stream_, cudaStreamDefault));
+  DCP_CUDA_CHECK(cudaEventCreateWithFlags(&device->fork_event_, cudaEventDisableTiming));
+  DCP_CUDA_CHECK(cudaEventCreateWithFlags(&device->join_event_, cudaEventDisableTiming));
+  return device;
 }
 
 CudaDevice::~CudaDevice() {
@@ -42,6 +47,12 @@ CudaDevice::~CudaDevice() {
   cudnn_.reset();  // its handle is bound to a stream of this device: release it first
   for (cudaEvent_t mark : marks_) cudaEventDestroy(mark);
   if (switch_event_ != nullptr) cudaEventDestroy(switch_event_);
+  if (side_stream_ != nullptr) {
+    cudaStreamSynchronize(side_stream_);
+    cudaStreamDestroy(side_stream_);
+  }
+  if (fork_event_ != nullptr) cudaEventDestroy(fork_event_);
+  if (join_event_ != nullptr) cudaEventDestroy(join_event_);
   if (topk_record_ != nullptr) cudaFree(topk_record_);
   if (mqa_workspace_ != nullptr) cudaFree(mqa_workspace_);
   cublasDestroy(cublas_);
@@ -155,6 +166,7 @@ absl::Status CudaDevice::Memset(void* dst, int value, size_t bytes) {
 }
 
 absl::Status CudaDevice::SetStream(void* stream) {
+  DCP_CHECK_ARG(main_stream_ == nullptr, "SetStream inside a side section (BeginSide)");
   cudaStream_t next = stream == nullptr ? own_stream_ : static_cast<cudaStream_t>(stream);
   if (stream != nullptr) {
     int stream_device = -1;
@@ -171,6 +183,30 @@ absl::Status CudaDevice::SetStream(void* stream) {
   DCP_CUDA_CHECK(cudaEventRecord(switch_event_, stream_));
   DCP_CUDA_CHECK(cudaStreamWaitEvent(next, switch_event_, 0));
   stream_ = next;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::BeginSide() {
+  DCP_CHECK_ARG(main_stream_ == nullptr, "BeginSide: a side section is already open");
+  DCP_RETURN_IF_ERROR(Activate());
+  DCP_CUDA_CHECK(cudaEventRecord(fork_event_, stream_));
+  DCP_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_event_, 0));
+  main_stream_ = stream_;
+  stream_ = side_stream_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::EndSide() {
+  DCP_CHECK_ARG(main_stream_ != nullptr, "EndSide without BeginSide");
+  stream_ = main_stream_;
+  main_stream_ = nullptr;
+  DCP_CUDA_CHECK(cudaEventRecord(join_event_, side_stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::JoinSide() {
+  DCP_CHECK_ARG(main_stream_ == nullptr, "JoinSide inside a side section");
+  DCP_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
   return absl::OkStatus();
 }
 

@@ -97,6 +97,11 @@ class CudaDevice final : public Device {
   absl::Status RecordMark(int slot) override;
   absl::StatusOr<double> MarkSeconds(int from, int to) override;
   void* stream_handle() const override { return stream_; }
+  // A side stream of this device (created with it) forked from and joined into the current
+  // stream by events.
+  absl::Status BeginSide() override;
+  absl::Status EndSide() override;
+  absl::Status JoinSide() override;
 
  private:
   CudaDevice(int ordinal, cudaStream_t stream, cublasHandle_t cublas)
@@ -120,6 +125,10 @@ class CudaDevice final : public Device {
   PinnedStaging staging_;      // StageToDevice's ring
   bool sync_uploads_ = false;  // DCP_SYNC_UPLOADS=1
   cudaEvent_t switch_event_ = nullptr;  // SetStream's hand-over from the old stream to the new
+  // BeginSide / EndSide / JoinSide: created with the device (none of them inside a capture).
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t fork_event_ = nullptr, join_event_ = nullptr;
+  cudaStream_t main_stream_ = nullptr;  // stream_ while a side section is open
 };
 
 // The GPU of this process: local rank (OMPI_COMM_WORLD_LOCAL_RANK, else MPI_LOCALRANKID, else
