@@ -146,7 +146,9 @@ class Device {
   // enqueued before BeginSide(); calls after EndSide() go to the main stream again, and
   // JoinSide() makes what is enqueued after it wait for the side work too. One side section at
   // a time; EndSide() must follow a BeginSide() that succeeded, also when a call in between
-  // failed. Devices that run calls in order (CPU ranks) do nothing.
+  // failed. Devices that run calls in order (CPU ranks) do nothing; CUDA ranks fork only while
+  // the stream is being captured into a graph (eagerly the fork costs more host time than it
+  // saves at decode sizes).
   virtual absl::Status BeginSide() { return absl::OkStatus(); }
   virtual absl::Status EndSide() { return absl::OkStatus(); }
   virtual absl::Status JoinSide() { return absl::OkStatus(); }

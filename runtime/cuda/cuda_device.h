@@ -98,7 +98,8 @@ class CudaDevice final : public Device {
   absl::StatusOr<double> MarkSeconds(int from, int to) override;
   void* stream_handle() const override { return stream_; }
   // A side stream of this device (created with it) forked from and joined into the current
-  // stream by events.
+  // stream by events, while the current stream is being captured into a CUDA graph; eagerly
+  // the side calls run in order on the current stream (cuda_device.cc says why).
   absl::Status BeginSide() override;
   absl::Status EndSide() override;
   absl::Status JoinSide() override;
@@ -128,7 +129,10 @@ class CudaDevice final : public Device {
   // BeginSide / EndSide / JoinSide: created with the device (none of them inside a capture).
   cudaStream_t side_stream_ = nullptr;
   cudaEvent_t fork_event_ = nullptr, join_event_ = nullptr;
-  cudaStream_t main_stream_ = nullptr;  // stream_ while a side section is open
+  cudaStream_t main_stream_ = nullptr;  // stream_ while a forked side section is open
+  enum class Side { kNone, kInOrder, kForked };  // the open side section, if any
+  Side side_ = Side::kNone;
+  bool join_pending_ = false;  // EndSide recorded join_event_; JoinSide has not waited yet
 };
 
 // The GPU of this process: local rank (OMPI_COMM_WORLD_LOCAL_RANK, else MPI_LOCALRANKID, else
