@@ -1,13 +1,13 @@
 // Checks, kernel choice, split-KV and dispatch of the sparse MQA launcher; the kernels are in
 // sparse_mqa_kernel.cuh (mma.sync) and sparse_mqa_sm90_kernel.cuh (wgmma).
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 
 #include "attention/cuda/merge_states.h"
 #include "attention/cuda/sparse_mqa.h"
 #include "attention/cuda/sparse_mqa_work.cuh"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/device_info.h"
 
 namespace dcp::cuda {
 namespace {
@@ -17,17 +17,8 @@ constexpr int kBlockHeads = 64, kBlockKeys = 64;
 bool Aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
 
 int NumSms() {
-  static std::atomic<int> cached[64] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return 132;
-  if (device < 64 && cached[device].load() > 0) return cached[device].load();
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      sms <= 0) {
-    return 132;
-  }
-  if (device < 64) cached[device].store(sms);
-  return sms;
+  const int sms = CurrentDeviceSmCount();
+  return sms > 0 ? sms : 132;  // unknown: the H200's
 }
 
 int BlockAlign(int kernel) { return kernel == 2 ? 2 : 1; }

@@ -1,30 +1,14 @@
 #include "core/cuda/programmatic_launch.h"
 
-#include <atomic>
 #include <cstdlib>
 
+#include "core/cuda/device_info.h"
+
 namespace dcp::cuda {
-namespace {
-
-// The current device's compute capability major (cached per device; 0 when unknown).
-int DeviceMajor() {
-  static std::atomic<int> cached[64] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return 0;
-  if (device < 64 && cached[device].load() > 0) return cached[device].load();
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-    return 0;
-  }
-  if (device < 64) cached[device].store(major);
-  return major;
-}
-
-}  // namespace
 
 bool ProgrammaticLaunchEnabled() {
   static const bool disabled = std::getenv("DCP_NO_PDL") != nullptr;
-  return !disabled && DeviceMajor() >= 9;
+  return !disabled && CurrentDeviceComputeMajor() >= 9;
 }
 
 bool EarlyTriggerEnabled() {
