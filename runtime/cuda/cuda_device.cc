@@ -189,6 +189,10 @@ absl::Status CudaDevice::SetStream(void* stream) {
 absl::Status CudaDevice::BeginSide() {
   DCP_CHECK_ARG(side_ == Side::kNone, "BeginSide: a side section is already open");
   DCP_RETURN_IF_ERROR(Activate());
+  // A join left pending (a Run that failed between EndSide and JoinSide) is dropped: the side
+  // stream runs in order, so the next section's join covers its work too, and an event of an
+  // abandoned capture must not be waited for in a new one.
+  join_pending_ = false;
   // Only a graph being captured forks: replays pay nothing for the fork and the join, while
   // eagerly their four event calls cost more host time than the overlap saves at decode sizes
   // (H200, 1 token x 128 heads: host 23 -> 32-37 us per layer, the layer host-bound).
