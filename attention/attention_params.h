@@ -65,7 +65,7 @@ struct DenseMhaParams {
   const void* q = nullptr;  // [Tq, H, qk_dim], strides q_token_stride / q_head_stride
   const void* k = nullptr;  // [Tk, H, qk_dim], strides k_token_stride / k_head_stride
   const void* v = nullptr;  // [Tk, H, v_dim], strides v_token_stride / v_head_stride
-  float* out = nullptr;     // [Tq, H, v_dim], strides out_token_stride / out_head_stride
+  void* out = nullptr;      // [Tq, H, v_dim] out_dtype, strides out_token_stride / out_head_stride
   float* lse = nullptr;     // [Tq, H] natural log, stride lse_token_stride; may be null
   const int32_t* cu_seqlens_q = nullptr;  // [num_seqs + 1], host for CPU, device for CUDA
   const int32_t* cu_seqlens_k = nullptr;  // [num_seqs + 1]
@@ -74,6 +74,7 @@ struct DenseMhaParams {
   const int32_t* host_cu_seqlens_q = nullptr;  // [num_seqs + 1] host
   const int32_t* host_cu_seqlens_k = nullptr;  // [num_seqs + 1] host
   DType dtype = DType::kF32;              // of q, k, v
+  DType out_dtype = DType::kF32;          // of out: F32 or BF16 (rounded once, from fp32)
   int num_seqs = 0, num_heads = 0, qk_dim = 0, v_dim = 0;
   int max_seqlen_q = 0, max_seqlen_k = 0;  // upper bounds (launch sizing on CUDA)
   int64_t q_token_stride = 0, q_head_stride = 0;

@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include "attention/cpu/attention_cpu.h"
 #include "attention/topk_validation.h"
@@ -83,6 +84,13 @@ class CpuDevice final : public Device {
   absl::Status ValidateTopk(const TopkValidateParams& p) override {
     return ValidateTopkPositions(p);
   }
+  absl::Status BeginValidateTopk(const TopkValidateParams& p) override {
+    topk_verdict_ = ValidateTopkPositions(p);
+    return absl::OkStatus();
+  }
+  absl::Status FinishValidateTopk() override {
+    return std::exchange(topk_verdict_, absl::OkStatus());
+  }
   absl::Status GatherRows(const GatherRowsParams& p) override { return cpu::GatherRows(p); }
   absl::Status ScatterRows(const ScatterRowsParams& p) override { return cpu::ScatterRows(p); }
   absl::Status CopyRows(const CopyRowsParams& p) override { return cpu::CopyRows(p); }
@@ -96,6 +104,7 @@ class CpuDevice final : public Device {
 
  private:
   DType storage_dtype_;
+  absl::Status topk_verdict_;  // BeginValidateTopk's, until FinishValidateTopk
 };
 
 }  // namespace

@@ -163,8 +163,8 @@ absl::Status DenseRoute::ChunkKeys(const KvCacheView& cache, const ChunkSteps& c
   return absl::OkStatus();
 }
 
-absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& in, float* out,
-                             float* lse, StepStats* stats) {
+absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& in,
+                             const RouteOutputs& outputs, StepStats* stats) {
   const ModelDims& m = model_;
   const int hl = projections_.heads(), dn = m.qk_nope_head_dim, dr = m.qk_rope_head_dim;
   const int dv = m.v_head_dim, qk = dn + dr, kv_width = MlaProjections::KvWidth(m);
@@ -225,20 +225,23 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
 
   const bool has_context = !chunks_.empty();
   const size_t out_count = size_t(tp) * hl * dv, lse_count = size_t(tp) * hl;
-  // New tokens, causal. Without context this is the answer.
+  // New tokens, causal. Without context this is the answer, written in the caller's dtype.
   timer.Restart();
-  float* out_new = out;
-  float* lse_new = lse;
+  void* out_new = outputs.out;
+  float* lse_new = outputs.lse;
+  DType out_new_dtype = outputs.out_dtype;
   if (has_context) {
+    out_new_dtype = DType::kF32;
     DCP_ASSIGN_OR_RETURN(void* o, out_new_.Get(out_count * 4));
     DCP_ASSIGN_OR_RETURN(void* l, lse_new_.Get(lse_count * 4));
-    out_new = static_cast<float*>(o);
+    out_new = o;
     lse_new = static_cast<float*>(l);
   }
   DenseMhaParams causal = base;
   causal.k = kv_new;
   causal.v = v_of(kv_new);
   causal.out = out_new;
+  causal.out_dtype = out_new_dtype;
   causal.lse = lse_new;
   causal.cu_seqlens_k = base.cu_seqlens_q;  // new tokens: as many keys as queries
   causal.host_cu_seqlens_k = cu_q_host_.data();
@@ -282,9 +285,17 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
     timer.End(&ForwardStats::attention_s);
     if (stats) stats->flops += chunk.flops;
   }
+  // Context and new tokens merged into the caller's out; a bf16 out by way of out_ctx (merged
+  // in place, then rounded once).
   timer.Restart();
-  DCP_RETURN_IF_ERROR(device_.MergeStates(
-      {out_ctx, lse_ctx, out_new, lse_new, out, lse, static_cast<int>(tp), hl, dv}));
+  const bool f32_out = outputs.out_dtype == DType::kF32;
+  float* merged = f32_out ? static_cast<float*>(outputs.out) : out_ctx;
+  DCP_RETURN_IF_ERROR(device_.MergeStates({out_ctx, lse_ctx, static_cast<float*>(out_new), lse_new,
+                                           merged, outputs.lse, static_cast<int>(tp), hl, dv}));
+  if (!f32_out) {
+    DCP_RETURN_IF_ERROR(
+        device_.Convert(outputs.out, outputs.out_dtype, merged, DType::kF32, out_count));
+  }
   timer.End(&ForwardStats::attention_s);
   return absl::OkStatus();
 }

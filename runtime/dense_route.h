@@ -19,6 +19,7 @@
 #include "runtime/kv_cache.h"
 #include "runtime/mla_projections.h"
 #include "runtime/plan.h"
+#include "runtime/route_outputs.h"
 #include "runtime/scratch.h"
 #include "runtime/step.h"
 
@@ -43,8 +44,8 @@ class DenseRoute {
 
   // The plan's prefills (dense route); `tables` rows follow the caller's order.
   absl::Status Prepare(const Plan& plan, const StepTables& tables);
-  // out [Tp, Hl, Dv] F32, lse [Tp, Hl] F32 of the plan's prefill tokens. stats may be null.
-  absl::Status Run(const KvCacheView& cache, const DenseRouteInputs& in, float* out, float* lse,
+  // out [Tp, Hl, Dv], lse [Tp, Hl] of the plan's prefill tokens. stats may be null.
+  absl::Status Run(const KvCacheView& cache, const DenseRouteInputs& in, const RouteOutputs& out,
                    StepStats* stats);
 
  private:

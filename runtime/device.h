@@ -116,6 +116,13 @@ class Device {
   // the first bad row's token, column and value. Synchronous: it returns the verdict, not a
   // promise, so on CudaDevice it waits for the stream (one small copy back, never the top-k).
   virtual absl::Status ValidateTopk(const TopkValidateParams& params) = 0;
+  // The same check in two halves, so that the host can plan a step while the device checks:
+  // Begin enqueues it (a bad argument is its error), Finish waits for that verdict only (on
+  // CudaDevice: an event behind the verdict's copy into pinned memory, not the stream's later
+  // work) and returns it. Nothing may read the top-k on the device before Finish returned OK;
+  // every Begin that returned OK takes one Finish. CpuDevice checks in Begin.
+  virtual absl::Status BeginValidateTopk(const TopkValidateParams& params) = 0;
+  virtual absl::Status FinishValidateTopk() = 0;
   virtual absl::Status GatherRows(const GatherRowsParams& params) = 0;
   virtual absl::Status ScatterRows(const ScatterRowsParams& params) = 0;
   // A few strided row copies (with source rows broadcast) in one call (CopyRowsParams).

@@ -7,6 +7,7 @@
 #include "core/logging.h"
 #include "core/status.h"
 #include "runtime/input_checks.h"
+#include "runtime/route_outputs.h"
 
 namespace dcp {
 
@@ -184,6 +185,9 @@ absl::Status DcpEngine::CheckRunArguments(const LayerWeightsView& weights,
   DCP_CHECK_ARG(!any_tokens || (tensors.q_nope && tensors.q_rope && tensors.kv_new &&
                                 tensors.out && tensors.lse),
                 "a layer tensor (q_nope, q_rope, kv_new, out, lse) has no data pointer");
+  DCP_CHECK_ARG(tensors.out_dtype == DType::kF32 || tensors.out_dtype == DType::kBF16,
+                "the layer's out dtype must be F32 or BF16 (got %s)",
+                dtype_name(tensors.out_dtype));
   DCP_CHECK_ARG((tensors.topk != nullptr) == (topk_width_ > 0 && any_tokens) || !any_tokens,
                 "the step was planned %s a top-k but the layer has %s",
                 topk_width_ > 0 ? "with" : "without", tensors.topk ? "one" : "none");
@@ -259,30 +263,31 @@ absl::Status DcpEngine::Run(const LayerWeightsView& weights, const KvCacheView& 
     }
     timer.End(&ForwardStats::cache_write_s);
 
-    float* out_exec = tensors.out;
-    float* lse_exec = tensors.lse;
+    // Outputs in execution order: the caller's buffers, or scratch scattered back below (in
+    // the out dtype, 4 bytes per value reserved).
+    RouteOutputs exec{tensors.out, tensors.out_dtype, tensors.lse};
     if (!identity_order_) {
-      DCP_ASSIGN_OR_RETURN(void* out_data, out_exec_.Get(size_t(t) * hl * dv * 4));
+      DCP_ASSIGN_OR_RETURN(exec.out,
+                           out_exec_.Get(size_t(t) * hl * dv * dtype_size(tensors.out_dtype)));
       DCP_ASSIGN_OR_RETURN(void* lse_data, lse_exec_.Get(size_t(t) * hl * 4));
-      out_exec = static_cast<float*>(out_data);
-      lse_exec = static_cast<float*>(lse_data);
+      exec.lse = static_cast<float*>(lse_data);
     }
-    DCP_RETURN_IF_ERROR(sparse_->Run(cache, {q_nope, q_rope, topk}, out_exec, lse_exec, stats));
+    DCP_RETURN_IF_ERROR(sparse_->Run(cache, {q_nope, q_rope, topk}, exec, stats));
     if (plan_.route == Route::kDenseMha) {
       const size_t first = static_cast<size_t>(plan_.num_decode_tokens);
       const DenseRouteInputs prefill{
           static_cast<const std::byte*>(q_nope) + first * hl * dn * element,
           static_cast<const std::byte*>(q_rope) + first * hl * dr * element,
           static_cast<const std::byte*>(kv_exec) + first * width * element};
-      DCP_RETURN_IF_ERROR(dense_->Run(cache, prefill, out_exec + first * hl * dv,
-                                      lse_exec + first * hl, stats));
+      DCP_RETURN_IF_ERROR(
+          dense_->Run(cache, prefill, exec.From(int64_t(first), int64_t{hl} * dv, hl), stats));
     }
     // Back to the caller's order, into the caller's buffers.
     if (!identity_order_) {
-      DCP_RETURN_IF_ERROR(device_.ScatterRows(
-          {out_exec, perm, tensors.out, DType::kF32, t, t, hl * dv, hl * dv, hl * dv}));
+      DCP_RETURN_IF_ERROR(device_.ScatterRows({exec.out, perm, tensors.out, tensors.out_dtype, t,
+                                               t, hl * dv, hl * dv, hl * dv}));
       DCP_RETURN_IF_ERROR(
-          device_.ScatterRows({lse_exec, perm, tensors.lse, DType::kF32, t, t, hl, hl, hl}));
+          device_.ScatterRows({exec.lse, perm, tensors.lse, DType::kF32, t, t, hl, hl, hl}));
     }
     if (stats) {
       // The marks are read once, at the end of the layer: the only wait of a stats run.

@@ -61,8 +61,11 @@ struct LayerTensors {
   const void* kv_new = nullptr;  // [T, R + Dr] storage dtype, the same on every rank
   const int32_t* topk = nullptr; // [T, K] request-local positions, -1 = none; nullptr iff the
                                  // step was planned with topk_width 0 (every causal key)
-  float* out = nullptr;          // [T, H/W, Dv] F32
+  void* out = nullptr;           // [T, H/W, Dv] of out_dtype
   float* lse = nullptr;          // [T, H/W] F32, natural log, -inf where no key was selected
+  // F32, or BF16 (each value rounded once from the fp32 result; an engine's next op usually
+  // reads bf16, and the dense route's cuDNN prefill then writes the caller's buffer itself).
+  DType out_dtype = DType::kF32;
 };
 
 class DcpEngine {

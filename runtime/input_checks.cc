@@ -57,8 +57,8 @@ absl::Status CheckLayerInputs(const LayerInputShape& shape, absl::Span<const Bat
                                 outputs.out.shape, {num_tokens, hl, m.v_head_dim}, true, memory));
   DCP_RETURN_IF_ERROR(CheckView("lse", outputs.lse.data, outputs.lse.dtype, outputs.lse.memory,
                                 outputs.lse.shape, {num_tokens, hl}, true, memory));
-  DCP_CHECK_ARG(outputs.out.dtype == DType::kF32 && outputs.lse.dtype == DType::kF32,
-                "out and lse must be F32");
+  DCP_CHECK_ARG(outputs.lse.dtype == DType::kF32, "lse must be F32, got %s",
+                dtype_name(outputs.lse.dtype));
 
   if (inputs.topk.shape.empty()) return CheckLengthsWithoutTopk(batch, shape.index_topk);
   // The width is the indexer's (usually index_topk); -1 pads rows that select fewer keys.

@@ -24,7 +24,7 @@ struct BatchInputs {
 };
 
 struct BatchOutputs {
-  MutableTensorView out;  // [T, H/W, Dv] F32
+  MutableTensorView out;  // [T, H/W, Dv] F32, or BF16 (each value rounded once from fp32)
   MutableTensorView lse;  // [T, H/W] F32, natural log; -inf where a token selected no key
 };
 

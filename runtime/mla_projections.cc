@@ -140,10 +140,10 @@ absl::StatusOr<Buffer> MlaProjections::CombineKvB(Device& device, const ModelDim
 }
 
 absl::Status MlaProjections::ProjectOut(const float* o_lat, void* o_lat_storage, int64_t tx,
-                                        float* out) {
+                                        void* out, DType out_dtype) {
   const int hl = heads_, r = model_.kv_lora_rank, dv = model_.v_head_dim;
   // out[t][h] = w_uv[h]^T o_lat[t][h]: per head [tx, R] x [R, Dv].
-  GemmParams p = HeadGemmParams({o_lat, int64_t{hl} * r, r, w_uv_, false, out, DType::kF32,
+  GemmParams p = HeadGemmParams({o_lat, int64_t{hl} * r, r, w_uv_, false, out, out_dtype,
                                  int64_t{hl} * dv, dv, tx, dv, r});
   p.a_dtype = DType::kF32;
   if (storage_ != DType::kF32 && !device_.GemmSupports(p)) {

@@ -58,8 +58,9 @@ class MlaProjections {
   // o_lat [T, Hl, R] F32 -> out [T, Hl, Dv] F32. Read as F32 where the device's GEMM takes
   // F32 with storage-dtype weights (Device::GemmSupports: no conversion launch), else first
   // converted into o_lat_storage ([T, Hl, R] of the storage dtype, scratch).
-  absl::Status ProjectOut(const float* o_lat, void* o_lat_storage, int64_t num_tokens,
-                          float* out);
+  // out [T, Hl, Dv] of out_dtype (F32 or BF16: the GEMM writes it).
+  absl::Status ProjectOut(const float* o_lat, void* o_lat_storage, int64_t num_tokens, void* out,
+                          DType out_dtype);
   // The same, with o_lat merged on the fly from split-KV partials (SparseMqaParams::
   // DeferredMerge: [splits, T, Hl, R] and their LSEs) and the merged LSE written to lse
   // ([T, Hl], row stride lse_ld): one launch instead of the split merge and the projection.

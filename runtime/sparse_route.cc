@@ -114,8 +114,9 @@ absl::Status SparseRoute::Prepare(const Plan& plan, const StepTables& tables, in
   return combine_.Prepare(tx, hl, r);
 }
 
-absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs& in, float* out,
-                              float* lse, StepStats* stats) {
+absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs& in,
+                              const RouteOutputs& outputs, StepStats* stats) {
+  float* lse = outputs.lse;
   const int world = comm_.world_size(), hl = projections_.heads(), r = model_.kv_lora_rank;
   const int dn = model_.qk_nope_head_dim, dv = model_.v_head_dim;
   const int width = model_.latent_width();
@@ -208,7 +209,9 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
   // partials unmerged and ProjectOutMerged below folds the merge into the projection (one
   // launch fewer). W > 1 merges first: the combine's collectives carry merged partials.
   SparseMqaParams::DeferredMerge deferred;
-  if (world == 1 && projections_.ProjectOutMergesSplits(tx)) p.deferred_merge = &deferred;
+  if (world == 1 && outputs.out_dtype == DType::kF32 && projections_.ProjectOutMergesSplits(tx)) {
+    p.deferred_merge = &deferred;
+  }
   DCP_RETURN_IF_ERROR(device_.SparseMqa(p));
   if (world > 1) {
     const size_t out_block = size_t(hl) * r * 4, lse_block = size_t(hl) * 4;
@@ -237,7 +240,8 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
   // conversion launch), else converted to the storage dtype first (into o_lat_storage_).
   timer.Restart();
   if (deferred.splits > 1) {
-    DCP_RETURN_IF_ERROR(projections_.ProjectOutMerged(deferred, tx, out, lse, hl));
+    DCP_RETURN_IF_ERROR(projections_.ProjectOutMerged(deferred, tx,
+                                                      static_cast<float*>(outputs.out), lse, hl));
     timer.End(&ForwardStats::up_projection_s);
     if (stats) stats->flops += 2.0 * double(tx) * hl * (double(dn) * r + double(r) * dv);
     return absl::OkStatus();
@@ -246,7 +250,8 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
   if (storage != DType::kF32) {
     DCP_ASSIGN_OR_RETURN(o_lat_storage, o_lat_storage_.Get(part_count * element));
   }
-  DCP_RETURN_IF_ERROR(projections_.ProjectOut(combined, o_lat_storage, tx, out));
+  DCP_RETURN_IF_ERROR(
+      projections_.ProjectOut(combined, o_lat_storage, tx, outputs.out, outputs.out_dtype));
   timer.End(&ForwardStats::up_projection_s);
   if (stats) stats->flops += 2.0 * double(tx) * hl * (double(dn) * r + double(r) * dv);
   return absl::OkStatus();

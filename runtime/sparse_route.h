@@ -19,6 +19,7 @@
 #include "runtime/lse_combine.h"
 #include "runtime/mla_projections.h"
 #include "runtime/plan.h"
+#include "runtime/route_outputs.h"
 #include "runtime/scratch.h"
 #include "runtime/step.h"
 
@@ -44,9 +45,9 @@ class SparseRoute {
   // layers' top-k width, 0 for every causal key. `tables` rows follow the caller's order.
   absl::Status Prepare(const Plan& plan, const StepTables& tables, int64_t num_tokens,
                        int topk_width);
-  // out [T, Hl, Dv] F32, lse [T, Hl] F32. stats may be null (no timing, no waits).
-  absl::Status Run(const KvCacheView& cache, const SparseRouteInputs& in, float* out,
-                   float* lse, StepStats* stats);
+  // out [T, Hl, Dv], lse [T, Hl]. stats may be null (no timing, no waits).
+  absl::Status Run(const KvCacheView& cache, const SparseRouteInputs& in, const RouteOutputs& out,
+                   StepStats* stats);
 
  private:
   // The kernel's parameters for the planned step (pointers as given). fp8_ds_mla caches: the

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "runtime/input_checks.h"
@@ -111,7 +112,9 @@ absl::Status Worker::CheckInputs(absl::Span<const BatchRequest> batch, const Bat
                           batch, inputs, outputs);
 }
 
-absl::Status Worker::StageTopk(absl::Span<const BatchRequest> batch, const TensorView& topk) {
+absl::Status Worker::StageTopk(absl::Span<const BatchRequest> batch, const TensorView& topk,
+                               bool* checking) {
+  *checking = false;
   DCP_ASSIGN_OR_RETURN(const void* staged, StageInput(device_, topk_, topk, DType::kI32));
   topk_data_ = static_cast<const int32_t*>(staged);
   if (!options_.attention.validate_topk) return absl::OkStatus();
@@ -140,7 +143,9 @@ absl::Status Worker::StageTopk(absl::Span<const BatchRequest> batch, const Tenso
   p.topk_token_stride = width;
   p.max_positions = max_position + 1;
   p.first_token = static_cast<int>(begin);
-  return device_.ValidateTopk(p);
+  DCP_RETURN_IF_ERROR(device_.BeginValidateTopk(p));
+  *checking = true;
+  return absl::OkStatus();
 }
 
 StepTables Worker::Tables(absl::Span<const BatchRequest> batch) {
@@ -163,10 +168,15 @@ absl::Status Worker::Forward(absl::Span<const BatchRequest> batch, const BatchIn
                              const BatchOutputs& outputs) {
   const HostTimer forward_timer;
   stats_ = ForwardStats{};
-  // The top-k is staged and checked before anything runs (every rank its share of the rows),
-  // and agreed with the rest: no kernel consumes an unchecked top-k.
+  // The top-k is staged and its check enqueued first (every rank its share of the rows); the
+  // host plans the step while the device checks, and the verdict is agreed before the layer
+  // runs: no kernel consumes an unchecked top-k.
   absl::Status local = CheckInputs(batch, inputs, outputs);
-  if (local.ok() && !inputs.topk.shape.empty()) local = StageTopk(batch, inputs.topk);
+  bool checking = false;
+  if (local.ok() && !inputs.topk.shape.empty()) local = StageTopk(batch, inputs.topk, &checking);
+  absl::Cleanup unfinished_check = [&] {
+    if (checking) device_.FinishValidateTopk().IgnoreError();  // an earlier error returns
+  };
   DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, local));
   // Blocks for the new tokens: every rank runs the same allocations, so an out-of-blocks error
   // is the same everywhere; still agreed.
@@ -176,6 +186,10 @@ absl::Status Worker::Forward(absl::Span<const BatchRequest> batch, const BatchIn
   const int topk_width = inputs.topk.shape.empty() ? 0 : static_cast<int>(inputs.topk.shape[1]);
   DCP_RETURN_IF_ERROR(engine_->Plan(batch, Tables(batch), topk_width));
   const double plan_s = timer.Elapsed();
+  if (checking) {
+    checking = false;
+    DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, device_.FinishValidateTopk()));
+  }
   if (engine_->plan().num_tokens == 0) {
     stats_ = engine_->last_stats();
     stats_.plan_s = plan_s;
@@ -208,7 +222,7 @@ absl::Status Worker::Execute(const BatchInputs& inputs, const BatchOutputs& outp
   // scratch and a copy back.
   const bool out_direct = outputs.out.memory == device_.memory_space();
   const bool lse_direct = outputs.lse.memory == device_.memory_space();
-  const size_t out_bytes = size_t(outputs.out.num_elements()) * 4;
+  const size_t out_bytes = size_t(outputs.out.num_elements()) * dtype_size(outputs.out.dtype);
   const size_t lse_bytes = size_t(outputs.lse.num_elements()) * 4;
   void* out = outputs.out.data;
   void* lse = outputs.lse.data;
@@ -223,7 +237,8 @@ absl::Status Worker::Execute(const BatchInputs& inputs, const BatchOutputs& outp
   tensors.q_rope = q_rope;
   tensors.kv_new = kv_new;
   tensors.topk = inputs.topk.shape.empty() ? nullptr : topk_data_;
-  tensors.out = static_cast<float*>(out);
+  tensors.out = out;
+  tensors.out_dtype = outputs.out.dtype;
   tensors.lse = static_cast<float*>(lse);
   DCP_RETURN_IF_ERROR(
       engine_->Run({w_uk_.data(), w_uv_.data(), w_kv_b_.data()}, cache_->view(), tensors));

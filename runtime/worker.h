@@ -52,9 +52,11 @@ class Worker {
                            const BatchOutputs& outputs);
   // Stages the top-k (caller order) into topk_ and, with attention.validate_topk, checks this
   // rank's share of its rows on the device: rank r of W takes rows [r*T/W, (r+1)*T/W) of the T
-  // (every rank holds the same top-k). The caller agrees on the result before anything reads
-  // the top-k.
-  absl::Status StageTopk(absl::Span<const BatchRequest> batch, const TensorView& topk);
+  // (every rank holds the same top-k). The check is only begun (*checking then true): the
+  // caller takes its verdict with Device::FinishValidateTopk and agrees on it before anything
+  // reads the top-k.
+  absl::Status StageTopk(absl::Span<const BatchRequest> batch, const TensorView& topk,
+                         bool* checking);
   // The step's block tables from the self-owned cache, rows in batch order.
   StepTables Tables(absl::Span<const BatchRequest> batch);
   // Everything after the plan: inputs staged, the layer run, outputs to the caller.

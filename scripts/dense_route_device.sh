@@ -6,7 +6,8 @@
 # auto on the table's shapes, the up-projection GEMMs, the copy ceiling) and the torch peers of
 # both, packed into $OUT; summary.txt carries the per-shape ratios and phases.
 #   DCP_ROUTE_STEPS="tests routes kernels peers" (default all), DCP_ROUTE_BACKENDS (routes,
-#   default "cudnn"), DCP_ATTENTION_FILTER / DCP_WORKER_FILTER (gtest filters), DCP_WORKER_NP
+#   default "cudnn"), DCP_ROUTE_OUTPUT_DTYPES (the layer's out dtype in routes, default
+#   "f32 bf16"), DCP_ATTENTION_FILTER / DCP_WORKER_FILTER (gtest filters), DCP_WORKER_NP
 #   (default "1 2"), DCP_BUILD_DIR (default /tmp/build-dense-route). Every step has its own
 #   timeout.
 set -uo pipefail
@@ -69,14 +70,17 @@ bench="$build/launch/bench/dcp_bench"
 if has_step routes; then
   echo "== routes ($(elapsed))"
   for backend in ${DCP_ROUTE_BACKENDS:-cudnn}; do
-    timeout 40 "$bench" --mode routes --device cuda --model deepseek_v32 --heads 128 \
-        --prefill_backend $backend --batches 2q2k,4q1k,8q512,q1k,4q512s2k -w 2 -n 5 --check 0 \
-        --csv "$out/routes_128_$backend.csv" >"$out/routes_128_$backend.log" 2>&1
-    note "routes 128 $backend: exit $? ($(elapsed))"
-    timeout 20 "$bench" --mode routes --device cuda --model deepseek_v32 --heads 16 \
-        --prefill_backend $backend --batches 4q2k,q2k -w 2 -n 5 --check 0 \
-        --csv "$out/routes_16_$backend.csv" >"$out/routes_16_$backend.log" 2>&1
-    note "routes 16 $backend: exit $? ($(elapsed))"
+    for dtype in ${DCP_ROUTE_OUTPUT_DTYPES:-f32 bf16}; do
+      timeout 40 "$bench" --mode routes --device cuda --model deepseek_v32 --heads 128 \
+          --prefill_backend $backend --output_dtype $dtype \
+          --batches 2q2k,4q1k,8q512,q1k,4q512s2k -w 2 -n 5 --check 0 \
+          --csv "$out/routes_128_${backend}_$dtype.csv" >"$out/routes_128_${backend}_$dtype.log" 2>&1
+      note "routes 128 $backend $dtype: exit $? ($(elapsed))"
+      timeout 20 "$bench" --mode routes --device cuda --model deepseek_v32 --heads 16 \
+          --prefill_backend $backend --output_dtype $dtype --batches 4q2k,q2k -w 2 -n 5 --check 0 \
+          --csv "$out/routes_16_${backend}_$dtype.csv" >"$out/routes_16_${backend}_$dtype.log" 2>&1
+      note "routes 16 $backend $dtype: exit $? ($(elapsed))"
+    done
   done
 fi
 if has_step kernels; then
@@ -95,7 +99,8 @@ if has_step peers; then
   [ -f "$out/kernels.csv" ] && timeout 60 python3 scripts/peer_torch.py --dense-peers sdpa_cudnn \
       --kernels "$out/kernels.csv" -w 2 -n 5 --out "$out/peers_kernels.csv" >"$out/peers.log" 2>&1
   note "peers kernels: exit $? ($(elapsed))"
-  for f in "$out"/routes_128_cudnn.csv "$out"/routes_16_cudnn.csv; do
+  for f in "$out"/routes_128_cudnn_*.csv "$out"/routes_16_cudnn_*.csv; do
+    [[ "$f" == *_peers.csv ]] && continue
     [ -f "$f" ] || continue
     timeout 30 python3 scripts/peer_torch.py --dense-peers sdpa_cudnn --routes "$f" -w 2 -n 5 \
         --out "${f%.csv}_peers.csv" >>"$out/peers.log" 2>&1
@@ -110,7 +115,7 @@ out = sys.argv[1]
 def rows(path):
     return list(csv.DictReader(open(path))) if os.path.exists(path) else []
 phases = ["plan", "cache_write", "gather", "up_proj", "attention", "other"]
-for f in sorted(glob.glob(f"{out}/routes_*_cudnn.csv")):
+for f in sorted(f for f in glob.glob(f"{out}/routes_*_cudnn_*.csv") if "_peers" not in f):
     peers = {(r["batch"], r["heads"], r["op"]): r for r in rows(f[:-4] + "_peers.csv")}
     print(f"== {os.path.basename(f)}: batch heads route auto_us | torch_route ratio | "
           f"attn ours/sdpa | " + " ".join(phases))

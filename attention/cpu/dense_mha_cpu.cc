@@ -48,6 +48,8 @@ absl::Status CheckDenseMhaParams(const DenseMhaParams& p) {
   if (p.cu_seqlens_q[p.num_seqs] == p.cu_seqlens_q[0]) return absl::OkStatus();
   DCP_CHECK_ARG(p.q != nullptr, "DenseMha: q is null");
   DCP_CHECK_ARG(p.out != nullptr, "DenseMha: out is null");
+  DCP_CHECK_ARG(p.out_dtype == DType::kF32 || p.out_dtype == DType::kBF16,
+                "DenseMha: out dtype must be F32 or BF16 (got %s)", dtype_name(p.out_dtype));
   if (p.cu_seqlens_k[p.num_seqs] > p.cu_seqlens_k[0]) {
     DCP_CHECK_ARG(p.k != nullptr, "DenseMha: k is null");
     DCP_CHECK_ARG(p.v != nullptr, "DenseMha: v is null");
@@ -73,6 +75,8 @@ void RunDenseMha(const DenseMhaParams& p) {
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
+  float* out_f32 = p.out_dtype == DType::kF32 ? static_cast<float*>(p.out) : nullptr;
+  bf16* out_bf16 = p.out_dtype == DType::kBF16 ? static_cast<bf16*>(p.out) : nullptr;
   std::vector<QueryBlock> blocks;
   double flops = 0;
   for (int s = 0; s < p.num_seqs; ++s) {
@@ -87,6 +91,7 @@ void RunDenseMha(const DenseMhaParams& p) {
   internal::ParallelFor(num_tasks, flops, [&](int64_t begin, int64_t end) {
     AttentionTile tile(kQueryBlock, p.qk_dim, p.v_dim);
     int visible[kQueryBlock];
+    std::vector<float> row(out_bf16 != nullptr ? size_t(kQueryBlock) * p.v_dim : 0);
     for (int64_t task = begin; task < end; ++task) {
       const QueryBlock& block = blocks[task / p.num_heads];
       const int head = static_cast<int>(task % p.num_heads);
@@ -116,13 +121,24 @@ void RunDenseMha(const DenseMhaParams& p) {
         for (int i = 0; i < block.count; ++i) visible[i] = num_visible(i) - key0;
         tile.AddKeyBlock(block_keys, p.causal ? visible : nullptr, p.scale);
       }
+      // fp32 rows straight into out; bf16 rows through a row of the tile's own, rounded once.
+      const auto out_offset = [&](int i) {
+        return (q_token0 + i) * p.out_token_stride + head * p.out_head_stride;
+      };
       tile.Finish(
           [&](int i) {
-            return p.out + (q_token0 + i) * p.out_token_stride + head * p.out_head_stride;
+            return out_f32 != nullptr ? out_f32 + out_offset(i) : row.data() + int64_t{i} * p.v_dim;
           },
           [&](int i, float lse) {
             if (p.lse != nullptr) p.lse[(q_token0 + i) * p.lse_token_stride + head] = lse;
           });
+      if (out_bf16 != nullptr) {
+        for (int i = 0; i < block.count; ++i) {
+          bf16* dst = out_bf16 + out_offset(i);
+          const float* src = row.data() + int64_t{i} * p.v_dim;
+          for (int c = 0; c < p.v_dim; ++c) dst[c] = float_to_bf16(src[c]);
+        }
+      }
     }
   });
 }

@@ -27,6 +27,12 @@ absl::Status Check(const DenseMhaParams& p) {
                 "DenseMha: cu_seqlens_q and cu_seqlens_k must not be null");
   DCP_CHECK_ARG(p.q != nullptr && p.k != nullptr && p.v != nullptr && p.out != nullptr,
                 "DenseMha: q, k, v and out must not be null");
+  DCP_CHECK_ARG(p.out_dtype == DType::kF32 ||
+                    (p.out_dtype == DType::kBF16 && reinterpret_cast<uintptr_t>(p.out) % 4 == 0 &&
+                     p.out_token_stride % 2 == 0 && p.out_head_stride % 2 == 0),
+                "DenseMha (CUDA): out must be F32, or BF16 with 4-byte alignment and even "
+                "strides (got %s, strides %d/%d)",
+                dtype_name(p.out_dtype), p.out_token_stride, p.out_head_stride);
   DCP_CHECK_ARG(Aligned16(p.q) && Aligned16(p.k) && Aligned16(p.v),
                 "DenseMha (CUDA): q, k and v must be 16-byte aligned");
   DCP_CHECK_ARG(p.q_token_stride % 8 == 0 && p.q_head_stride % 8 == 0 &&

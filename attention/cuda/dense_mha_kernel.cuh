@@ -224,11 +224,21 @@ __global__ void __launch_bounds__(128) DenseMhaKernel(const DenseMhaParams p) {
     const float total = totals[r];
     const float inverse = total > 0.f ? 1.f / total : 0.f;
     const int64_t token = q_begin + q_start + row;
-    float* out = p.out + token * p.out_token_stride + int64_t(head) * p.out_head_stride + 2 * c;
+    const int64_t offset = token * p.out_token_stride + int64_t(head) * p.out_head_stride + 2 * c;
+    if (p.out_dtype == DType::kBF16) {  // pairs: Check makes them 4-byte aligned
+      auto* out = static_cast<__nv_bfloat16*>(p.out) + offset;
 #pragma unroll
-    for (int n = 0; n < kVTiles; ++n) {
-      out[n * 8] = o[n][2 * r] * inverse;
-      out[n * 8 + 1] = o[n][2 * r + 1] * inverse;
+      for (int n = 0; n < kVTiles; ++n) {
+        *reinterpret_cast<__nv_bfloat162*>(out + n * 8) =
+            __floats2bfloat162_rn(o[n][2 * r] * inverse, o[n][2 * r + 1] * inverse);
+      }
+    } else {
+      float* out = static_cast<float*>(p.out) + offset;
+#pragma unroll
+      for (int n = 0; n < kVTiles; ++n) {
+        out[n * 8] = o[n][2 * r] * inverse;
+        out[n * 8 + 1] = o[n][2 * r + 1] * inverse;
+      }
     }
     if (p.lse != nullptr && c == 0) {
       p.lse[token * p.lse_token_stride + head] =

@@ -14,12 +14,16 @@ constexpr size_t kMaxBitmapBytes = 48 * 1024;
 
 }  // namespace
 
-absl::Status ValidateTopk(const TopkValidateParams& p, TopkValidateRecord* record,
-                          cudaStream_t stream) {
+absl::Status LaunchValidateTopk(const TopkValidateParams& p, TopkValidateRecord* record,
+                                TopkValidateRecord* host_record, cudaStream_t stream) {
   DCP_CHECK_ARG(p.num_tokens >= 0 && p.topk_width >= 0,
                 "ValidateTopk: negative size (tokens %d, topk_width %d)", p.num_tokens,
                 p.topk_width);
-  if (p.num_tokens == 0) return absl::OkStatus();
+  DCP_CHECK_ARG(record != nullptr && host_record != nullptr, "ValidateTopk: record is null");
+  if (p.num_tokens == 0) {
+    host_record->error = TopkError{};  // nothing to check: no error
+    return absl::OkStatus();
+  }
   DCP_CHECK_ARG(p.token_position != nullptr, "ValidateTopk: token_position is null");
   DCP_CHECK_ARG(p.topk_width == 0 || p.topk != nullptr, "ValidateTopk: topk is null");
   DCP_CHECK_ARG(p.topk_token_stride >= p.topk_width,
@@ -27,7 +31,6 @@ absl::Status ValidateTopk(const TopkValidateParams& p, TopkValidateRecord* recor
                 p.topk_width);
   DCP_CHECK_ARG(p.max_positions >= 1, "ValidateTopk: max_positions %d must be >= 1",
                 p.max_positions);
-  DCP_CHECK_ARG(record != nullptr, "ValidateTopk: record is null");
 
   const size_t bitmap_bytes = (size_t(p.max_positions) + 31) / 32 * sizeof(uint32_t);
   const bool use_bitmap = bitmap_bytes <= kMaxBitmapBytes;
@@ -49,10 +52,21 @@ absl::Status ValidateTopk(const TopkValidateParams& p, TopkValidateRecord* recor
   TopkDescribeKernel<<<1, 1, 0, stream>>>(p.topk, p.token_position, p.topk_token_stride,
                                           p.max_positions, p.first_token, record);
   DCP_CUDA_LAUNCH_CHECK("TopkDescribeKernel");
+  DCP_CUDA_CHECK(cudaMemcpyAsync(host_record, record, sizeof(TopkValidateRecord),
+                                 cudaMemcpyDeviceToHost, stream));
+  return absl::OkStatus();
+}
+
+absl::Status TopkVerdict(const TopkValidateRecord& host_record) {
+  return TopkErrorStatus(host_record.error);
+}
+
+absl::Status ValidateTopk(const TopkValidateParams& p, TopkValidateRecord* record,
+                          cudaStream_t stream) {
   TopkValidateRecord host;
-  DCP_CUDA_CHECK(cudaMemcpyAsync(&host, record, sizeof(host), cudaMemcpyDeviceToHost, stream));
+  DCP_RETURN_IF_ERROR(LaunchValidateTopk(p, record, &host, stream));
   DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return TopkErrorStatus(host.error);
+  return TopkVerdict(host);
 }
 
 }  // namespace dcp::cuda

@@ -1,8 +1,11 @@
 // The top-k check on the GPU (TopkValidateParams; DESIGN.md section 3): the same verdict and
 // message as ValidateTopkPositions (attention/topk_validation.h) without copying the top-k to
 // the host. Pointers are device memory; `record` is device scratch of sizeof(TopkValidateRecord)
-// owned by the caller (one per stream: calls must not share it concurrently). Synchronizes the
-// stream: it returns once the verdict is on the host (one small copy).
+// owned by the caller (one per stream: calls must not share it concurrently). ValidateTopk
+// synchronizes the stream: it returns once the verdict is on the host (one small copy).
+// LaunchValidateTopk only enqueues the check and the copy of its record into `host_record`
+// (pinned host memory, or the copy is not asynchronous); once the stream has passed it,
+// TopkVerdict(*host_record) is the same verdict.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,5 +24,8 @@ struct TopkValidateRecord {
 
 absl::Status ValidateTopk(const TopkValidateParams& params, TopkValidateRecord* record,
                           cudaStream_t stream);
+absl::Status LaunchValidateTopk(const TopkValidateParams& params, TopkValidateRecord* record,
+                                TopkValidateRecord* host_record, cudaStream_t stream);
+absl::Status TopkVerdict(const TopkValidateRecord& host_record);
 
 }  // namespace dcp::cuda

@@ -125,18 +125,15 @@ absl::StatusOr<LayerTimes> TimeEngineLayer(BenchEnv& env, const BatchShape& shap
   DCP_ASSIGN_OR_RETURN(void* q_nope_d, filled(q_nope, size_t(t) * hl * dn, storage, 1));
   DCP_ASSIGN_OR_RETURN(void* q_rope_d, filled(q_rope, size_t(t) * hl * dr, storage, 1));
   DCP_ASSIGN_OR_RETURN(void* kv_new_d, filled(kv_new, size_t(t) * width, storage, 1));
-  DCP_ASSIGN_OR_RETURN(void* out_d, filled(out, size_t(t) * hl * m.v_head_dim, DType::kF32, 1));
+  const DType out_dtype = env.options.output_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  DCP_ASSIGN_OR_RETURN(void* out_d, filled(out, size_t(t) * hl * m.v_head_dim, out_dtype, 1));
   DCP_ASSIGN_OR_RETURN(void* lse_d, filled(lse, size_t(t) * hl, DType::kF32, 1));
   DCP_ASSIGN_OR_RETURN(int32_t * topk_ptr, Upload(device, topk_d, topk));
   DCP_RETURN_IF_ERROR(device.Synchronize());
   const LayerWeightsView weights{w_uk_d, w_uv_d};
   const KvCacheView cache_view{cache_d, storage, num_blocks, block, width};
-  const LayerTensors tensors{q_nope_d,
-                             q_rope_d,
-                             kv_new_d,
-                             topk_ptr,
-                             static_cast<float*>(out_d),
-                             static_cast<float*>(lse_d)};
+  const LayerTensors tensors{
+      q_nope_d, q_rope_d, kv_new_d, topk_ptr, out_d, static_cast<float*>(lse_d), out_dtype};
   DcpEngine& e = *engine;
   Communicator& comm = *env.comm;
   // Graphs need collectives that complete in stream order (NCCL); with host-staged ones the

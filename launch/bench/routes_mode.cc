@@ -175,7 +175,9 @@ RouteResult RunRoute(BenchEnv& env, const BatchShape& shape, const BatchData& ba
   if (!result.status.ok()) return result;
   DcpContext& context = **context_or;
 
-  auto out_or = AllocateZeroed(*env.device, size_t(t) * hl * m.v_head_dim * 4);
+  const DType out_dtype = env.options.output_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  auto out_or =
+      AllocateZeroed(*env.device, size_t(t) * hl * m.v_head_dim * dtype_size(out_dtype));
   auto lse_or = AllocateZeroed(*env.device, size_t(t) * hl * 4);
   result.status = AgreeOnStatus(*env.bootstrap, out_or.ok() ? lse_or.status() : out_or.status());
   if (!result.status.ok()) return result;
@@ -187,7 +189,7 @@ RouteResult RunRoute(BenchEnv& env, const BatchShape& shape, const BatchData& ba
   inputs.kv_new = {batch.kv_new.data(), storage, {t, width}, memory};
   inputs.topk = {batch.topk.data(), DType::kI32, {t, env.options.index_topk}, memory};
   BatchOutputs outputs;
-  outputs.out = {out.data(), DType::kF32, {t, hl, m.v_head_dim}, memory};
+  outputs.out = {out.data(), out_dtype, {t, hl, m.v_head_dim}, memory};
   outputs.lse = {lse.data(), DType::kF32, {t, hl}, memory};
 
   bool registered = false;
@@ -247,7 +249,7 @@ RouteResult RunRoute(BenchEnv& env, const BatchShape& shape, const BatchData& ba
   }
 
   auto out_host =
-      DownloadFloats(*env.device, out.data(), DType::kF32, size_t(t) * hl * m.v_head_dim);
+      DownloadFloats(*env.device, out.data(), out_dtype, size_t(t) * hl * m.v_head_dim);
   auto lse_host = DownloadFloats(*env.device, lse.data(), DType::kF32, size_t(t) * hl);
   result.status =
       AgreeOnStatus(*env.bootstrap, out_host.ok() ? lse_host.status() : out_host.status());

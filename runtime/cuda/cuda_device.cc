@@ -54,6 +54,11 @@ CudaDevice::~CudaDevice() {
   if (fork_event_ != nullptr) cudaEventDestroy(fork_event_);
   if (join_event_ != nullptr) cudaEventDestroy(join_event_);
   if (topk_record_ != nullptr) cudaFree(topk_record_);
+  if (topk_verdict_ != nullptr) {
+    cudaEventSynchronize(topk_verdict_);  // the copy into the pinned record has landed
+    cudaEventDestroy(topk_verdict_);
+  }
+  if (topk_host_record_ != nullptr) cudaFreeHost(topk_host_record_);
   if (mqa_workspace_ != nullptr) cudaFree(mqa_workspace_);
   cublasDestroy(cublas_);
   cudaStreamDestroy(own_stream_);

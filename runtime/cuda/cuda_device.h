@@ -84,6 +84,8 @@ class CudaDevice final : public Device {
   absl::Status DcpCombine(const DcpCombineParams& params) override;
   absl::Status TopkToSlots(const TopkToSlotsParams& params) override;
   absl::Status ValidateTopk(const TopkValidateParams& params) override;
+  absl::Status BeginValidateTopk(const TopkValidateParams& params) override;
+  absl::Status FinishValidateTopk() override;
   absl::Status GatherRows(const GatherRowsParams& params) override;
   absl::Status ScatterRows(const ScatterRowsParams& params) override;
   absl::Status CopyRows(const CopyRowsParams& params) override;
@@ -118,6 +120,9 @@ class CudaDevice final : public Device {
   cudaStream_t stream_;      // where calls enqueue: own_stream_ or the caller's (SetStream)
   cublasHandle_t cublas_;
   void* topk_record_ = nullptr;  // device scratch of ValidateTopk, allocated on first use
+  void* topk_host_record_ = nullptr;   // pinned copy of it (BeginValidateTopk), first use
+  cudaEvent_t topk_verdict_ = nullptr;  // behind that copy; recorded by BeginValidateTopk
+  bool topk_pending_ = false;
   void* mqa_workspace_ = nullptr;  // split-KV partials of SparseMqa, grown on demand
   int64_t mqa_workspace_bytes_ = 0;
   enum class DenseBackend { kNative, kCudnn, kAuto };

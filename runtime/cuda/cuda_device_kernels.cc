@@ -221,6 +221,34 @@ absl::Status CudaDevice::ValidateTopk(const TopkValidateParams& params) {
   return cuda::ValidateTopk(params, static_cast<cuda::TopkValidateRecord*>(topk_record_), stream_);
 }
 
+absl::Status CudaDevice::BeginValidateTopk(const TopkValidateParams& params) {
+  DCP_RETURN_IF_ERROR(Activate());
+  DCP_CHECK_ARG(!topk_pending_, "BeginValidateTopk: the previous check was never finished");
+  if (topk_record_ == nullptr) {
+    DCP_CUDA_CHECK(cudaMalloc(&topk_record_, sizeof(cuda::TopkValidateRecord)));
+  }
+  if (topk_host_record_ == nullptr) {
+    DCP_CUDA_CHECK(cudaMallocHost(&topk_host_record_, sizeof(cuda::TopkValidateRecord)));
+  }
+  if (topk_verdict_ == nullptr) {
+    DCP_CUDA_CHECK(cudaEventCreateWithFlags(&topk_verdict_, cudaEventDisableTiming));
+  }
+  DCP_RETURN_IF_ERROR(cuda::LaunchValidateTopk(
+      params, static_cast<cuda::TopkValidateRecord*>(topk_record_),
+      static_cast<cuda::TopkValidateRecord*>(topk_host_record_), stream_));
+  DCP_CUDA_CHECK(cudaEventRecord(topk_verdict_, stream_));
+  topk_pending_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::FinishValidateTopk() {
+  DCP_CHECK_ARG(topk_pending_, "FinishValidateTopk: no check was begun");
+  topk_pending_ = false;
+  DCP_RETURN_IF_ERROR(Activate());
+  DCP_CUDA_CHECK(cudaEventSynchronize(topk_verdict_));
+  return cuda::TopkVerdict(*static_cast<const cuda::TopkValidateRecord*>(topk_host_record_));
+}
+
 absl::Status CudaDevice::GatherRows(const GatherRowsParams& params) {
   DCP_RETURN_IF_ERROR(Activate());
   return cuda::GatherRows(params, stream_);

@@ -83,6 +83,23 @@ void CheckDense(const DenseCase& c, Rng& rng, double tol = testing::kF32Toleranc
   p.scale = c.scale != 0.0f ? c.scale : 1.0f / std::sqrt(static_cast<float>(c.qk_dim));
   ASSERT_TRUE(cpu::DenseMha(p).ok());
 
+  // The same call with a bf16 out: every value the fp32 one rounded once, padding untouched.
+  std::vector<bf16> out_bf16(out.size(), bf16{0x7fc0});  // bf16 NaN
+  std::vector<float> lse_again(lse.size());
+  testing::Poison(lse_again);
+  DenseMhaParams pb = p;
+  pb.out = out_bf16.data();
+  pb.out_dtype = DType::kBF16;
+  if (c.with_lse) pb.lse = lse_again.data();
+  ASSERT_TRUE(cpu::DenseMha(pb).ok());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (std::isnan(out[i])) {
+      ASSERT_EQ(out_bf16[i].bits, 0x7fc0) << "padding " << i << " written in the bf16 out";
+    } else {
+      ASSERT_EQ(out_bf16[i].bits, float_to_bf16(out[i]).bits) << "out " << i;
+    }
+  }
+
   std::vector<double> want_out, want_lse;
   std::vector<float> got_out, got_lse;
   std::vector<double> keys, values, query(c.qk_dim), o(c.v_dim);
@@ -279,6 +296,8 @@ TEST(DenseMhaCpuTest, RejectsBadParams) {
   expect_error(p, "cu_seqlens_q decreases");
   p = good, p.out_token_stride = 0;
   expect_error(p, "out_token_stride");
+  p = good, p.out_dtype = DType::kI32;
+  expect_error(p, "out dtype");
 }
 
 }  // namespace

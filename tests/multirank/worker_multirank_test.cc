@@ -63,6 +63,7 @@ struct Scenario {
   int num_kv_blocks = 0;
   std::vector<int> order;  // request ids in batch order (default: 0..B-1)
   bool fp8 = false;  // attention.kv_cache_dtype fp8_ds_mla (needs R = 512, Dr = 64)
+  bool bf16_out = false;  // the layer writes out as BF16 (host buffer of bf16 values)
 };
 
 // DCP_TEST_DEVICE=cuda runs the same tests on CUDA ranks (bf16 storage; ranks may share a GPU,
@@ -159,8 +160,9 @@ Problem BuildProblem(const Scenario& s, const Dims& d, uint64_t seed) {
 
 struct RankRun {
   absl::Status status;
-  std::vector<float> out, lse;  // this rank's heads
+  std::vector<float> out, lse;  // this rank's heads (a bf16 out widened)
   ForwardStats stats;
+  bool bf16_out = false;
 };
 
 // The options of a scenario on this rank.
@@ -304,10 +306,16 @@ RankRun RunRank(MpiCommunicator& mpi, const Scenario& s, const Dims& d, const Pr
                      {}};
   if (s.give_topk) inputs.topk = {topk.data(), DType::kI32, {t, s.index_topk}};
   std::vector<float> out(size_t(t) * hl * d.dv, std::nanf("")), lse(size_t(t) * hl, std::nanf(""));
+  std::vector<uint16_t> out_bf16(s.bf16_out ? out.size() : 0, 0x7fc0);  // bf16 NaN
   BatchOutputs outputs{{out.data(), DType::kF32, {t, hl, d.dv}},
                        {lse.data(), DType::kF32, {t, hl}}};
+  if (s.bf16_out) outputs.out = {out_bf16.data(), DType::kBF16, {t, hl, d.dv}};
   if (damage_plan && rank == 0) (*ctx)->DamageNextPlanForTesting();
   run.status = (*ctx)->Forward(batch, inputs, outputs);
+  run.bf16_out = s.bf16_out;
+  for (size_t i = 0; i < out_bf16.size(); ++i) {
+    out[i] = std::bit_cast<float>(uint32_t{out_bf16[i]} << 16);
+  }
   run.stats = (*ctx)->last_stats();
   // Back to the reference's request order for comparison.
   std::vector<int64_t> caller_begin;
@@ -374,7 +382,9 @@ void ExpectMatchesReference(const RankRun& run, const Problem& p, const Dims& d,
         const double want = ref.out[(token * d.heads + h) * d.dv + c];
         const float got = run.out[(token * hl + hh) * d.dv + c];
         ASSERT_FALSE(std::isnan(got)) << "token " << token << " head " << h << " c " << c;
-        ASSERT_NEAR(got, want, Tolerance() * (scale + std::abs(want)))
+        // A bf16 out adds its own rounding: at most half a unit in the last place, 2^-9.
+        const double rounding = run.bf16_out ? std::abs(want) / 256 : 0.0;
+        ASSERT_NEAR(got, want, Tolerance() * (scale + std::abs(want)) + rounding)
             << "out token " << token << " head " << h << " c " << c << " (value RMS " << scale
             << ")";
       }
@@ -486,6 +496,51 @@ TEST_F(WorkerTest, RandomMixedBatchesMatchTheReferenceOnBothRoutes) {
                                              [](int q) { return q > 1; });
         EXPECT_EQ(run.stats.route,
                   !force_mqa && any_prefill ? Route::kDenseMha : Route::kSparseMqa);
+      }
+    }
+  }
+}
+
+// A bf16 out (LayerTensors::out_dtype): both routes, both combines, requests in and out of
+// execution order (in place, or through the scatter back), context in several chunks (the
+// dense route's merge, then the rounding) and none (the prefill kernel writes bf16 itself).
+TEST_F(WorkerTest, Bf16OutputMatchesTheReferenceOnBothRoutes) {
+  const uint64_t seed = SharedSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  const Dims dims = TestDims(UseCuda() ? 8 : 12);
+  for (CombineBackend combine :
+       {CombineBackend::kAllGatherReduceScatter, CombineBackend::kAllToAll}) {
+    for (bool force_mqa : {false, true}) {
+      Scenario mixed = RandomMixedBatch(rng, 48, 6);
+      Scenario fresh;  // prefills without context, decodes first: the caller's order is used
+      fresh.seq_lens = {1, 40, 33};
+      fresh.query_lens = {1, 40, 33};
+      Scenario chunked;
+      chunked.index_topk = 128;
+      chunked.interleave = 4;
+      chunked.seq_lens = {120, 1, 75};
+      chunked.query_lens = {7, 1, 30};
+      chunked.order = {2, 1, 0};
+      chunked.workspace_rows = std::lcm<int64_t>(16, world() * 4);
+      Scenario* const scenarios[] = {&mixed, &fresh, &chunked};
+      for (int k = 0; k < 3; ++k) {
+        Scenario* s = scenarios[k];
+        s->combine = combine;
+        s->force_mqa = force_mqa;
+        s->give_topk = rng() % 2;
+        s->bf16_out = true;
+        SCOPED_TRACE(::testing::Message()
+                     << "combine " << combine_backend_name(combine) << " force_mqa " << force_mqa
+                     << " topk " << s->give_topk << " scenario " << k);
+        const Problem p = BuildProblem(*s, dims, seed + 7);
+        const RankRun run = RunRank(mpi_comm(), *s, dims, p);
+        ExpectMatchesReference(run, p, dims, world(), rank());
+        const bool any_prefill = std::any_of(s->query_lens.begin(), s->query_lens.end(),
+                                             [](int q) { return q > 1; });
+        EXPECT_EQ(run.stats.route,
+                  !force_mqa && any_prefill ? Route::kDenseMha : Route::kSparseMqa);
+        if (s == &chunked && !force_mqa) EXPECT_GE(run.stats.num_chunks, 2);
       }
     }
   }

@@ -331,6 +331,9 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
   const DenseMhaParams& p = params.mha;
   DCP_CHECK_ARG(p.dtype == DType::kBF16, "DenseMha (cuDNN): dtype must be BF16, got %s",
                 dtype_name(p.dtype));
+  DCP_CHECK_ARG(p.out_dtype == DType::kF32 || p.out_dtype == DType::kBF16,
+                "DenseMha (cuDNN): out dtype must be F32 or BF16, got %s",
+                dtype_name(p.out_dtype));
   DCP_CHECK_ARG(p.num_seqs >= 0 && p.num_heads >= 0, "DenseMha (cuDNN): negative size");
   if (p.num_seqs == 0 || p.num_heads == 0) return absl::OkStatus();
   DCP_CHECK_ARG(params.host_cu_seqlens_q != nullptr && params.host_cu_seqlens_k != nullptr,
@@ -378,17 +381,32 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
     return DCP_ERROR(Internal, "cuDNN SDPA graph build threw: %s", e.what());
   }
 
+  // Direct: cuDNN writes the caller's bf16 out and lse itself, no finish pass (at 2 x 2k tokens
+  // and 128 heads the pass moved ~400 MB, ~100 us). That needs the packed [T, H, v_dim] out
+  // and [T, H] lse of cuDNN's O and Stats, and a uniform graph in which every query sees a key
+  // (the finish writes 0 / -inf for one that does not, which cuDNN leaves undefined).
+  const auto* out_base = static_cast<std::byte*>(p.out) +
+                         int64_t{cu_q[0]} * p.out_token_stride * dtype_size(p.out_dtype);
+  float* lse_base = p.lse != nullptr ? p.lse + int64_t{cu_q[0]} * p.lse_token_stride : nullptr;
+  const bool direct = p.out_dtype == DType::kBF16 && form.uniform && max_k > 0 &&
+                      p.out_token_stride == h * dv && p.out_head_stride == dv &&
+                      reinterpret_cast<uintptr_t>(out_base) % 16 == 0 &&
+                      (p.lse == nullptr || (p.lse_token_stride == h &&
+                                            reinterpret_cast<uintptr_t>(lse_base) % 16 == 0));
+
   // Scratch: index arrays (ragged) | O bf16 [total_q, h, dv] | Stats fp32 [total_q, h] |
-  // workspace.
+  // workspace (direct: O and, with an lse, Stats are the caller's).
   const int64_t index_bytes = form.uniform ? 0 : Align(int64_t{7} * (batch + 1) * 4);
-  const int64_t o_bytes = Align(total_q * h * dv * 2);
-  const int64_t stats_bytes = Align(total_q * h * 4);
+  const int64_t o_bytes = direct ? 0 : Align(total_q * h * dv * 2);
+  const int64_t stats_bytes = direct && lse_base != nullptr ? 0 : Align(total_q * h * 4);
   DCP_RETURN_IF_ERROR(
       impl_->Reserve(size_t(index_bytes + o_bytes + stats_bytes + Align(graph->workspace_bytes))));
   auto* base = static_cast<std::byte*>(impl_->scratch);
   auto* index = reinterpret_cast<int32_t*>(base);
-  auto* o = reinterpret_cast<__nv_bfloat16*>(base + index_bytes);
-  auto* stats = reinterpret_cast<float*>(base + index_bytes + o_bytes);
+  auto* o = direct ? reinterpret_cast<__nv_bfloat16*>(const_cast<std::byte*>(out_base))
+                   : reinterpret_cast<__nv_bfloat16*>(base + index_bytes);
+  auto* stats = stats_bytes == 0 ? lse_base
+                                 : reinterpret_cast<float*>(base + index_bytes + o_bytes);
   void* workspace = base + index_bytes + o_bytes + stats_bytes;
 
   // Base pointers at token cu_seqlens[0] (the offsets count from there).
@@ -439,6 +457,8 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
     return DCP_ERROR(Internal, "cuDNN SDPA execute threw: %s", e.what());
   }
 
+  if (direct) return absl::OkStatus();
+
   SdpaFinishParams fp;
   fp.o = o;
   fp.stats = stats;
@@ -449,10 +469,11 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
   fp.v_dim = p.v_dim;
   fp.total_q = total_q;
   fp.first_q = cu_q[0];
-  fp.out = p.out + int64_t{cu_q[0]} * p.out_token_stride;
+  fp.out = const_cast<std::byte*>(out_base);
+  fp.out_dtype = p.out_dtype;
   fp.out_token_stride = p.out_token_stride;
   fp.out_head_stride = p.out_head_stride;
-  fp.lse = p.lse != nullptr ? p.lse + int64_t{cu_q[0]} * p.lse_token_stride : nullptr;
+  fp.lse = lse_base;
   fp.lse_token_stride = p.lse_token_stride;
   fp.causal = p.causal;
   return LaunchSdpaFinish(fp, impl_->stream);

@@ -47,22 +47,39 @@ __global__ void SdpaFinishKernel(const SdpaFinishParams p) {
   const int keys = p.causal ? min(len_k, len_k - len_q + query + 1) : len_k;
   const bool empty = keys <= 0;
 
-  // 4-wide chunks: every lane busy at v_dim 128 (8-byte loads, 16-byte stores).
-  float* out = p.out + token * p.out_token_stride + head * p.out_head_stride;
+  // 4-wide chunks: every lane busy at v_dim 128 (8-byte loads, 16-byte fp32 / 8-byte bf16
+  // stores).
+  const int64_t offset = token * p.out_token_stride + head * p.out_head_stride;
   const __nv_bfloat16* o = p.o + row * p.v_dim;
-  const bool aligned = (reinterpret_cast<uintptr_t>(out) & 15) == 0;
-  for (int c = lane * 4; c < p.v_dim; c += 32 * 4) {
-    float4 values = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (!empty) {
-      const uint2 raw = *reinterpret_cast<const uint2*>(o + c);
-      const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-      const float2 a = __bfloat1622float2(pairs[0]), b = __bfloat1622float2(pairs[1]);
-      values = make_float4(a.x, a.y, b.x, b.y);
+  if (p.out_dtype == DType::kBF16) {
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + offset;
+    const bool aligned = (reinterpret_cast<uintptr_t>(out) & 7) == 0;
+    for (int c = lane * 4; c < p.v_dim; c += 32 * 4) {
+      uint2 raw = make_uint2(0u, 0u);  // bf16 zeros
+      if (!empty) raw = *reinterpret_cast<const uint2*>(o + c);
+      if (aligned) {
+        *reinterpret_cast<uint2*>(out + c) = raw;
+      } else {
+        const auto* values = reinterpret_cast<const __nv_bfloat16*>(&raw);
+        for (int i = 0; i < 4; ++i) out[c + i] = values[i];
+      }
     }
-    if (aligned) {
-      *reinterpret_cast<float4*>(out + c) = values;
-    } else {
-      out[c] = values.x, out[c + 1] = values.y, out[c + 2] = values.z, out[c + 3] = values.w;
+  } else {
+    float* out = static_cast<float*>(p.out) + offset;
+    const bool aligned = (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+    for (int c = lane * 4; c < p.v_dim; c += 32 * 4) {
+      float4 values = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (!empty) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(o + c);
+        const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+        const float2 a = __bfloat1622float2(pairs[0]), b = __bfloat1622float2(pairs[1]);
+        values = make_float4(a.x, a.y, b.x, b.y);
+      }
+      if (aligned) {
+        *reinterpret_cast<float4*>(out + c) = values;
+      } else {
+        out[c] = values.x, out[c + 1] = values.y, out[c + 2] = values.z, out[c + 3] = values.w;
+      }
     }
   }
   if (p.lse != nullptr && lane == 0) {

@@ -3,7 +3,7 @@
 //   and the ragged (THD) offsets of Q, K, V, O and Stats, in elements; sequences past num_seqs
 //   (the graph's batch is bucketed) get length 0 and the end offset.
 // - SdpaFinish turns cuDNN's bf16 O [Tq, H, v_dim] and fp32 Stats [Tq, H] into DenseMha's
-//   contract: fp32 out and natural-log lse at the caller's strides, out 0 / lse -inf for a
+//   contract: fp32 or bf16 out and natural-log lse at the caller's strides, out 0 / lse -inf for a
 //   query that sees no key (an empty key range, or causal with more queries than keys), which
 //   cuDNN leaves undefined.
 #pragma once
@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "core/dtype.h"
 
 namespace dcp::cuda {
 
@@ -42,7 +43,8 @@ struct SdpaFinishParams {
   int num_seqs = 0, num_heads = 0, v_dim = 0;
   int64_t total_q = 0;  // cu_seqlens_q[num_seqs] - cu_seqlens_q[0]
   int first_q = 0;      // cu_seqlens_q[0]
-  float* out = nullptr;  // [total_q, H, v_dim] at out_token_stride / out_head_stride
+  void* out = nullptr;  // [total_q, H, v_dim] of out_dtype at out_token_stride / out_head_stride
+  DType out_dtype = DType::kF32;  // F32 or BF16
   int64_t out_token_stride = 0, out_head_stride = 0;
   float* lse = nullptr;  // [total_q, H] at lse_token_stride; may be null
   int64_t lse_token_stride = 0;

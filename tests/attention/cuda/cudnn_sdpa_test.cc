@@ -44,6 +44,7 @@ struct Case {
   // The dense route's layout: k and v of a head side by side in one buffer [Tk, H, qk + v],
   // and out / lse rows with padding behind them (which must stay untouched).
   bool route_layout = false;
+  bool bf16_out = false;  // out written as BF16 (read back widened to float)
 };
 
 // The inputs of one case: q [Tq, H, qk], k [Tk, H, qk], v [Tk, H, v] (separate, packed, as the
@@ -123,15 +124,18 @@ class DensePrefillTest : public GpuTest {
     DeviceArray<bf16> q(in.q), k(c.route_layout ? std::vector<bf16>() : in.k),
         v(c.route_layout ? std::vector<bf16>() : in.v), kv(kv_host);
     DeviceArray<int32_t> cu_q(in.cu_q), cu_k(in.cu_k);
-    DeviceArray<float> out(std::max<size_t>(tq, 1) * out_stride);
+    DeviceArray<float> out(c.bf16_out ? 0 : std::max<size_t>(tq, 1) * out_stride);
+    DeviceArray<bf16> out_bf16(c.bf16_out ? std::max<size_t>(tq, 1) * out_stride : 0);
     DeviceArray<float> lse(std::max<size_t>(tq, 1) * lse_stride);
     out.Poison();
+    out_bf16.Poison();
     lse.Poison();
     DenseMhaParams p;
     p.q = q.get();
     p.k = c.route_layout ? static_cast<const void*>(kv.get()) : k.get();
     p.v = c.route_layout ? static_cast<const void*>(kv.get() + qk) : v.get();
-    p.out = out.get(), p.lse = lse.get();
+    p.out = c.bf16_out ? static_cast<void*>(out_bf16.get()) : out.get(), p.lse = lse.get();
+    p.out_dtype = c.bf16_out ? DType::kBF16 : DType::kF32;
     p.cu_seqlens_q = cu_q.get(), p.cu_seqlens_k = cu_k.get();
     p.dtype = DType::kBF16;
     p.num_seqs = int(c.seqs.size());
@@ -162,7 +166,13 @@ class DensePrefillTest : public GpuTest {
     }
     if (!status.ok()) return status;
     if (cudaDeviceSynchronize() != cudaSuccess) return absl::InternalError("device error");
-    const std::vector<float> out_rows = out.Download(), lse_rows = lse.Download();
+    std::vector<float> out_rows = out.Download();
+    const std::vector<float> lse_rows = lse.Download();
+    if (c.bf16_out) {
+      const std::vector<bf16> rows = out_bf16.Download();
+      out_rows.resize(rows.size());
+      for (size_t i = 0; i < rows.size(); ++i) out_rows[i] = bf16_to_float(rows[i]);
+    }
     result->out.assign(tq * heads * dv, 0.f);
     result->lse.assign(tq * heads, 0.f);
     for (size_t t = 0; t < tq; ++t) {
@@ -447,6 +457,54 @@ TEST_P(DensePrefillSizesTest, NativeAndCudnnAgree) {
     for (size_t i = 0; i < native.lse.size(); ++i) {
       ASSERT_NEAR(native.lse[i], cudnn.lse[i], 2e-3 * std::max(1.f, std::abs(native.lse[i])))
           << "lse " << i;
+    }
+  }
+}
+
+// A bf16 out is the fp32 result rounded once to nearest: bit-equal to the fp32 run rounded on
+// the host, for both implementations, in every form: cuDNN's uniform graphs writing the
+// caller's buffer directly (packed rows), uniform with padded rows (the finish pass), ragged
+// batches with queries that see no key (zeros) and context chunks; each also against float64.
+TEST_P(DensePrefillSizesTest, Bf16OutIsTheF32OutRoundedOnce) {
+  struct Form {
+    std::vector<std::pair<int, int>> seqs;
+    bool causal, route_layout;
+  };
+  const Form forms[] = {
+      {{{256, 256}, {256, 256}}, true, false},           // cuDNN direct
+      {{{64, 256}, {64, 256}, {64, 256}, {64, 256}}, true, false},  // direct, after context
+      {{{128, 512}}, false, false},                       // direct, a context chunk
+      {{{128, 128}, {128, 128}}, true, true},             // uniform, padded rows: finish
+      {{{1, 1}, {70, 70}, {10, 4}, {0, 10}, {130, 200}}, true, false},  // ragged, empty queries
+      {{{37, 250}, {100, 1}, {3, 0}}, false, true},       // ragged chunks, padded rows
+  };
+  std::mt19937_64 rng(TestSeed());
+  for (const Form& form : forms) {
+    Case c;
+    c.dims = GetParam();
+    c.heads = 16;
+    c.check_rows = 800;
+    c.seqs = form.seqs;
+    c.causal = form.causal;
+    c.route_layout = form.route_layout;
+    const Inputs in = MakeInputs(c, rng);
+    for (const Impl impl : {Impl::kNative, Impl::kCudnn}) {
+      SCOPED_TRACE(::testing::Message() << ImplName(impl) << " form " << (&form - forms));
+      if (impl == Impl::kCudnn && RequireCudnn() == nullptr) continue;
+      Outputs f32, rounded;
+      c.bf16_out = false;
+      ASSERT_TRUE(Run(impl, c, in, &f32).ok());
+      c.bf16_out = true;
+      const absl::Status status = Run(impl, c, in, &rounded);
+      ASSERT_TRUE(status.ok()) << status;
+      Check(c, in, rounded, rng);
+      ASSERT_EQ(rounded.out.size(), f32.out.size());
+      for (size_t i = 0; i < f32.out.size(); ++i) {
+        ASSERT_EQ(rounded.out[i], bf16_to_float(float_to_bf16(f32.out[i]))) << "out " << i;
+      }
+      for (size_t i = 0; i < f32.lse.size(); ++i) {
+        ASSERT_EQ(rounded.lse[i], f32.lse[i]) << "lse " << i;
+      }
     }
   }
 }
