@@ -57,7 +57,7 @@ if has_step tests; then
   note "workspace_cuda_test (rows, CopyRows): exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_workspace.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$out/test_workspace.log" | head -10 | tee -a "$summary"
   for np in ${DCP_WORKER_NP:-1 2}; do
-    DCP_REQUIRE_GPU=1 DCP_TEST_DEVICE=cuda timeout 60 mpirun --allow-run-as-root \
+    DCP_REQUIRE_GPU=1 DCP_TEST_DEVICE=cuda timeout 150 mpirun --allow-run-as-root \
         --oversubscribe --bind-to none -np $np --mca pml ob1 --mca btl self,vader,tcp \
         "$build/tests/multirank/worker_multirank_test" --gtest_filter="${DCP_WORKER_FILTER:-*}" \
         >"$out/test_worker_np$np.log" 2>&1
@@ -100,7 +100,7 @@ if has_step peers; then
       --kernels "$out/kernels.csv" -w 2 -n 5 --out "$out/peers_kernels.csv" >"$out/peers.log" 2>&1
   note "peers kernels: exit $? ($(elapsed))"
   for f in "$out"/routes_128_cudnn_*.csv "$out"/routes_16_cudnn_*.csv; do
-    [[ "$f" == *_peers.csv ]] && continue
+    [[ "$f" == *_peers.csv || "$f" == *_crossover.csv ]] && continue
     [ -f "$f" ] || continue
     timeout 30 python3 scripts/peer_torch.py --dense-peers sdpa_cudnn --routes "$f" -w 2 -n 5 \
         --out "${f%.csv}_peers.csv" >>"$out/peers.log" 2>&1
@@ -115,7 +115,8 @@ out = sys.argv[1]
 def rows(path):
     return list(csv.DictReader(open(path))) if os.path.exists(path) else []
 phases = ["plan", "cache_write", "gather", "up_proj", "attention", "other"]
-for f in sorted(f for f in glob.glob(f"{out}/routes_*_cudnn_*.csv") if "_peers" not in f):
+for f in sorted(f for f in glob.glob(f"{out}/routes_*_cudnn_*.csv")
+                if "_peers" not in f and "_crossover" not in f):
     peers = {(r["batch"], r["heads"], r["op"]): r for r in rows(f[:-4] + "_peers.csv")}
     print(f"== {os.path.basename(f)}: batch heads route auto_us | torch_route ratio | "
           f"attn ours/sdpa | " + " ".join(phases))

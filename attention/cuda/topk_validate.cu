@@ -19,11 +19,11 @@ absl::Status LaunchValidateTopk(const TopkValidateParams& p, TopkValidateRecord*
   DCP_CHECK_ARG(p.num_tokens >= 0 && p.topk_width >= 0,
                 "ValidateTopk: negative size (tokens %d, topk_width %d)", p.num_tokens,
                 p.topk_width);
-  DCP_CHECK_ARG(record != nullptr && host_record != nullptr, "ValidateTopk: record is null");
-  if (p.num_tokens == 0) {
-    host_record->error = TopkError{};  // nothing to check: no error
+  if (p.num_tokens == 0) {  // nothing to check, no pointer touched but the verdict's
+    if (host_record != nullptr) host_record->error = TopkError{};
     return absl::OkStatus();
   }
+  DCP_CHECK_ARG(record != nullptr && host_record != nullptr, "ValidateTopk: record is null");
   DCP_CHECK_ARG(p.token_position != nullptr, "ValidateTopk: token_position is null");
   DCP_CHECK_ARG(p.topk_width == 0 || p.topk != nullptr, "ValidateTopk: topk is null");
   DCP_CHECK_ARG(p.topk_token_stride >= p.topk_width,
