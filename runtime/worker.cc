@@ -186,10 +186,14 @@ absl::Status Worker::Forward(absl::Span<const BatchRequest> batch, const BatchIn
   const int topk_width = inputs.topk.shape.empty() ? 0 : static_cast<int>(inputs.topk.shape[1]);
   DCP_RETURN_IF_ERROR(engine_->Plan(batch, Tables(batch), topk_width));
   const double plan_s = timer.Elapsed();
+  // Every rank agrees, checking or not: a rank whose share of the rows is empty (T < W) has
+  // begun no check but must join the others' agreement.
+  absl::Status verdict = absl::OkStatus();
   if (checking) {
     checking = false;
-    DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, device_.FinishValidateTopk()));
+    verdict = device_.FinishValidateTopk();
   }
+  DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, verdict));
   if (engine_->plan().num_tokens == 0) {
     stats_ = engine_->last_stats();
     stats_.plan_s = plan_s;

@@ -546,6 +546,24 @@ TEST_F(WorkerTest, Bf16OutputMatchesTheReferenceOnBothRoutes) {
   }
 }
 
+// Fewer tokens than ranks with a top-k: the ranks whose share of the rows to check is empty
+// begin no check but still join the verdict's agreement (a rank that skipped it hung the rest).
+TEST_F(WorkerTest, FewerTokensThanRanksWithATopkMatch) {
+  const uint64_t seed = SharedSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Dims dims = TestDims(UseCuda() ? 8 : 12);
+  Scenario s;
+  s.give_topk = true;
+  s.seq_lens = {37};
+  s.query_lens = {1};
+  for (bool validate : {true, false}) {
+    s.validate_topk = validate;
+    const Problem p = BuildProblem(s, dims, seed);
+    const RankRun run = RunRank(mpi_comm(), s, dims, p);
+    ExpectMatchesReference(run, p, dims, world(), rank());
+  }
+}
+
 TEST_F(WorkerTest, PrefillLongerThanTopkTakesSparseMqaAndMatches) {
   const uint64_t seed = SharedSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
