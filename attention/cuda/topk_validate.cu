@@ -4,6 +4,7 @@
 #include "attention/cuda/topk_validate.h"
 #include "attention/cuda/topk_validate_kernel.cuh"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/device_info.h"
 
 namespace dcp::cuda {
 namespace {
@@ -36,13 +37,10 @@ absl::Status LaunchValidateTopk(const TopkValidateParams& p, TopkValidateRecord*
   const bool use_bitmap = bitmap_bytes <= kMaxBitmapBytes;
   const size_t shared = use_bitmap ? bitmap_bytes : 0;
   auto kernel = use_bitmap ? TopkValidateKernel<true> : TopkValidateKernel<false>;
-  // As many CTAs as fit at once: each zeroes its bitmap once, then strides over the rows.
-  int device = 0, sms = 0, per_sm = 0;
-  DCP_CUDA_CHECK(cudaGetDevice(&device));
-  DCP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  DCP_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTopkValidateThreads, shared));
-  const int grid = std::clamp(sms * std::max(per_sm, 1), 1, p.num_tokens);
+  // About as many CTAs as fit at once (8 of 256 threads per SM; a bitmap of up to 48 KB still
+  // leaves 4): each zeroes its bitmap once, then strides over the rows. No occupancy query:
+  // this runs on every Forward with a top-k, and the host time is on the layer's path.
+  const int grid = std::clamp(CurrentDeviceSmCount() * 8, 1, p.num_tokens);
 
   DCP_CUDA_CHECK(cudaMemsetAsync(record, 0xFF, sizeof(TopkValidateRecord), stream));
   kernel<<<grid, kTopkValidateThreads, shared, stream>>>(p.topk, p.token_position, p.num_tokens,

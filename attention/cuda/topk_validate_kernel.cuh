@@ -26,6 +26,28 @@ __device__ __forceinline__ bool TopkRepeatsEarlier(const int32_t* __restrict__ r
   return false;
 }
 
+// Columns of a row each thread holds in registers: rows up to kHeldColumns x 256 = 2048 wide
+// (index_topk's usual width) are loaded once, every load of a thread issued before the first
+// is used (one memory round trip per row instead of one per column, which made the check of
+// 8192 rows of 2048 take tens of us), and the bitmap is cleared from the registers. Wider rows
+// walk the row in a loop and read it again for the clear.
+constexpr int kHeldColumns = 8;
+
+// Whether column `column` (value `index`) of a row for a token at `position` looks bad: out of
+// range, or a repeat (its bit already set; without the bitmap, an equal earlier column).
+template <bool kBitmap>
+__device__ __forceinline__ bool SuspectColumn(const int32_t* __restrict__ row, int column,
+                                              int32_t index, int position, uint32_t* bitmap) {
+  if (index == -1) return false;
+  if (index < -1 || index > position) return true;
+  if constexpr (kBitmap) {
+    const uint32_t bit = 1u << (index & 31);
+    return (atomicOr(&bitmap[index >> 5], bit) & bit) != 0;
+  } else {
+    return TopkRepeatsEarlier(row, column, index);
+  }
+}
+
 template <bool kBitmap>
 __global__ void __launch_bounds__(kTopkValidateThreads)
     TopkValidateKernel(const int32_t* __restrict__ topk, const int32_t* __restrict__ token_position,
@@ -37,6 +59,7 @@ __global__ void __launch_bounds__(kTopkValidateThreads)
     const int words = (max_positions + 31) / 32;
     for (int w = threadIdx.x; w < words; w += blockDim.x) bitmap[w] = 0;
   }
+  const bool held = width <= kHeldColumns * kTopkValidateThreads;
   for (int token = blockIdx.x; token < num_tokens; token += gridDim.x) {
     if (threadIdx.x == 0) row_error_column = INT_MAX;
     // Orders the bitmap clear (first row: the zeroing above) before this row's atomicOr.
@@ -48,16 +71,21 @@ __global__ void __launch_bounds__(kTopkValidateThreads)
     }
     const int32_t* row = topk + token * token_stride;
     bool suspect = false;
-    for (int c = threadIdx.x; c < width; c += blockDim.x) {
-      const int32_t index = row[c];
-      if (index == -1) continue;
-      if (index < -1 || index > position) {
-        suspect = true;
-      } else if constexpr (kBitmap) {
-        const uint32_t bit = 1u << (index & 31);
-        if (atomicOr(&bitmap[index >> 5], bit) & bit) suspect = true;
-      } else {
-        if (TopkRepeatsEarlier(row, c, index)) suspect = true;
+    int32_t values[kHeldColumns];
+    if (held) {
+#pragma unroll
+      for (int k = 0; k < kHeldColumns; ++k) {
+        const int c = threadIdx.x + k * kTopkValidateThreads;
+        values[k] = c < width ? row[c] : -1;  // -1: nothing to check
+      }
+#pragma unroll
+      for (int k = 0; k < kHeldColumns; ++k) {
+        suspect |= SuspectColumn<kBitmap>(row, threadIdx.x + k * kTopkValidateThreads, values[k],
+                                          position, bitmap);
+      }
+    } else {
+      for (int c = threadIdx.x; c < width; c += blockDim.x) {
+        suspect |= SuspectColumn<kBitmap>(row, c, row[c], position, bitmap);
       }
     }
     if (__syncthreads_or(suspect)) {
@@ -76,9 +104,16 @@ __global__ void __launch_bounds__(kTopkValidateThreads)
     }
     if constexpr (kBitmap) {
       // Every set bit came from an in-range index of this row: zero their words.
-      for (int c = threadIdx.x; c < width; c += blockDim.x) {
-        const int32_t index = row[c];
-        if (index >= 0 && index <= position) bitmap[index >> 5] = 0;
+      if (held) {
+#pragma unroll
+        for (int k = 0; k < kHeldColumns; ++k) {
+          if (values[k] >= 0 && values[k] <= position) bitmap[values[k] >> 5] = 0;
+        }
+      } else {
+        for (int c = threadIdx.x; c < width; c += blockDim.x) {
+          const int32_t index = row[c];
+          if (index >= 0 && index <= position) bitmap[index >> 5] = 0;
+        }
       }
     }
   }

@@ -113,7 +113,9 @@ TEST_F(TopkValidateCudaTest, AcceptsValidRows) {
                                          {64, 2048, 2048, 4096},
                                          {300, 64, 80, 131072},    // 16 KB bitmap
                                          {40, 256, 256, 1 << 20},  // pairwise fallback
-                                         {17, 33, 40, 1 << 22}}) {
+                                         {17, 33, 40, 1 << 22},
+                                         {9, 2049, 2050, 5000},    // past the held columns
+                                         {6, 4096, 4100, 9000}}) {
     SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " width " << c.width
                                       << " max_positions " << c.max_positions);
     const Rows rows = RandomValidRows(rng, c.tokens, c.width, c.stride, c.max_positions);
@@ -124,12 +126,15 @@ TEST_F(TopkValidateCudaTest, AcceptsValidRows) {
 
 TEST_F(TopkValidateCudaTest, ReportsTheFirstBadEntryOfEachKind) {
   std::mt19937_64 rng(TestSeed());
-  for (const int max_positions : {3000, 1 << 20}) {  // bitmap, then the pairwise fallback
+  // Bitmap, then the pairwise fallback; rows held in registers (96, 2048 wide) and walked in a
+  // loop (2500).
+  for (const int max_positions : {3000, 1 << 20}) {
     for (int kind = 0; kind < 5; ++kind) {
       for (int trial = 0; trial < 6; ++trial) {
+        const int width = trial < 2 ? 96 : trial < 4 ? 2048 : 2500;
         SCOPED_TRACE(::testing::Message() << "max_positions " << max_positions << " kind " << kind
-                                          << " trial " << trial);
-        Rows rows = RandomValidRows(rng, 50, 96, 100, max_positions);
+                                          << " trial " << trial << " width " << width);
+        Rows rows = RandomValidRows(rng, 50, width, width + 4, max_positions);
         // 1 to 3 bad rows, so the lowest one must win whatever the CTA order.
         const int bad_rows = std::uniform_int_distribution<int>(1, 3)(rng);
         for (int b = 0; b < bad_rows; ++b) {
