@@ -121,6 +121,7 @@ class DcpEngine {
   int64_t min_cache_blocks_ = 0;  // the tables' block count: a layer's cache holds at least
   ScratchBuffer write_slots_, perm_;
   ScratchBuffer q_nope_exec_, q_rope_exec_, kv_new_exec_, topk_exec_, out_exec_, lse_exec_;
+  std::vector<int32_t> perm_host_, write_slots_host_;  // Plan's, kept for their capacity
   void* bound_stream_ = nullptr;
   bool stream_bound_ = false;
   bool collect_stats_ = false;

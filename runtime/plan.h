@@ -28,7 +28,7 @@ struct PlannedRequest {
 };
 
 struct Plan {
-  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kVersion = 2;  // 2: the checksum hashes 8-byte words
 
   Route route = Route::kSparseMqa;
   int32_t num_decodes = 0;

@@ -17,7 +17,13 @@ absl::Status CheckStepTables(absl::Span<const BatchRequest> batch, const StepTab
                   "rows hold %d",
                   batch[i].request_id, needed, rank, batch[i].seq_len, tables.stride);
     const int32_t* row = tables.row(static_cast<int64_t>(i));
+    // One branch-free pass (it vectorizes: a plan of 64 decodes over 4k tokens checks 4096
+    // entries), then the first bad entry named.
+    bool bad = false;
     for (int64_t b = 0; b < needed; ++b) {
+      bad |= static_cast<uint64_t>(int64_t{row[b]}) >= static_cast<uint64_t>(tables.num_blocks);
+    }
+    for (int64_t b = 0; bad && b < needed; ++b) {
       DCP_CHECK_ARG(row[b] >= 0 && row[b] < tables.num_blocks,
                     "request id %d: block table entry %d is %d, outside the cache's %d blocks",
                     batch[i].request_id, b, row[b], tables.num_blocks);

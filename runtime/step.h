@@ -2,6 +2,7 @@
 // optionally, the slot mapping of the new tokens), in vLLM's layout.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -58,6 +59,39 @@ class TokenSlotWalker {
       if (++owner_ == world_) owner_ = 0;
     }
     return slot;
+  }
+  // The next run of at most max_tokens tokens that Next would give one by one, as
+  // {first slot, length}: consecutive slots (first, first + 1, ...) of one block, or -1 for
+  // tokens another rank owns (first == -1). A run ends at a block's end and, with W > 1, at an
+  // interleave run's end, so a plan writes a request's slots a run at a time (whole blocks at
+  // W = 1) instead of a token at a time.
+  struct Run {
+    int64_t first;
+    int length;
+  };
+  Run NextRun(int max_tokens) {
+    if (world_ == 1) {  // every token is this rank's: runs are cut by the blocks only
+      const int length = std::min(max_tokens, block_size_ - in_block_);
+      const Run run{int64_t{row_[block_]} * block_size_ + in_block_, length};
+      in_block_ += length;
+      if (in_block_ == block_size_) in_block_ = 0, ++block_;
+      offset_ = static_cast<int>((int64_t{offset_} + length) % interleave_);
+      return run;
+    }
+    int length = std::min(max_tokens, interleave_ - offset_);
+    Run run{-1, length};
+    if (owner_ == rank_) {
+      length = std::min(length, block_size_ - in_block_);
+      run = {int64_t{row_[block_]} * block_size_ + in_block_, length};
+      in_block_ += length;
+      if (in_block_ == block_size_) in_block_ = 0, ++block_;
+    }
+    offset_ += length;
+    if (offset_ == interleave_) {
+      offset_ = 0;
+      if (++owner_ == world_) owner_ = 0;
+    }
+    return run;
   }
 
  private:

@@ -53,6 +53,24 @@ TEST(TokenSlotWalkerTest, MatchesBruteForceDealing) {
                                    << " rank " << rank << " first " << first << " g " << g;
               ASSERT_EQ(TokenSlot(table.data(), block, layout, rank, g), want) << "g " << g;
             }
+            // The same tokens a run at a time (runs cut short at random, as a caller's last
+            // tokens cut them): every run expands to what Next gives.
+            TokenSlotWalker runs(table.data(), block, layout, rank, first);
+            std::uniform_int_distribution<int> cap(1, 2 * std::max(interleave, block));
+            for (int64_t g = first; g < first + count;) {
+              const int max_tokens = static_cast<int>(std::min<int64_t>(cap(rng), first + count - g));
+              const TokenSlotWalker::Run run = runs.NextRun(max_tokens);
+              ASSERT_GE(run.length, 1);
+              ASSERT_LE(run.length, max_tokens);
+              for (int k = 0; k < run.length; ++k, ++g) {
+                const int64_t want = owner[g] != rank
+                                         ? -1
+                                         : int64_t{table[local[g] / block]} * block + local[g] % block;
+                ASSERT_EQ(run.first < 0 ? -1 : run.first + k, want)
+                    << "run of " << run.length << " W " << world << " I " << interleave << " B "
+                    << block << " rank " << rank << " first " << first << " g " << g;
+              }
+            }
           }
         }
       }
