@@ -71,6 +71,7 @@ class Worker {
   Buffer w_kv_b_;       // both as one [Hl, Dn + Dv, R] (the dense route's up-projection)
   const int32_t* topk_data_ = nullptr;  // the step's staged (or the caller's) top-k
   std::vector<int32_t> tables_;  // the step's block tables, [requests, max_blocks]
+  std::vector<int32_t> topk_positions_host_;  // StageTopk's, kept for its capacity
   ScratchBuffer kv_new_, q_nope_, q_rope_, topk_, topk_positions_, out_, lse_;
   ForwardStats stats_;
 };
