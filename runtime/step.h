@@ -70,15 +70,8 @@ class TokenSlotWalker {
     int length;
   };
   Run NextRun(int max_tokens) {
-    if (world_ == 1) {  // every token is this rank's: runs are cut by the blocks only
-      const int length = std::min(max_tokens, block_size_ - in_block_);
-      const Run run{int64_t{row_[block_]} * block_size_ + in_block_, length};
-      in_block_ += length;
-      if (in_block_ == block_size_) in_block_ = 0, ++block_;
-      offset_ = static_cast<int>((int64_t{offset_} + length) % interleave_);
-      return run;
-    }
-    int length = std::min(max_tokens, interleave_ - offset_);
+    // At W = 1 every token is this rank's: only the blocks cut a run.
+    int length = world_ == 1 ? max_tokens : std::min(max_tokens, interleave_ - offset_);
     Run run{-1, length};
     if (owner_ == rank_) {
       length = std::min(length, block_size_ - in_block_);
@@ -86,11 +79,9 @@ class TokenSlotWalker {
       in_block_ += length;
       if (in_block_ == block_size_) in_block_ = 0, ++block_;
     }
-    offset_ += length;
-    if (offset_ == interleave_) {
-      offset_ = 0;
-      if (++owner_ == world_) owner_ = 0;
-    }
+    // At W > 1 a run never crosses an interleave run's end, so 0 means it reached one.
+    offset_ = static_cast<int>((int64_t{offset_} + length) % interleave_);
+    if (offset_ == 0 && ++owner_ == world_) owner_ = 0;
     return run;
   }
 
