@@ -48,6 +48,24 @@ __device__ __forceinline__ bool SuspectColumn(const int32_t* __restrict__ row, i
   }
 }
 
+// The held columns' bitmap update, one call by all 32 lanes of a warp: lanes whose indices
+// share a bitmap word OR their bits together and one of them does the atomicOr. Lane by lane,
+// the 32 lanes of a row of consecutive indices (a short prefill's top-k: every key) hit one
+// word and the atomics ran one after another. A repeat is two equal indices among the lanes
+// (fewer distinct bits than lanes in the group) or a bit an earlier column set.
+__device__ __forceinline__ bool MarkHeldColumn(uint32_t* bitmap, bool in_range, int32_t index) {
+  const unsigned word = in_range ? static_cast<unsigned>(index) >> 5 : 0xffffffffu;
+  const uint32_t bit = in_range ? 1u << (index & 31) : 0u;
+  const unsigned peers = __match_any_sync(0xffffffffu, word);
+  const uint32_t bits = __reduce_or_sync(peers, bit);
+  if (!in_range) return false;
+  bool repeat = __popc(bits) != __popc(peers);
+  if (__ffs(peers) - 1 == static_cast<int>(threadIdx.x % 32)) {
+    repeat |= (atomicOr(&bitmap[word], bits) & bits) != 0;
+  }
+  return repeat;
+}
+
 template <bool kBitmap>
 __global__ void __launch_bounds__(kTopkValidateThreads)
     TopkValidateKernel(const int32_t* __restrict__ topk, const int32_t* __restrict__ token_position,
@@ -80,8 +98,14 @@ __global__ void __launch_bounds__(kTopkValidateThreads)
       }
 #pragma unroll
       for (int k = 0; k < kHeldColumns; ++k) {
-        suspect |= SuspectColumn<kBitmap>(row, threadIdx.x + k * kTopkValidateThreads, values[k],
+        const int32_t index = values[k];
+        if constexpr (kBitmap) {  // every lane of the warp takes part (kHeldColumns is fixed)
+          suspect |= index < -1 || index > position;
+          suspect |= MarkHeldColumn(bitmap, index >= 0 && index <= position, index);
+        } else {
+          suspect |= SuspectColumn<false>(row, threadIdx.x + k * kTopkValidateThreads, index,
                                           position, bitmap);
+        }
       }
     } else {
       for (int c = threadIdx.x; c < width; c += blockDim.x) {
