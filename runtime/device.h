@@ -120,7 +120,8 @@ class Device {
   // Begin enqueues it (a bad argument is its error), Finish waits for that verdict only (on
   // CudaDevice: an event behind the verdict's copy into pinned memory, not the stream's later
   // work) and returns it. Nothing may read the top-k on the device before Finish returned OK;
-  // every Begin that returned OK takes one Finish. CpuDevice checks in Begin.
+  // every Begin that returned OK takes one Finish, and the params' memory stays valid until it
+  // returned (on an error Finish reads the rows again to describe it). CpuDevice checks in Begin.
   virtual absl::Status BeginValidateTopk(const TopkValidateParams& params) = 0;
   virtual absl::Status FinishValidateTopk() = 0;
   virtual absl::Status GatherRows(const GatherRowsParams& params) = 0;

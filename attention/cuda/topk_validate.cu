@@ -21,7 +21,7 @@ absl::Status LaunchValidateTopk(const TopkValidateParams& p, TopkValidateRecord*
                 "ValidateTopk: negative size (tokens %d, topk_width %d)", p.num_tokens,
                 p.topk_width);
   if (p.num_tokens == 0) {  // nothing to check, no pointer touched but the verdict's
-    if (host_record != nullptr) host_record->error = TopkError{};
+    if (host_record != nullptr) host_record->first_error = ~0ull;
     return absl::OkStatus();
   }
   DCP_CHECK_ARG(record != nullptr && host_record != nullptr, "ValidateTopk: record is null");
@@ -47,15 +47,21 @@ absl::Status LaunchValidateTopk(const TopkValidateParams& p, TopkValidateRecord*
                                                          p.topk_width, p.topk_token_stride,
                                                          p.max_positions, &record->first_error);
   DCP_CUDA_LAUNCH_CHECK("TopkValidateKernel");
-  TopkDescribeKernel<<<1, 1, 0, stream>>>(p.topk, p.token_position, p.topk_token_stride,
-                                          p.max_positions, p.first_token, record);
-  DCP_CUDA_LAUNCH_CHECK("TopkDescribeKernel");
-  DCP_CUDA_CHECK(cudaMemcpyAsync(host_record, record, sizeof(TopkValidateRecord),
-                                 cudaMemcpyDeviceToHost, stream));
+  DCP_CUDA_CHECK(cudaMemcpyAsync(&host_record->first_error, &record->first_error,
+                                 sizeof(record->first_error), cudaMemcpyDeviceToHost, stream));
   return absl::OkStatus();
 }
 
-absl::Status TopkVerdict(const TopkValidateRecord& host_record) {
+absl::Status TopkVerdict(const TopkValidateParams& p, TopkValidateRecord* record,
+                         TopkValidateRecord& host_record, cudaStream_t stream) {
+  if (p.num_tokens == 0 || host_record.first_error == ~0ull) return absl::OkStatus();
+  // The error path: say what the first bad entry is (the device still holds the rows).
+  TopkDescribeKernel<<<1, 1, 0, stream>>>(p.topk, p.token_position, p.topk_token_stride,
+                                          p.max_positions, p.first_token, record);
+  DCP_CUDA_LAUNCH_CHECK("TopkDescribeKernel");
+  DCP_CUDA_CHECK(cudaMemcpyAsync(&host_record.error, &record->error, sizeof(record->error),
+                                 cudaMemcpyDeviceToHost, stream));
+  DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
   return TopkErrorStatus(host_record.error);
 }
 
@@ -64,7 +70,7 @@ absl::Status ValidateTopk(const TopkValidateParams& p, TopkValidateRecord* recor
   TopkValidateRecord host;
   DCP_RETURN_IF_ERROR(LaunchValidateTopk(p, record, &host, stream));
   DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return TopkVerdict(host);
+  return TopkVerdict(p, record, host, stream);
 }
 
 }  // namespace dcp::cuda

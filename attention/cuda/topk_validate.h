@@ -5,7 +5,10 @@
 // synchronizes the stream: it returns once the verdict is on the host (one small copy).
 // LaunchValidateTopk only enqueues the check and the copy of its record into `host_record`
 // (pinned host memory, or the copy is not asynchronous); once the stream has passed it,
-// TopkVerdict(*host_record) is the same verdict.
+// TopkVerdict(params, record, *host_record, stream) is the same verdict. The record copied back
+// holds only the first error's row and column: TopkVerdict describes an error (value, kind,
+// earlier column) with one more small kernel and a synchronous copy, on the error path only,
+// so the params' pointers must still be valid then.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,6 +29,7 @@ absl::Status ValidateTopk(const TopkValidateParams& params, TopkValidateRecord* 
                           cudaStream_t stream);
 absl::Status LaunchValidateTopk(const TopkValidateParams& params, TopkValidateRecord* record,
                                 TopkValidateRecord* host_record, cudaStream_t stream);
-absl::Status TopkVerdict(const TopkValidateRecord& host_record);
+absl::Status TopkVerdict(const TopkValidateParams& params, TopkValidateRecord* record,
+                         TopkValidateRecord& host_record, cudaStream_t stream);
 
 }  // namespace dcp::cuda

@@ -123,6 +123,7 @@ class CudaDevice final : public Device {
   void* topk_host_record_ = nullptr;   // pinned copy of it (BeginValidateTopk), first use
   cudaEvent_t topk_verdict_ = nullptr;  // behind that copy; recorded by BeginValidateTopk
   bool topk_pending_ = false;
+  TopkValidateParams topk_params_;  // of the pending check: its error path describes the error
   void* mqa_workspace_ = nullptr;  // split-KV partials of SparseMqa, grown on demand
   int64_t mqa_workspace_bytes_ = 0;
   enum class DenseBackend { kNative, kCudnn, kAuto };

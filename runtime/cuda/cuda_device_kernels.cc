@@ -214,11 +214,8 @@ absl::Status CudaDevice::TopkToSlots(const TopkToSlotsParams& params) {
 }
 
 absl::Status CudaDevice::ValidateTopk(const TopkValidateParams& params) {
-  DCP_RETURN_IF_ERROR(Activate());
-  if (topk_record_ == nullptr) {
-    DCP_CUDA_CHECK(cudaMalloc(&topk_record_, sizeof(cuda::TopkValidateRecord)));
-  }
-  return cuda::ValidateTopk(params, static_cast<cuda::TopkValidateRecord*>(topk_record_), stream_);
+  DCP_RETURN_IF_ERROR(BeginValidateTopk(params));
+  return FinishValidateTopk();
 }
 
 absl::Status CudaDevice::BeginValidateTopk(const TopkValidateParams& params) {
@@ -237,6 +234,7 @@ absl::Status CudaDevice::BeginValidateTopk(const TopkValidateParams& params) {
       params, static_cast<cuda::TopkValidateRecord*>(topk_record_),
       static_cast<cuda::TopkValidateRecord*>(topk_host_record_), stream_));
   DCP_CUDA_CHECK(cudaEventRecord(topk_verdict_, stream_));
+  topk_params_ = params;
   topk_pending_ = true;
   return absl::OkStatus();
 }
@@ -246,7 +244,8 @@ absl::Status CudaDevice::FinishValidateTopk() {
   topk_pending_ = false;
   DCP_RETURN_IF_ERROR(Activate());
   DCP_CUDA_CHECK(cudaEventSynchronize(topk_verdict_));
-  return cuda::TopkVerdict(*static_cast<const cuda::TopkValidateRecord*>(topk_host_record_));
+  return cuda::TopkVerdict(topk_params_, static_cast<cuda::TopkValidateRecord*>(topk_record_),
+                           *static_cast<cuda::TopkValidateRecord*>(topk_host_record_), stream_);
 }
 
 absl::Status CudaDevice::GatherRows(const GatherRowsParams& params) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attention/cpu/attention_cpu.h"
+#include "attention/topk_validation.h"
 #include "gtest/gtest.h"
 #include "runtime/cuda/cuda_device.h"
 #include "collectives/cuda/nccl_status.h"
@@ -255,6 +256,53 @@ TEST_F(CudaDeviceTest, DenseMhaChecksSeqlensAndMatchesCpuTwin) {
   std::vector<double> want(cpu_out.begin(), cpu_out.end());
   EXPECT_LT(Compare(got.data(), want.data(), got.size()).relative_error, 1e-2);
   for (size_t i = 0; i < got_lse.size(); ++i) ASSERT_NEAR(got_lse[i], cpu_lse[i], 2e-3);
+}
+
+// The top-k check in two halves (Begin / Finish): the verdict of the host check, to the letter,
+// on rows of consecutive indices (every lane of a warp marking one bitmap word) and on rows with
+// a repeat or an out-of-range entry, which Finish describes from the device's rows.
+TEST_F(CudaDeviceTest, TopkCheckInTwoHalvesMatchesTheHostCheck) {
+  std::mt19937_64 rng(TestSeed());
+  constexpr int kTokens = 40, kWidth = 2048, kStride = 2056, kMax = 9000;
+  std::vector<int32_t> topk(size_t(kTokens) * kStride, -7), position(kTokens);
+  for (int t = 0; t < kTokens; ++t) {
+    position[t] = 2047 + int(rng() % (kMax - 2047));
+    const int start = t % 3 == 0 ? 0 : int(rng() % (position[t] - 2046));
+    for (int c = 0; c < kWidth; ++c) topk[size_t(t) * kStride + c] = start + c;
+    if (t % 5 == 1) topk[size_t(t) * kStride + rng() % kWidth] = -1;
+  }
+  auto check = [&](const std::vector<int32_t>& rows, int first_token) {
+    Buffer d_topk = Upload(rows), d_position = Upload(position);
+    TopkValidateParams p;
+    p.topk = static_cast<const int32_t*>(d_topk.data());
+    p.token_position = static_cast<const int32_t*>(d_position.data());
+    p.num_tokens = kTokens;
+    p.topk_width = kWidth;
+    p.topk_token_stride = kStride;
+    p.max_positions = kMax;
+    p.first_token = first_token;
+    TopkValidateParams host = p;
+    host.topk = rows.data();
+    host.token_position = position.data();
+    const absl::Status expected = ValidateTopkPositions(host);
+    EXPECT_TRUE(device_->BeginValidateTopk(p).ok());
+    const absl::Status begun = device_->FinishValidateTopk();
+    EXPECT_EQ(begun.code(), expected.code()) << begun << " / " << expected;
+    EXPECT_EQ(begun.message(), expected.message());
+    const absl::Status whole = device_->ValidateTopk(p);
+    EXPECT_EQ(whole.message(), expected.message());
+    return begun;
+  };
+  EXPECT_TRUE(check(topk, 0).ok());
+  std::vector<int32_t> bad = topk;
+  const int row = 17, column = 1500;
+  bad[size_t(row) * kStride + column] = bad[size_t(row) * kStride + 3];  // a repeat
+  EXPECT_EQ(check(bad, 100).code(), absl::StatusCode::kInvalidArgument);
+  bad[size_t(row - 4) * kStride + 9] = position[row - 4] + 1;  // a future key, an earlier row
+  const absl::Status future = check(bad, 0);
+  EXPECT_NE(std::string(future.message()).find("token 13"), std::string::npos) << future;
+  EXPECT_TRUE(check(topk, 0).ok());  // the record is reset between checks
+  EXPECT_FALSE(device_->FinishValidateTopk().ok());  // no check pending
 }
 
 TEST_F(CudaDeviceTest, GemmThroughDevice) {
