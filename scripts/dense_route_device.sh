@@ -40,7 +40,8 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
     -DCMAKE_CXX_FLAGS="-include cstdint" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 grep -E "prefill_backend cudnn" "$out/build.log" | tee -a "$summary"
-ninja -C "$build" -k 0 attention_cuda_test worker_multirank_test workspace_cuda_test dcp_bench \
+ninja -C "$build" -k 0 attention_cuda_test worker_multirank_test workspace_cuda_test cuda_device_test \
+    dcp_bench \
     >>"$out/build.log" 2>&1 \
     || { grep -E "error|FAILED" "$out/build.log" | head -30 | tee -a "$summary"; note "build: FAILED"; }
 note "build done ($(elapsed))"
@@ -56,6 +57,10 @@ if has_step tests; then
       >"$out/test_workspace.log" 2>&1
   note "workspace_cuda_test (rows, CopyRows): exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_workspace.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$out/test_workspace.log" | head -10 | tee -a "$summary"
+  DCP_REQUIRE_GPU=1 timeout 60 "$build/tests/runtime/cuda/cuda_device_test" \
+      --gtest_filter="${DCP_DEVICE_FILTER:-*Topk*}" >"$out/test_device.log" 2>&1
+  note "cuda_device_test (${DCP_DEVICE_FILTER:-*Topk*}): exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_device.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]|Failure' "$out/test_device.log" | head -10 | tee -a "$summary"
   for np in ${DCP_WORKER_NP:-1 2}; do
     DCP_REQUIRE_GPU=1 DCP_TEST_DEVICE=cuda timeout 150 mpirun --allow-run-as-root \
         --oversubscribe --bind-to none -np $np --mca pml ob1 --mca btl self,vader,tcp \

@@ -19,11 +19,15 @@
 #      triggers (DCP_NO_EARLY_TRIGGER=1);
 #   5. the worker's multi-rank suite on CUDA ranks at np 1 and 2 (stage worker, off by default);
 #   6. compute-sanitizer memcheck and racecheck on the small sparse MQA (bf16 and fp8 rows) and
-#      merge cases.
+#      merge cases;
+#   7. stage trace (extra): a profiling build of dcp_bench with -DDCP_SPARSE_MQA_TRACE (its own
+#      build folder) prints the wgmma kernel's phase timeline (attention/cuda/
+#      sparse_mqa_sm90_trace.cuh) for the rows of DCP_TRACE_ROWS.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
 # "build test bench engine nopdl sanitize"; ncu, ncu_engine and worker are extra), DCP_TEST_FILTER,
-# DCP_BENCH_ARGS (appended), DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k).
+# DCP_BENCH_ARGS (appended), DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k), DCP_TRACE_ROWS (kernel
+# rows of stage trace, ';'-separated).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out="${OUT:-/tmp/dcp-device-out}"
@@ -179,6 +183,28 @@ fi
 # GPU time of each kernel of the one-token decode (1 x 128 heads x 2048 keys; bf16 and fp8
 # rows; heuristic and forced splits): Nsight Compute's gpu__time_duration with the L2 left warm
 # as in the bench, so the attention kernel and the split merge are seen apart.
+if has_stage trace && [ "$hung" -eq 0 ]; then
+  trace_build="$build-trace"
+  if cmake -S . -B "$trace_build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
+      -DCMAKE_CXX_FLAGS="-include cstdint" -DCMAKE_CUDA_FLAGS="-DDCP_SPARSE_MQA_TRACE" \
+      >"$out/trace_build.log" 2>&1 &&
+      ninja -C "$trace_build" -j "$(nproc)" dcp_bench >>"$out/trace_build.log" 2>&1; then
+    note "trace build: ok ($(elapsed))"
+    IFS=';' read -r -a trace_rows <<<"${DCP_TRACE_ROWS:-sparse_mqa_sm90 t1 h128 k2048 s16;sparse_mqa_sm90 t64 h128 k2048 s1;sparse_mqa_sm90 t1024 h128 k2048;sparse_mqa_sm90_fp8 t1 h128 k2048 s16}"
+    for row in "${trace_rows[@]}"; do
+      timeout 60 mpirun --allow-run-as-root --bind-to none -np 1 \
+          "$trace_build/launch/bench/dcp_bench" --mode kernels --device cuda --model deepseek_v32 \
+          --heads 128 --batches q1kv4k -w 3 -n 5 -b 1M -e 1M --only "$row" >"$out/trace.tmp" 2>&1
+      note "trace '$row': exit $?"
+      grep -A80 "sparse mqa trace" "$out/trace.tmp" | tee -a "$summary"
+    done
+  else
+    tail -20 "$out/trace_build.log" | tee -a "$summary"
+    note "trace build: FAILED ($(elapsed))"
+  fi
+fi
+
 if has_stage ncu && [ "$hung" -eq 0 ]; then
   timeout 120 mpirun --allow-run-as-root --bind-to none -np 1 ncu --clock-control none \
       --cache-control none --metrics gpu__time_duration.sum -k 'regex:SparseMqaSm90|MergeSplits' \

@@ -35,6 +35,7 @@
 #include "attention/attention_params.h"
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/sparse_mqa.h"
+#include "attention/cuda/sparse_mqa_sm90_trace.cuh"
 #include "attention/cuda/sparse_mqa_work.cuh"
 #include "attention/cuda/wgmma_sm90.cuh"
 #include "core/cuda/cuda_status.h"
@@ -243,6 +244,9 @@ __global__ void __launch_bounds__(384, 1)
   // stream (LaunchSparseMqaSm90): nothing global (valid_counts, indices, q, cache, outputs) is
   // touched before griddepcontrol.wait returns, i.e. before that kernel has finished and its
   // writes are visible; only this CTA's launch overlaps it.
+  namespace trace = sm90_trace;
+  DCP_SM90_TRACE(threadIdx.x == 0, trace::kClockStart);
+  DCP_SM90_TRACE(threadIdx.x == 0, trace::kGlobalStart);
   GridDependencyWait();
   const SparseMqaWork work =
       GetSparseMqaWork(p, split, Config::kBlockHeads, Config::kBlockKeys, /*block_align=*/2);
@@ -261,6 +265,7 @@ __global__ void __launch_bounds__(384, 1)
     FenceMbarrierInit();
   }
   __syncthreads();
+  DCP_SM90_TRACE(threadIdx.x == 0, trace::kInitDone);
   // Let our programmatic dependent (the split merge, MergeSplits) launch: it waits for this
   // whole grid with griddepcontrol.wait, so only its launch and scheduling overlap this one.
   TriggerDependents();
@@ -325,16 +330,20 @@ __global__ void __launch_bounds__(384, 1)
       copy_tiles(0, 0, kLeftTiles);
       copy_indices(0, b0);
       CpAsyncMbarrierArrive(ready_bar + 8 * kL0);
+      DCP_SM90_TRACE(t == 0 && pair < trace::kPairs, trace::kProducerBase + 4 * pair);
       MbarrierWait(free_bar + 8 * kR1, free_parity);
       copy_tiles(1, kLeftTiles, kTiles);
       copy_indices(1, b1);
       CpAsyncMbarrierArrive(ready_bar + 8 * kR1);
+      DCP_SM90_TRACE(t == 0 && pair < trace::kPairs, trace::kProducerBase + 4 * pair + 1);
       MbarrierWait(free_bar + 8 * kR0, free_parity);
       copy_tiles(0, kLeftTiles, kTiles);
       CpAsyncMbarrierArrive(ready_bar + 8 * kR0);
+      DCP_SM90_TRACE(t == 0 && pair < trace::kPairs, trace::kProducerBase + 4 * pair + 2);
       MbarrierWait(free_bar + 8 * kL1, free_parity);
       copy_tiles(1, 0, kLeftTiles);
       CpAsyncMbarrierArrive(ready_bar + 8 * kL1);
+      DCP_SM90_TRACE(t == 0 && pair < trace::kPairs, trace::kProducerBase + 4 * pair + 3);
     }
     CpAsyncWaitAll();
     return;
@@ -364,6 +373,7 @@ __global__ void __launch_bounds__(384, 1)
     CpAsyncWait<0>();
     FenceProxyAsync();
     NamedBarrierSync(kBarQ, 256);
+    DCP_SM90_TRACE(threadIdx.x == 0, trace::kQReady);
   }
 
   float o[128];
@@ -380,6 +390,11 @@ __global__ void __launch_bounds__(384, 1)
   for (int pair = 0; pair < num_pairs; ++pair) {
     const int ready_parity = pair & 1;
     const int block = first_block + 2 * pair + wg;
+    // This WG's trace mark of an event of this pair (a profiling build only).
+    const bool traced = t == 0 && pair < trace::kPairs;
+    const int pair_mark = trace::kPairBase + (wg * trace::kPairs + pair) * trace::kPairMarks;
+    (void)traced;
+    (void)pair_mark;
 
     // S = Q K^T over the 9 tiles, starting with the half that lands first.
     float s[32];
@@ -396,6 +411,7 @@ __global__ void __launch_bounds__(384, 1)
       float scales[4][2];
       const int first_f = wg == 0 ? 0 : 2;
       MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
+      DCP_SM90_TRACE(traced, pair_mark + trace::kFirstHalf);
 #pragma unroll
       for (int step = 0; step < 4; ++step) {
         const int f = (first_f + step) % 4;
@@ -416,6 +432,7 @@ __global__ void __launch_bounds__(384, 1)
         WgmmaCommit();
         if (step == 1) {
           MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
+          DCP_SM90_TRACE(traced, pair_mark + trace::kSecondHalf);
           FenceProxyAsync();
           WgmmaFence();
 #pragma unroll
@@ -432,6 +449,7 @@ __global__ void __launch_bounds__(384, 1)
       // one). The same straight-line code for both WGs (a branch between wgmmas serialises
       // them): WG0 waits for R0 before the rope tile, WG1 for L1 one tile earlier than it must.
       MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
+      DCP_SM90_TRACE(traced, pair_mark + trace::kFirstHalf);
       FenceProxyAsync();
       WgmmaFence();
 #pragma unroll
@@ -439,6 +457,7 @@ __global__ void __launch_bounds__(384, 1)
         if (i == kLeftTiles) {
           WgmmaCommit();
           MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
+          DCP_SM90_TRACE(traced, pair_mark + trace::kSecondHalf);
           FenceProxyAsync();
           WgmmaFence();
         }
@@ -455,6 +474,7 @@ __global__ void __launch_bounds__(384, 1)
     }
     WgmmaWait<0>();
     FenceOperands(s);
+    DCP_SM90_TRACE(traced, pair_mark + trace::kScores);
 
     // Mask and scale into log2 units; row maxima of this block.
     const int32_t* block_index = s_index + wg * 64;
@@ -479,6 +499,7 @@ __global__ void __launch_bounds__(384, 1)
       if (c == 0) s_max[wg * 64 + rows[r]] = block_max[r];
     }
     NamedBarrierSync(kBarMax, 256);
+    DCP_SM90_TRACE(traced, pair_mark + trace::kMaxShared);
 
     // The same new running max in both WGs; rescale O and l, P = 2^(s - m).
     float m_use[2];
@@ -513,6 +534,7 @@ __global__ void __launch_bounds__(384, 1)
     }
     FenceProxyAsync();
     NamedBarrierSync(kBarP, 256);
+    DCP_SM90_TRACE(traced, pair_mark + trace::kPShared);
 
     // O += P_own V_own[:, half] (RS), then O += P_other V_other[:, half] (SS).
     const uint64_t v_own_desc = Opaque(MakeDesc(own_k + value_tile, kTileBytes, 1024));
@@ -531,6 +553,7 @@ __global__ void __launch_bounds__(384, 1)
     MbarrierArrive(free_bar + 8 * (wg == 0 ? kL0 : kR1));
     WgmmaWait<0>();
     FenceOperands(o);
+    DCP_SM90_TRACE(traced, pair_mark + trace::kPvDone);
     MbarrierArrive(free_bar + 8 * (wg == 0 ? kL1 : kR0));
   }
 
@@ -541,6 +564,7 @@ __global__ void __launch_bounds__(384, 1)
     if (c == 0) s_sum[wg * 64 + rows[r]] = l[r];
   }
   NamedBarrierSync(kBarSum, 256);
+  DCP_SM90_TRACE(threadIdx.x == 0, trace::kSumDone);
   const bool pairs_ok =
       (work.out_head_stride % 2 == 0) && (reinterpret_cast<uintptr_t>(work.out) % 8 == 0);
 #pragma unroll
@@ -564,6 +588,9 @@ __global__ void __launch_bounds__(384, 1)
       work.lse[row] = total > 0.f ? (m[r] + log2f(total)) * 0.6931471805599453f : kNegInf;
     }
   }
+  DCP_SM90_TRACE(threadIdx.x == 0, trace::kClockEnd);
+  DCP_SM90_TRACE(threadIdx.x == 0, trace::kGlobalEnd);
+  DCP_SM90_TRACE(threadIdx.x == 128, trace::kWg1End);
 #else
   __trap();  // not compiled for sm_90a: the launcher never starts it (SparseMqaSm90Available)
 #endif
@@ -597,6 +624,10 @@ absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit&
   SetProgrammaticLaunch(&config, &attribute);
   DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, split));
   DCP_CUDA_LAUNCH_CHECK("SparseMqaSm90Kernel");
+#if defined(DCP_SPARSE_MQA_TRACE)
+  sm90_trace::AfterLaunch(kFormat == KvCacheDType::kFp8DsMla ? "fp8 rows" : "bf16 rows",
+                          config.gridDim.x, stream);
+#endif
   return absl::OkStatus();
 }
 
