@@ -64,7 +64,7 @@ if has_step tests; then
   for np in ${DCP_WORKER_NP:-1 2}; do
     DCP_REQUIRE_GPU=1 DCP_TEST_DEVICE=cuda timeout 150 mpirun --allow-run-as-root \
         --oversubscribe --bind-to none -np $np --mca pml ob1 --mca btl self,vader,tcp \
-        "$build/tests/multirank/worker_multirank_test" --gtest_filter="${DCP_WORKER_FILTER:-*}" \
+        "$build/tests/multirank/worker_multirank_test" --gtest_color=no --gtest_filter="${DCP_WORKER_FILTER:-*}" \
         >"$out/test_worker_np$np.log" 2>&1
     note "worker cuda np $np: exit $? | $(grep -E '^\[  (PASSED|FAILED) ' "$out/test_worker_np$np.log" | head -2 | tr '\n' ' ')"
     grep -E '^\[  FAILED  \]' "$out/test_worker_np$np.log" | head -10 | tee -a "$summary"

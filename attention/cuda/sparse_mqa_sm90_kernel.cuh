@@ -63,8 +63,13 @@ struct SparseMqaSm90Config {
   static constexpr int kSumOffset = kMaxOffset + 2 * 64 * 4;        // float [2][64]
   static constexpr int kBarrierOffset = kSumOffset + 2 * 64 * 4;    // uint64 ready[4], free[4]
   static constexpr int kSmemBytes = kBarrierOffset + 8 * 8 + 1024;  // + alignment slack
+  // The epilogue stages the normalised O [64 rows][kVDim] fp32 in K0 and K1 (free by then), a
+  // row every kStageRowBytes: 32 bytes past 2 KiB, so that the 8 rows of a warp's float2
+  // stores fill the 32 banks twice (2 wavefronts, the least for 256 bytes).
+  static constexpr int kStageRowBytes = kVDim * 4 + 32;
   static_assert(kHeadDim == 576 && kVDim == 512, "the tile plan above is for 576 / 512");
   static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM must fit");
+  static_assert(kBlockHeads * kStageRowBytes <= 2 * kBufferBytes, "O is staged in K0 and K1");
 };
 
 // The four half buffers (mbarrier indices): L = tiles 0-3, R = tiles 4-8 of K0 / K1.
@@ -327,23 +332,24 @@ __global__ void __launch_bounds__(384, 1)
       load_rows(0, b0);
       load_rows(1, b1);
       MbarrierWait(free_bar + 8 * kL0, free_parity);
+      DCP_SM90_TRACE(t == 0 && pair < trace::kPairs, trace::kProducerBase + 5 * pair);
       copy_tiles(0, 0, kLeftTiles);
       copy_indices(0, b0);
       CpAsyncMbarrierArrive(ready_bar + 8 * kL0);
-      DCP_SM90_TRACE(t == 0 && pair < trace::kPairs, trace::kProducerBase + 4 * pair);
+      DCP_SM90_TRACE(t == 0 && pair < trace::kPairs, trace::kProducerBase + 5 * pair + 1);
       MbarrierWait(free_bar + 8 * kR1, free_parity);
       copy_tiles(1, kLeftTiles, kTiles);
       copy_indices(1, b1);
       CpAsyncMbarrierArrive(ready_bar + 8 * kR1);
-      DCP_SM90_TRACE(t == 0 && pair < trace::kPairs, trace::kProducerBase + 4 * pair + 1);
+      DCP_SM90_TRACE(t == 0 && pair < trace::kPairs, trace::kProducerBase + 5 * pair + 2);
       MbarrierWait(free_bar + 8 * kR0, free_parity);
       copy_tiles(0, kLeftTiles, kTiles);
       CpAsyncMbarrierArrive(ready_bar + 8 * kR0);
-      DCP_SM90_TRACE(t == 0 && pair < trace::kPairs, trace::kProducerBase + 4 * pair + 2);
+      DCP_SM90_TRACE(t == 0 && pair < trace::kPairs, trace::kProducerBase + 5 * pair + 3);
       MbarrierWait(free_bar + 8 * kL1, free_parity);
       copy_tiles(1, 0, kLeftTiles);
       CpAsyncMbarrierArrive(ready_bar + 8 * kL1);
-      DCP_SM90_TRACE(t == 0 && pair < trace::kPairs, trace::kProducerBase + 4 * pair + 3);
+      DCP_SM90_TRACE(t == 0 && pair < trace::kPairs, trace::kProducerBase + 5 * pair + 4);
     }
     CpAsyncWaitAll();
     return;
@@ -565,27 +571,54 @@ __global__ void __launch_bounds__(384, 1)
   }
   NamedBarrierSync(kBarSum, 256);
   DCP_SM90_TRACE(threadIdx.x == 0, trace::kSumDone);
+  // Every wgmma of both WGs has retired (each waited for its own before that barrier), so K0
+  // and K1 are free: O goes there row by row, then out by bulk copies (one 1 KiB half row per
+  // thread; both WGs' halves are separate copies), coalesced and asynchronous. The scattered
+  // float2 stores of the wgmma fragment (8 rows of 32 bytes per warp instruction) took ~3 us
+  // for the 128 KiB of a CTA. Unaligned outputs keep the direct stores.
+  const bool bulk =
+      (reinterpret_cast<uintptr_t>(work.out) % 16 == 0) && (work.out_head_stride % 4 == 0);
   const bool pairs_ok =
       (work.out_head_stride % 2 == 0) && (reinterpret_cast<uintptr_t>(work.out) % 8 == 0);
+  const uint32_t stage = k_base[0] + wg * (kVDim / 2) * 4;  // this WG's half of staged row 0
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = rows[r];
-    if (work.head0 + row >= p.num_heads) continue;
     const float total = s_sum[row] + s_sum[64 + row];
     const float inverse = total > 0.f ? 1.f / total : 0.f;
-    float* out = work.out + int64_t(row) * work.out_head_stride + wg * 256 + 2 * c;
+    if (bulk) {
+      const uint32_t staged = stage + row * Config::kStageRowBytes + 8 * c;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const float x = o[4 * j + 2 * r] * inverse, y = o[4 * j + 2 * r + 1] * inverse;
-      if (pairs_ok) {
-        *reinterpret_cast<float2*>(out + 8 * j) = make_float2(x, y);
-      } else {
-        out[8 * j] = x;
-        out[8 * j + 1] = y;
+      for (int j = 0; j < 32; ++j) {
+        StShared64f(staged + 32 * j, o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
+      }
+    }
+    if (work.head0 + row >= p.num_heads) continue;
+    if (!bulk) {
+      float* out = work.out + int64_t(row) * work.out_head_stride + wg * 256 + 2 * c;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const float x = o[4 * j + 2 * r] * inverse, y = o[4 * j + 2 * r + 1] * inverse;
+        if (pairs_ok) {
+          *reinterpret_cast<float2*>(out + 8 * j) = make_float2(x, y);
+        } else {
+          out[8 * j] = x;
+          out[8 * j + 1] = y;
+        }
       }
     }
     if (wg == 0 && c == 0) {
       work.lse[row] = total > 0.f ? (m[r] + log2f(total)) * 0.6931471805599453f : kNegInf;
+    }
+  }
+  if (bulk) {
+    FenceProxyAsync();
+    NamedBarrierSync(kBarConvert + wg, 128);  // this WG's half rows are all staged
+    if (t < 64 && work.head0 + t < p.num_heads) {
+      BulkStore(work.out + int64_t(t) * work.out_head_stride + wg * (kVDim / 2),
+                stage + t * Config::kStageRowBytes, (kVDim / 2) * 4);
+      BulkStoreCommit();
+      BulkStoreWaitRead();  // shared memory is released when the CTA ends
     }
   }
   DCP_SM90_TRACE(threadIdx.x == 0, trace::kClockEnd);

@@ -22,7 +22,8 @@
 namespace dcp::cuda::sm90_trace {
 
 // Mark slots of one CTA. Per pair p < kPairs: the consumer marks of WG w at
-// kPairBase + (w * kPairs + p) * kPairMarks + event, the producer's at kProducerBase + p * 4 + i.
+// kPairBase + (w * kPairs + p) * kPairMarks + event, the producer's at kProducerBase + p * 5 + i
+// (i = 0: L0 freed and seen by the producer, 1-4: the halves L0, R1, R0, L1 issued).
 enum Mark : int {
   kGlobalStart = 0,  // %globaltimer, ns
   kGlobalEnd = 1,    // %globaltimer, ns
@@ -33,7 +34,7 @@ enum Mark : int {
   kSumDone = 6,      // WG0: after the row-sum exchange (the epilogue starts)
   kWg1End = 7,       // WG1: after its last store
   kProducerBase = 8,
-  kPairBase = kProducerBase + 4 * 4,
+  kPairBase = kProducerBase + 5 * 4,
 };
 enum PairEvent : int {
   kFirstHalf = 0,   // its first half buffer has landed
@@ -71,9 +72,10 @@ static const char* MarkName(int mark, char* buffer, size_t size) {
                                   "max shared", "P shared", "PV retired"};
   if (mark < kProducerBase) return kFixed[mark];
   if (mark < kPairBase) {
-    static const char* kHalves[] = {"L0", "R1", "R0", "L1"};
-    snprintf(buffer, size, "producer pair %d %s issued", (mark - kProducerBase) / 4,
-             kHalves[(mark - kProducerBase) % 4]);
+    static const char* kSteps[] = {"L0 free seen", "L0 issued", "R1 issued", "R0 issued",
+                                   "L1 issued"};
+    snprintf(buffer, size, "producer pair %d %s", (mark - kProducerBase) / 5,
+             kSteps[(mark - kProducerBase) % 5]);
     return buffer;
   }
   const int i = mark - kPairBase;

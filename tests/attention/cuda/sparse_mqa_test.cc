@@ -320,7 +320,24 @@ TEST_F(SparseMqaCudaTest, OddHeadCountAndPaddedStrides) {
   c.q_head_stride = 640;
   c.out_head_stride = 520;
   c.lse_extra = 3;
+  c.splits = {0, 1, 3};
   RunAndCheck(c);
+}
+
+// Output rows that are not 16-byte aligned (the wgmma kernel's bulk stores need it) keep the
+// kernel's direct stores: float pairs at an even stride, single floats at an odd one.
+TEST_F(SparseMqaCudaTest, UnalignedOutputRows) {
+  for (int64_t stride : {514, 513}) {
+    MqaCase c;
+    c.tokens = 4;
+    c.heads = 80;
+    c.topk = 200;
+    c.slots = 600;
+    c.out_head_stride = stride;
+    c.skip_fraction = 0.2;
+    c.splits = {1, 2};  // 1: the kernel writes out itself
+    RunAndCheck(c);
+  }
 }
 
 TEST_F(SparseMqaCudaTest, OneHead) {
