@@ -180,9 +180,7 @@ if has_stage sanitize && [ "$hung" -eq 0 ]; then
   done
 fi
 
-# GPU time of each kernel of the one-token decode (1 x 128 heads x 2048 keys; bf16 and fp8
-# rows; heuristic and forced splits): Nsight Compute's gpu__time_duration with the L2 left warm
-# as in the bench, so the attention kernel and the split merge are seen apart.
+# The wgmma kernel's phase timeline (a profiling build, its own build folder).
 if has_stage trace && [ "$hung" -eq 0 ]; then
   trace_build="$build-trace"
   if cmake -S . -B "$trace_build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
@@ -205,6 +203,9 @@ if has_stage trace && [ "$hung" -eq 0 ]; then
   fi
 fi
 
+# GPU time of each kernel of the one-token decode (1 x 128 heads x 2048 keys; bf16 and fp8
+# rows; heuristic and forced splits): Nsight Compute's gpu__time_duration with the L2 left warm
+# as in the bench, so the attention kernel and the split merge are seen apart.
 if has_stage ncu && [ "$hung" -eq 0 ]; then
   timeout 120 mpirun --allow-run-as-root --bind-to none -np 1 ncu --clock-control none \
       --cache-control none --metrics gpu__time_duration.sum -k 'regex:SparseMqaSm90|MergeSplits' \
