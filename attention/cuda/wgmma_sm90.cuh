@@ -170,28 +170,6 @@ __device__ __forceinline__ void StShared128(uint32_t smem, uint4 v) {
                : "memory");
 }
 
-// 8 bytes (two floats) into shared memory.
-__device__ __forceinline__ void StShared64f(uint32_t smem, float x, float y) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem), "f"(x), "f"(y) : "memory");
-}
-
-// A bulk copy shared -> global by the async proxy (TMA engine, no tensor map): `bytes` a
-// multiple of 16, both addresses 16-byte aligned; the writer fenced its st.shared with
-// FenceProxyAsync and synchronised with the issuing thread first. BulkStoreWaitRead returns
-// once the shared memory has been read (it may be reused or released then; the global writes
-// complete by the grid's end).
-__device__ __forceinline__ void BulkStore(void* global, uint32_t smem, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(global),
-               "r"(smem), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void BulkStoreCommit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void BulkStoreWaitRead() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-
 __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
