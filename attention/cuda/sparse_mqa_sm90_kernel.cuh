@@ -257,6 +257,16 @@ __global__ void __launch_bounds__(384, 1)
   const int warpgroup = threadIdx.x / 128;
   const int t = threadIdx.x % 128;
 
+  if (warpgroup == 2 && t < 4) {
+    // The first pair's 128 indices (4 lines) into L1 before the barrier below: the consumers'
+    // Q tile (72 KiB of cp.async) is issued after it, and the producer's own index loads,
+    // queued behind that, held the first gather back by ~2 us (a trace of the one-token
+    // decode, docs/sparse_mqa_sm90.md).
+    const int key = first_block * Config::kBlockKeys + 32 * t;
+    if (key < work.key_end) {
+      PrefetchL1(p.indices + int64_t(work.token) * p.indices_token_stride + key);
+    }
+  }
   if (threadIdx.x == 0) {
     for (int half = 0; half < 4; ++half) {
       MbarrierInit(ready_bar + 8 * half, 128);  // the producer's 128 cp.async arrivals
