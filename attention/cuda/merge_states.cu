@@ -65,16 +65,14 @@ absl::Status DcpCombine(const DcpCombineParams& p, cudaStream_t stream) {
   return absl::OkStatus();
 }
 
-absl::Status MergeSplits(const void* parts, DType parts_dtype, const float* part_lse, int splits,
-                         int num_tokens, int num_heads, int dim, float* out,
-                         int64_t out_token_stride, int64_t out_head_stride, float* lse,
-                         int64_t lse_token_stride, cudaStream_t stream) {
+absl::Status MergeSplits(const float* parts, const float* part_lse, int splits, int num_tokens,
+                         int num_heads, int dim, float* out, int64_t out_token_stride,
+                         int64_t out_head_stride, float* lse, int64_t lse_token_stride,
+                         cudaStream_t stream) {
   DCP_RETURN_IF_ERROR(CheckSizes("MergeSplits", num_tokens, num_heads, dim));
   DCP_CHECK_ARG(splits >= 1 && splits <= kMaxMergeSplits, "MergeSplits: %d splits outside [1, %d]",
                 splits, kMaxMergeSplits);
   DCP_CHECK_ARG(dim % 4 == 0, "MergeSplits: dim %d is not a multiple of 4", dim);
-  DCP_CHECK_ARG(parts_dtype == DType::kF32 || parts_dtype == DType::kBF16,
-                "MergeSplits: partials must be f32 or bf16");
   const int64_t rows = int64_t(num_tokens) * num_heads;
   if (rows == 0) return absl::OkStatus();
   DCP_CHECK_ARG(parts != nullptr && part_lse != nullptr && out != nullptr && lse != nullptr,
@@ -94,18 +92,9 @@ absl::Status MergeSplits(const void* parts, DType parts_dtype, const float* part
   // stream with griddepcontrol.wait), so its launch overlaps the attention kernel's tail.
   cudaLaunchAttribute attribute;
   SetProgrammaticLaunch(&config, &attribute);
-  if (parts_dtype == DType::kBF16) {
-    DCP_CUDA_CHECK(cudaLaunchKernelEx(
-        &config, MergeSplitsKernel<__nv_bfloat16>, static_cast<const __nv_bfloat16*>(parts),
-        part_lse, splits, num_tokens, num_heads, dim, out, out_token_stride, out_head_stride, lse,
-        lse_token_stride, vector_store, EarlyTriggerEnabled()));
-  } else {
-    DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, MergeSplitsKernel<float>,
-                                      static_cast<const float*>(parts), part_lse, splits,
-                                      num_tokens, num_heads, dim, out, out_token_stride,
-                                      out_head_stride, lse, lse_token_stride, vector_store,
-                                      EarlyTriggerEnabled()));
-  }
+  DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, MergeSplitsKernel, parts, part_lse, splits, num_tokens,
+                                    num_heads, dim, out, out_token_stride, out_head_stride, lse,
+                                    lse_token_stride, vector_store, EarlyTriggerEnabled()));
   DCP_CUDA_LAUNCH_CHECK("MergeSplitsKernel");
   return absl::OkStatus();
 }

@@ -10,7 +10,6 @@
 
 #include "absl/status/status.h"
 #include "attention/attention_params.h"
-#include "core/dtype.h"
 #include "core/cuda/programmatic_launch.h"
 
 namespace dcp::cuda {
@@ -19,24 +18,16 @@ absl::Status MergeStates(const MergeStatesParams& params, cudaStream_t stream);
 absl::Status DcpCorrect(const DcpCorrectParams& params, cudaStream_t stream);
 absl::Status DcpCombine(const DcpCombineParams& params, cudaStream_t stream);
 
-// The split-KV merge of the sparse MQA launcher: `splits` partials [splits, T, H, dim] (fp32,
-// or bf16 with parts_dtype kBF16) and their LSEs [splits, T, H] (contiguous, device memory)
-// into out (strided, [T, H, dim]) and lse ([T, H], row stride lse_token_stride).
-// 1 <= splits <= kMaxMergeSplits, dim % 4 == 0.
+// The split-KV merge of the sparse MQA launcher: `splits` partials [splits, T, H, dim] and
+// their LSEs [splits, T, H] (contiguous, device memory) into out (strided, [T, H, dim]) and
+// lse ([T, H], row stride lse_token_stride). 1 <= splits <= kMaxMergeSplits, dim % 4 == 0.
 // Every split's partial is read (an empty one, lse -inf, is selected out, its values may be
 // anything). On sm_90 it is launched as a programmatic dependent of the previous kernel in the
 // stream (it waits for that kernel's completion on the device; core/cuda/programmatic_launch.h).
 constexpr int kMaxMergeSplits = 64;
-absl::Status MergeSplits(const void* parts, DType parts_dtype, const float* part_lse, int splits,
-                         int num_tokens, int num_heads, int dim, float* out,
-                         int64_t out_token_stride, int64_t out_head_stride, float* lse,
-                         int64_t lse_token_stride, cudaStream_t stream);
-inline absl::Status MergeSplits(const float* parts, const float* part_lse, int splits,
-                                int num_tokens, int num_heads, int dim, float* out,
-                                int64_t out_token_stride, int64_t out_head_stride, float* lse,
-                                int64_t lse_token_stride, cudaStream_t stream) {
-  return MergeSplits(parts, DType::kF32, part_lse, splits, num_tokens, num_heads, dim, out,
-                     out_token_stride, out_head_stride, lse, lse_token_stride, stream);
-}
+absl::Status MergeSplits(const float* parts, const float* part_lse, int splits, int num_tokens,
+                         int num_heads, int dim, float* out, int64_t out_token_stride,
+                         int64_t out_head_stride, float* lse, int64_t lse_token_stride,
+                         cudaStream_t stream);
 
 }  // namespace dcp::cuda

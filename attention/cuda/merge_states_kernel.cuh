@@ -4,8 +4,6 @@
 // in-place merges (lse aliasing lse_a) are safe: no other warp touches that row.
 #pragma once
 
-#include <cuda_bf16.h>
-
 #include <cmath>
 #include <cstdint>
 
@@ -109,25 +107,11 @@ __global__ void DcpCombineKernel(const float* outs, const float* lses, float* ou
 // GEMM) launch at once, so that kernel's weight stream (loaded and prefetched before its own
 // wait) overlaps the attention kernel and this one; the dependent's griddepcontrol.wait still
 // waits for this whole grid to finish, so the trigger's place never changes what it reads.
-// The partials are fp32 or bf16 (`Part`; the wgmma kernel writes bf16, half the bytes of its
-// epilogue and of this kernel's reads); the merge is fp32 either way.
 constexpr int kMergeSplitsThreads = 256;
 constexpr int kMergeUnroll = 16;
 
-// Four values of a partial row as floats.
-__device__ __forceinline__ float4 LoadPart4(const float* part) {
-  return *reinterpret_cast<const float4*>(part);
-}
-__device__ __forceinline__ float4 LoadPart4(const __nv_bfloat16* part) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(part);
-  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-  return make_float4(lo.x, lo.y, hi.x, hi.y);
-}
-
-template <typename Part>
 __global__ void __launch_bounds__(kMergeSplitsThreads)
-    MergeSplitsKernel(const Part* __restrict__ parts, const float* __restrict__ part_lse,
+    MergeSplitsKernel(const float* __restrict__ parts, const float* __restrict__ part_lse,
                       int splits, int num_tokens, int num_heads, int dim, float* out,
                       int64_t out_token_stride, int64_t out_head_stride, float* lse,
                       int64_t lse_token_stride, bool vector_store, bool trigger_dependents) {
@@ -151,8 +135,9 @@ __global__ void __launch_bounds__(kMergeSplitsThreads)
     for (int k = 0; k < kMergeUnroll; ++k) {
       const bool in = s0 + k < splits;
       l[k] = in ? SanitizeLse(part_lse[(s0 + k) * rows + row]) : -INFINITY;
-      v[k] = in && d < dim ? LoadPart4(parts + ((s0 + k) * rows + row) * dim + d)
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[k] = in && d < dim
+                 ? *reinterpret_cast<const float4*>(parts + ((s0 + k) * rows + row) * dim + d)
+                 : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     float group_max = -INFINITY;
 #pragma unroll

@@ -141,12 +141,8 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   if (splits > 1) {
     DCP_CHECK_ARG(Aligned16(params.workspace), "SparseMqa: workspace must be 16-byte aligned");
     const int64_t rows = int64_t(splits) * params.num_tokens * params.num_heads;
-    // bf16 partials from the wgmma kernel, unless the caller merges them (GemmParams::merge_a
-    // reads fp32). The LSEs follow the values, 16-byte aligned (v_dim is a multiple of 8).
-    split.bf16_parts = kernel == 2 && params.deferred_merge == nullptr;
-    split.part_out = params.workspace;
-    split.part_lse = reinterpret_cast<float*>(static_cast<char*>(params.workspace) +
-                                              rows * params.v_dim * (split.bf16_parts ? 2 : 4));
+    split.part_out = static_cast<float*>(params.workspace);
+    split.part_lse = split.part_out + rows * params.v_dim;
   }
   if (kernel == 2 && params.kv_format == KvCacheDType::kFp8DsMla) {
     DCP_RETURN_IF_ERROR(
@@ -162,11 +158,10 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   if (splits == 1) return absl::OkStatus();
   if (params.deferred_merge != nullptr) {
     // The caller merges (GemmParams::merge_a): out and lse stay unwritten.
-    *params.deferred_merge = {splits, static_cast<float*>(split.part_out), split.part_lse};
+    *params.deferred_merge = {splits, split.part_out, split.part_lse};
     return absl::OkStatus();
   }
-  return MergeSplits(split.part_out, split.bf16_parts ? DType::kBF16 : DType::kF32,
-                     split.part_lse, splits, params.num_tokens, params.num_heads,
+  return MergeSplits(split.part_out, split.part_lse, splits, params.num_tokens, params.num_heads,
                      params.v_dim, params.out, params.out_token_stride, params.out_head_stride,
                      params.lse, params.lse_token_stride, stream);
 }

@@ -325,7 +325,6 @@ absl::Status LaunchSparseMqa(const SparseMqaParams& p, const SparseMqaSplit& spl
                              cudaStream_t stream) {
   using Config = SparseMqaConfig<kHeadDim, kVDim, kFormat>;
   auto kernel = SparseMqaKernel<kHeadDim, kVDim, kFormat>;
-  DCP_CHECK_ARG(!split.bf16_parts, "SparseMqa (mma.sync): split partials are fp32 only");
   // Once per device: the attribute call costs host time on every decode step otherwise.
   static std::atomic<uint64_t> configured{0};
   int device = 0;

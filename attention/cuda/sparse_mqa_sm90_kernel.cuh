@@ -579,7 +579,6 @@ __global__ void __launch_bounds__(384, 1)
   // The epilogue writes 128 KiB (fp32 O of 64 heads) per CTA and takes ~3 us (a trace of the
   // one-token decode, docs/sparse_mqa_sm90.md): the SM's write bandwidth, not the scattered
   // float2 pattern (staging through shared memory and bulk copies measured the same).
-  // A bf16 split partial (work.out_bf16) halves that: rows of v_dim values, pairs 4-byte aligned.
   const bool pairs_ok =
       (work.out_head_stride % 2 == 0) && (reinterpret_cast<uintptr_t>(work.out) % 8 == 0);
 #pragma unroll
@@ -588,24 +587,15 @@ __global__ void __launch_bounds__(384, 1)
     if (work.head0 + row >= p.num_heads) continue;
     const float total = s_sum[row] + s_sum[64 + row];
     const float inverse = total > 0.f ? 1.f / total : 0.f;
-    if (work.out_bf16 != nullptr) {
-      uint16_t* out = work.out_bf16 + int64_t(row) * work.out_head_stride + wg * 256 + 2 * c;
+    float* out = work.out + int64_t(row) * work.out_head_stride + wg * 256 + 2 * c;
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        *reinterpret_cast<uint32_t*>(out + 8 * j) =
-            PackBf16(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
-      }
-    } else {
-      float* out = work.out + int64_t(row) * work.out_head_stride + wg * 256 + 2 * c;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const float x = o[4 * j + 2 * r] * inverse, y = o[4 * j + 2 * r + 1] * inverse;
-        if (pairs_ok) {
-          *reinterpret_cast<float2*>(out + 8 * j) = make_float2(x, y);
-        } else {
-          out[8 * j] = x;
-          out[8 * j + 1] = y;
-        }
+    for (int j = 0; j < 32; ++j) {
+      const float x = o[4 * j + 2 * r] * inverse, y = o[4 * j + 2 * r + 1] * inverse;
+      if (pairs_ok) {
+        *reinterpret_cast<float2*>(out + 8 * j) = make_float2(x, y);
+      } else {
+        out[8 * j] = x;
+        out[8 * j + 1] = y;
       }
     }
     if (wg == 0 && c == 0) {

@@ -17,21 +17,16 @@
 namespace dcp::cuda {
 
 // Where the split partials live (num_splits > 1): [splits, T, H, v_dim] and [splits, T, H].
-// The values are fp32, or bf16 when bf16_parts (the wgmma kernel unless the caller merges them
-// itself: its epilogue is bound by the SM's write bandwidth, docs/sparse_mqa_sm90.md; each
-// split's normalised output is rounded once, as P already is for the PV product).
 struct SparseMqaSplit {
   int num_splits = 1;
-  void* part_out = nullptr;
+  float* part_out = nullptr;
   float* part_lse = nullptr;
-  bool bf16_parts = false;
 };
 
 struct SparseMqaWork {
   int token, head0, split;
   int key_begin, key_end;  // [key_begin, key_end) of the token's list; key_end <= count
-  float* out;              // row of head0 (head stride out_head_stride); null with out_bf16
-  uint16_t* out_bf16;      // a bf16 split partial's row of head0 instead, else null
+  float* out;              // row of head0 (head stride out_head_stride)
   int64_t out_head_stride;
   float* lse;              // entry of head0 (heads contiguous)
 };
@@ -54,19 +49,13 @@ __device__ __forceinline__ SparseMqaWork GetSparseMqaWork(const SparseMqaParams&
   per = (per + block_align - 1) / block_align * block_align;
   w.key_begin = min(count, w.split * per * block_keys);
   w.key_end = min(count, w.key_begin + per * block_keys);
-  w.out_bf16 = nullptr;
   if (split.num_splits == 1) {
     w.out = p.out + int64_t(w.token) * p.out_token_stride + int64_t(w.head0) * p.out_head_stride;
     w.out_head_stride = p.out_head_stride;
     w.lse = p.lse + int64_t(w.token) * p.lse_token_stride + w.head0;
   } else {
     const int64_t row = (int64_t(w.split) * p.num_tokens + w.token) * p.num_heads + w.head0;
-    if (split.bf16_parts) {
-      w.out = nullptr;
-      w.out_bf16 = static_cast<uint16_t*>(split.part_out) + row * p.v_dim;
-    } else {
-      w.out = static_cast<float*>(split.part_out) + row * p.v_dim;
-    }
+    w.out = split.part_out + row * p.v_dim;
     w.out_head_stride = p.v_dim;
     w.lse = split.part_lse + row;
   }

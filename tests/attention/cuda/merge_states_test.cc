@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "attention/cuda/merge_states.h"
-#include "core/dtype.h"
 #include "gtest/gtest.h"
 #include "tests/common/gpu_test_util.h"
 
@@ -156,80 +155,64 @@ TEST_F(MergeStatesCudaTest, CombineOfRanksAndCorrectionSum) {
 }
 
 // The sparse MQA split merge (MergeSplits) at split counts around its unroll of 8 and up to
-// the maximum, into strided outputs (float4 stores, and scalar stores for an odd stride), from
-// fp32 and from bf16 partials (the reference reads the same bf16 values, widened):
+// the maximum, into strided outputs (float4 stores, and scalar stores for an odd stride):
 // -inf / NaN / +inf LSEs select their partial out (its values are NaN here and must not leak),
 // rows of only empty partials end 0 / -inf, the gaps between strided rows stay untouched.
 TEST_F(MergeStatesCudaTest, MergeSplitsEverySplitCountAndStride) {
   std::mt19937_64 rng(TestSeed());
   const int tokens = 3, heads = 5;
-  for (DType parts_dtype : {DType::kF32, DType::kBF16}) {
-    for (int dim : {512, 132, 4}) {
-      for (int splits : {1, 2, 7, 8, 9, 17, 33, 64}) {
-        for (int extra : {4, 1}) {  // out_head_stride = dim + extra: float4 stores, then scalar
-          const int64_t rows = int64_t(tokens) * heads;
-          auto parts = RandomFloats(rng, size_t(splits) * rows * dim);
-          auto part_lse = RandomLse(rng, size_t(splits) * rows);
-          // Row 0 of every split empty: 0 / -inf expected.
-          for (int s = 0; s < splits; ++s) part_lse[size_t(s) * rows] = -kInf;
-          for (int64_t i = 0; i < int64_t(splits) * rows; ++i) {
-            if (Clean(part_lse[i]) == -INFINITY) {
-              for (int d = 0; d < dim; ++d) parts[i * dim + d] = std::nanf("");
-            }
+  for (int dim : {512, 132, 4}) {
+    for (int splits : {1, 2, 7, 8, 9, 17, 33, 64}) {
+      for (int extra : {4, 1}) {  // out_head_stride = dim + extra: float4 stores, then scalar
+        const int64_t rows = int64_t(tokens) * heads;
+        auto parts = RandomFloats(rng, size_t(splits) * rows * dim);
+        auto part_lse = RandomLse(rng, size_t(splits) * rows);
+        // Row 0 of every split empty: 0 / -inf expected.
+        for (int s = 0; s < splits; ++s) part_lse[size_t(s) * rows] = -kInf;
+        for (int64_t i = 0; i < int64_t(splits) * rows; ++i) {
+          if (Clean(part_lse[i]) == -INFINITY) {
+            for (int d = 0; d < dim; ++d) parts[i * dim + d] = std::nanf("");
           }
-          std::vector<uint16_t> parts_bf16;
-          if (parts_dtype == DType::kBF16) {
-            for (float& v : parts) {
-              parts_bf16.push_back(float_to_bf16(v).bits);
-              v = bf16_to_float(bf16{parts_bf16.back()});
-            }
+        }
+        const int64_t head_stride = dim + extra, token_stride = heads * head_stride + 4;
+        const int64_t lse_stride = heads + 3;
+        DeviceArray<float> dparts(parts), dlse_in(part_lse), dout(size_t(tokens) * token_stride),
+            dlse(size_t(tokens) * lse_stride);
+        dout.Poison();
+        dlse.Poison();
+        const auto before = dout.Download();
+        const auto before_lse = dlse.Download();
+        ASSERT_TRUE(cuda::MergeSplits(dparts.get(), dlse_in.get(), splits, tokens, heads, dim,
+                                      dout.get(), token_stride, head_stride, dlse.get(), lse_stride,
+                                      nullptr)
+                        .ok());
+        const auto got = dout.Download();
+        const auto got_lse = dlse.Download();
+        std::vector<double> want;
+        double want_lse;
+        for (int64_t row = 0; row < rows; ++row) {
+          std::vector<const float*> outs;
+          std::vector<float> lses;
+          for (int s = 0; s < splits; ++s) {
+            outs.push_back(&parts[(s * rows + row) * dim]);
+            lses.push_back(part_lse[s * rows + row]);
           }
-          const int64_t head_stride = dim + extra, token_stride = heads * head_stride + 4;
-          const int64_t lse_stride = heads + 3;
-          DeviceArray<float> dparts(parts), dlse_in(part_lse), dout(size_t(tokens) * token_stride),
-              dlse(size_t(tokens) * lse_stride);
-          DeviceArray<uint16_t> dparts_bf16(parts_bf16.empty() ? std::vector<uint16_t>(1)
-                                                               : parts_bf16);
-          const void* dparts_any = parts_dtype == DType::kBF16
-                                       ? static_cast<const void*>(dparts_bf16.get())
-                                       : static_cast<const void*>(dparts.get());
-          dout.Poison();
-          dlse.Poison();
-          const auto before = dout.Download();
-          const auto before_lse = dlse.Download();
-          const absl::Status merged =
-              cuda::MergeSplits(dparts_any, parts_dtype, dlse_in.get(), splits, tokens, heads, dim,
-                                dout.get(), token_stride, head_stride, dlse.get(), lse_stride,
-                                nullptr);
-          ASSERT_TRUE(merged.ok()) << merged;
-          const auto got = dout.Download();
-          const auto got_lse = dlse.Download();
-          std::vector<double> want;
-          double want_lse;
-          for (int64_t row = 0; row < rows; ++row) {
-            std::vector<const float*> outs;
-            std::vector<float> lses;
-            for (int s = 0; s < splits; ++s) {
-              outs.push_back(&parts[(s * rows + row) * dim]);
-              lses.push_back(part_lse[s * rows + row]);
-            }
-            Combine(outs, lses, dim, &want, &want_lse);
-            const int64_t token = row / heads, head = row % heads;
-            SCOPED_TRACE(::testing::Message() << dtype_name(parts_dtype) << " dim " << dim
-                                              << " splits " << splits << " stride " << head_stride);
-            ExpectRow(&got[token * token_stride + head * head_stride],
-                      got_lse[token * lse_stride + head], want, want_lse, dim, "split merge", row);
-            if (row == 0) ASSERT_TRUE(std::isinf(got_lse[0]) && got_lse[0] < 0);
+          Combine(outs, lses, dim, &want, &want_lse);
+          const int64_t token = row / heads, head = row % heads;
+          SCOPED_TRACE(::testing::Message()
+                       << "dim " << dim << " splits " << splits << " stride " << head_stride);
+          ExpectRow(&got[token * token_stride + head * head_stride],
+                    got_lse[token * lse_stride + head], want, want_lse, dim, "split merge", row);
+          if (row == 0) ASSERT_TRUE(std::isinf(got_lse[0]) && got_lse[0] < 0);
+        }
+        for (int64_t token = 0; token < tokens; ++token) {
+          for (int64_t i = heads * head_stride - extra; i < token_stride; ++i) {
+            const int64_t at = token * token_stride + i;
+            ASSERT_EQ(std::memcmp(&got[at], &before[at], 4), 0) << "gap written at " << at;
           }
-          for (int64_t token = 0; token < tokens; ++token) {
-            for (int64_t i = heads * head_stride - extra; i < token_stride; ++i) {
-              const int64_t at = token * token_stride + i;
-              ASSERT_EQ(std::memcmp(&got[at], &before[at], 4), 0) << "gap written at " << at;
-            }
-            for (int64_t i = heads; i < lse_stride; ++i) {
-              const int64_t at = token * lse_stride + i;
-              ASSERT_EQ(std::memcmp(&got_lse[at], &before_lse[at], 4), 0) << "lse gap at " << at;
-            }
+          for (int64_t i = heads; i < lse_stride; ++i) {
+            const int64_t at = token * lse_stride + i;
+            ASSERT_EQ(std::memcmp(&got_lse[at], &before_lse[at], 4), 0) << "lse gap at " << at;
           }
         }
       }
