@@ -63,13 +63,8 @@ struct SparseMqaSm90Config {
   static constexpr int kSumOffset = kMaxOffset + 2 * 64 * 4;        // float [2][64]
   static constexpr int kBarrierOffset = kSumOffset + 2 * 64 * 4;    // uint64 ready[4], free[4]
   static constexpr int kSmemBytes = kBarrierOffset + 8 * 8 + 1024;  // + alignment slack
-  // The epilogue stages the normalised O [64 rows][kVDim] fp32 in K0 and K1 (free by then), a
-  // row every kStageRowBytes: 32 bytes past 2 KiB, so that the 8 rows of a warp's float2
-  // stores fill the 32 banks twice (2 wavefronts, the least for 256 bytes).
-  static constexpr int kStageRowBytes = kVDim * 4 + 32;
   static_assert(kHeadDim == 576 && kVDim == 512, "the tile plan above is for 576 / 512");
   static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM must fit");
-  static_assert(kBlockHeads * kStageRowBytes <= 2 * kBufferBytes, "O is staged in K0 and K1");
 };
 
 // The four half buffers (mbarrier indices): L = tiles 0-3, R = tiles 4-8 of K0 / K1.
@@ -581,58 +576,30 @@ __global__ void __launch_bounds__(384, 1)
   }
   NamedBarrierSync(kBarSum, 256);
   DCP_SM90_TRACE(threadIdx.x == 0, trace::kSumDone);
-  // Every wgmma of both WGs has retired (each waited for its own before that barrier), so K0
-  // and K1 are free. O is staged there row by row, then each WG stores its half rows with
-  // 16-byte stores, a warp writing 512 contiguous bytes of one row: the wgmma fragment's own
-  // float2 stores touch 8 rows per warp instruction (4096 line writes a CTA; ~3.2 us of the
-  // one-token decode's ~10.5, a trace in docs/sparse_mqa_sm90.md). Unaligned outputs keep the
-  // fragment stores.
-  const bool staged =
-      (reinterpret_cast<uintptr_t>(work.out) % 16 == 0) && (work.out_head_stride % 4 == 0);
+  // The epilogue writes 128 KiB (fp32 O of 64 heads) per CTA and takes ~3 us (a trace of the
+  // one-token decode, docs/sparse_mqa_sm90.md): the SM's write bandwidth, not the scattered
+  // float2 pattern (staging through shared memory and bulk copies measured the same).
   const bool pairs_ok =
       (work.out_head_stride % 2 == 0) && (reinterpret_cast<uintptr_t>(work.out) % 8 == 0);
-  const uint32_t stage = k_base[0] + wg * (kVDim / 2) * 4;  // this WG's half of staged row 0
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = rows[r];
+    if (work.head0 + row >= p.num_heads) continue;
     const float total = s_sum[row] + s_sum[64 + row];
     const float inverse = total > 0.f ? 1.f / total : 0.f;
-    if (staged) {
-      const uint32_t at = stage + row * Config::kStageRowBytes + 8 * c;
+    float* out = work.out + int64_t(row) * work.out_head_stride + wg * 256 + 2 * c;
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        StShared64f(at + 32 * j, o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
-      }
-    }
-    if (work.head0 + row >= p.num_heads) continue;
-    if (!staged) {
-      float* out = work.out + int64_t(row) * work.out_head_stride + wg * 256 + 2 * c;
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const float x = o[4 * j + 2 * r] * inverse, y = o[4 * j + 2 * r + 1] * inverse;
-        if (pairs_ok) {
-          *reinterpret_cast<float2*>(out + 8 * j) = make_float2(x, y);
-        } else {
-          out[8 * j] = x;
-          out[8 * j + 1] = y;
-        }
+    for (int j = 0; j < 32; ++j) {
+      const float x = o[4 * j + 2 * r] * inverse, y = o[4 * j + 2 * r + 1] * inverse;
+      if (pairs_ok) {
+        *reinterpret_cast<float2*>(out + 8 * j) = make_float2(x, y);
+      } else {
+        out[8 * j] = x;
+        out[8 * j + 1] = y;
       }
     }
     if (wg == 0 && c == 0) {
       work.lse[row] = total > 0.f ? (m[r] + log2f(total)) * 0.6931471805599453f : kNegInf;
-    }
-  }
-  if (staged) {
-    NamedBarrierSync(kBarConvert + wg, 128);  // this WG's half rows are all staged
-    // Thread t: float4 t % 64 of rows t / 64 + 2 k; a warp reads and writes 512 contiguous bytes.
-    const int quad = t % 64;
-#pragma unroll 8
-    for (int k = 0; k < 32; ++k) {
-      const int row = t / 64 + 2 * k;
-      if (work.head0 + row >= p.num_heads) break;  // rows ascend with k
-      const float4 v = LdShared128f(stage + row * Config::kStageRowBytes + 16 * quad);
-      *reinterpret_cast<float4*>(work.out + int64_t(row) * work.out_head_stride + wg * 256 +
-                                 4 * quad) = v;
     }
   }
   DCP_SM90_TRACE(threadIdx.x == 0, trace::kClockEnd);

@@ -170,11 +170,6 @@ __device__ __forceinline__ void StShared128(uint32_t smem, uint4 v) {
                : "memory");
 }
 
-// 8 bytes (two floats) into shared memory.
-__device__ __forceinline__ void StShared64f(uint32_t smem, float x, float y) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem), "f"(x), "f"(y) : "memory");
-}
-
 // Brings the line of `global` into L1 (no register written; the caller keeps it in bounds).
 __device__ __forceinline__ void PrefetchL1(const void* global) {
   asm volatile("prefetch.global.L1 [%0];\n" ::"l"(global));
