@@ -577,8 +577,10 @@ __global__ void __launch_bounds__(384, 1)
   NamedBarrierSync(kBarSum, 256);
   DCP_SM90_TRACE(threadIdx.x == 0, trace::kSumDone);
   // The epilogue writes 128 KiB (fp32 O of 64 heads) per CTA and takes ~3 us (a trace of the
-  // one-token decode, docs/sparse_mqa_sm90.md): the SM's write bandwidth, not the scattered
-  // float2 pattern (staging through shared memory and bulk copies measured the same).
+  // one-token decode, docs/sparse_mqa_sm90.md): staging O in shared memory and storing it
+  // with bulk copies, or with 16-byte stores of 512 contiguous bytes a warp, measured the same;
+  // bf16 split partials written from the fragment (half the bytes, half-sector writes) took
+  // longer (4.3 us). The limit is the SM's write path, not this store pattern.
   const bool pairs_ok =
       (work.out_head_stride % 2 == 0) && (reinterpret_cast<uintptr_t>(work.out) % 8 == 0);
 #pragma unroll
