@@ -291,6 +291,7 @@ __global__ void __launch_bounds__(384, 1)
   } else if (warpgroup == 2) {
     // ---------------------------------------------------------------- producer
     RegistersDecrease<56>();
+    DCP_SM90_TRACE(t == 0, trace::kProducerRegs);
     // Thread t copies chunk t % 8 of each 128-byte tile row of rows (t / 8) + 16 r, r < 4:
     // 8 consecutive threads read one contiguous 128 bytes.
     const int group = t / 8, lane8 = t % 8;
@@ -362,6 +363,7 @@ __global__ void __launch_bounds__(384, 1)
 
   // ------------------------------------------------------------------ consumers
   RegistersIncrease<224>();  // 2 x 224 + 56 = 504 = 3 x 168, the launch's
+  DCP_SM90_TRACE(threadIdx.x == 0, trace::kConsumerRegs);
   const int wg = warpgroup;  // 0 or 1: owns block b0 + wg and value columns [256 wg, 256 wg + 256)
   const int warp = t / 32, lane = t % 32;
   const int g = lane / 4, c = lane % 4;

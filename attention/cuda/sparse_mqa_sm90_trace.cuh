@@ -33,7 +33,9 @@ enum Mark : int {
   kQReady = 5,       // WG0: the Q tile is in shared memory
   kSumDone = 6,      // WG0: after the row-sum exchange (the epilogue starts)
   kWg1End = 7,       // WG1: after its last store
-  kProducerBase = 8,
+  kProducerRegs = 8,  // the producer (bf16 rows) after its setmaxnreg.dec
+  kConsumerRegs = 9,  // WG0 after its setmaxnreg.inc, before the Q tile
+  kProducerBase = 10,
   kPairBase = kProducerBase + 5 * 4,
 };
 enum PairEvent : int {
@@ -67,7 +69,8 @@ __device__ __forceinline__ void Record(int mark) {
 
 static const char* MarkName(int mark, char* buffer, size_t size) {
   static const char* kFixed[] = {"global start", "global end", "clock start", "end (WG0)",
-                                 "init done", "Q ready (WG0)", "sums shared (WG0)", "end (WG1)"};
+                                 "init done", "Q ready (WG0)", "sums shared (WG0)", "end (WG1)",
+                                 "producer registers", "consumer registers (WG0)"};
   static const char* kEvents[] = {"first half", "second half", "S retired",
                                   "max shared", "P shared", "PV retired"};
   if (mark < kProducerBase) return kFixed[mark];
