@@ -1,6 +1,8 @@
 // Thread mapping: one CTA per top-k row (grid-stride over rows), each thread a strided share of
 // the row's columns, so the row is read coalesced. Repeats: each in-range index sets its bit in
-// a shared-memory bitmap of max_positions bits with atomicOr (a bit already set is a repeat);
+// a shared-memory bitmap of max_positions bits with atomicOr (a bit already set is a repeat; in
+// rows up to kHeldColumns x 256 wide the lanes of a warp that share a word OR their bits first
+// and one atomicOr sets them, MarkHeldColumn);
 // the bits are cleared through the row itself afterwards, so a row costs O(topk) whatever the
 // request length. When the bitmap does not fit in shared memory (kBitmap false), each column
 // instead compares itself with the columns before it (O(topk^2) per row, no extra memory).
