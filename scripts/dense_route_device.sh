@@ -5,7 +5,7 @@
 # 128 and 16 heads through cudnn, with its phases), kernels (dense MHA through native, cudnn and
 # auto on the table's shapes, the up-projection GEMMs, the copy ceiling) and the torch peers of
 # both, packed into $OUT; summary.txt carries the per-shape ratios and phases.
-#   DCP_ROUTE_STEPS="tests routes kernels peers" (default all), DCP_ROUTE_BACKENDS (routes,
+#   DCP_ROUTE_STEPS="tests routes kernels peers engine" (default all), DCP_ROUTE_BACKENDS (routes,
 #   default "cudnn"), DCP_ROUTE_OUTPUT_DTYPES (the layer's out dtype in routes, default
 #   "f32 bf16"), DCP_ATTENTION_FILTER / DCP_WORKER_FILTER (gtest filters), DCP_WORKER_NP
 #   (default "1 2"), DCP_BUILD_DIR (default /tmp/build-dense-route). Every step has its own
@@ -21,7 +21,7 @@ pack() { tar czf "$final/dense_route.tar.gz" -C "$out" . ; cp "$out/summary.txt"
 trap pack EXIT
 started=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - started ))s"; }
-steps="${DCP_ROUTE_STEPS:-tests routes kernels peers}"
+steps="${DCP_ROUTE_STEPS:-tests routes kernels peers engine}"
 has_step() { [[ " $steps " == *" $1 "* ]]; }
 summary="$out/summary.txt"
 : >"$summary"
@@ -112,6 +112,21 @@ if has_step peers; then
     note "peers routes $(basename "$f"): exit $? ($(elapsed))"
   done
 fi
+if has_step engine; then
+  # The same batches the way an engine runs them (DcpEngine: the step planned once, then Run per
+  # layer, eager and replayed from a graph; vLLM's kv_b_proj bound), for the ratio against the
+  # torch composition of the routes step: no per-call top-k check, plan or synchronisation.
+  echo "== engine ($(elapsed))"
+  for heads in 128 16; do
+    batches="2q2k,4q1k,8q512,q1k,4q512s2k"
+    [ "$heads" = 16 ] && batches="4q2k,q2k"
+    timeout 60 mpirun --allow-run-as-root --bind-to none -np 1 "$bench" --mode engine \
+        --device cuda --comm nccl --model deepseek_v32 --heads $heads --prefill_backend cudnn \
+        --output_dtype bf16 --batches "$batches" -w 2 -n 10 \
+        --csv "$out/engine_$heads.csv" >"$out/engine_$heads.log" 2>&1
+    note "engine $heads: exit $? ($(elapsed))"
+  done
+fi
 # Per shape into the summary (the only file sure to come back): the routes' phases and ratios,
 # the kernels' dense rows against torch SDPA.
 python3 - "$out" >>"$summary" 2>&1 <<'PY'
@@ -132,6 +147,21 @@ for f in sorted(f for f in glob.glob(f"{out}/routes_*_cudnn_*.csv")
         print(f"{r['batch']} {r['heads']} {r['route_auto']} {r['auto_us']} | "
               f"{t.get('peer_us', '-')} {ratio:.3f} | {r['auto_attn_us']}/{a.get('peer_us', '-')} | "
               + " ".join(r.get(f"auto_{p}_us", "-") for p in phases))
+torch = {}
+for f in glob.glob(f"{out}/routes_*_cudnn_bf16_peers.csv"):
+    for r in rows(f):
+        if r["op"] == "dense_route":
+            torch[(r["batch"], r["heads"])] = float(r["peer_us"])
+for f in sorted(glob.glob(f"{out}/engine_*.csv")):
+    print(f"== {os.path.basename(f)}: batch heads route plan_us eager_us graph_us | torch_route "
+          "| eager/torch graph/torch")
+    for r in rows(f):
+        t = torch.get((r["batch"], r["heads_per_rank"]))
+        def ratio(v):
+            return f"{float(v) / t:.3f}" if t and v else "-"
+        print(f"{r['batch']} {r['heads_per_rank']} {r['route']} {r['plan_us']} {r['eager_us']} "
+              f"{r['graph_us'] or '-'} | {t if t else '-'} | {ratio(r['eager_us'])} "
+              f"{ratio(r['graph_us'])}")
 k = rows(f"{out}/kernels.csv")
 peers = {(r["batch"], r["heads"]): r for r in rows(f"{out}/peers_kernels.csv")}
 dense = {}

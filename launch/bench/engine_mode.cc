@@ -14,6 +14,7 @@
 #include "launch/bench/engine_timing.h"
 #include "launch/bench/modes.h"
 #include "runtime/engine.h"
+#include "runtime/mla_projections.h"
 #include "runtime/scratch.h"
 
 namespace dcp::bench {
@@ -61,6 +62,9 @@ absl::StatusOr<LayerTimes> TimeEngineLayer(BenchEnv& env, const BatchShape& shap
   options.scheduler.max_model_len = shape.max_seq_len;
   options.scheduler.block_size = block;
   options.attention.index_topk = topk_width;
+  if (!env.options.prefill_backends.empty()) {
+    options.attention.prefill_backend = env.options.prefill_backends.front();
+  }
   DCP_ASSIGN_OR_RETURN(auto engine, DcpEngine::Create(options, *env.comm, *env.device));
 
   // The engine's paged cache: each request its own consecutive blocks on this rank.
@@ -130,7 +134,10 @@ absl::StatusOr<LayerTimes> TimeEngineLayer(BenchEnv& env, const BatchShape& shap
   DCP_ASSIGN_OR_RETURN(void* lse_d, filled(lse, size_t(t) * hl, DType::kF32, 1));
   DCP_ASSIGN_OR_RETURN(int32_t * topk_ptr, Upload(device, topk_d, topk));
   DCP_RETURN_IF_ERROR(device.Synchronize());
-  const LayerWeightsView weights{w_uk_d, w_uv_d};
+  // vLLM's kv_b_proj as an engine holds it (the dense route's up-projection is one GEMM).
+  DCP_ASSIGN_OR_RETURN(const Buffer w_kv_b,
+                       MlaProjections::CombineKvB(device, m, hl, w_uk_d, w_uv_d));
+  const LayerWeightsView weights{w_uk_d, w_uv_d, w_kv_b.data()};
   const KvCacheView cache_view{cache_d, storage, num_blocks, block, width};
   const LayerTensors tensors{
       q_nope_d, q_rope_d, kv_new_d, topk_ptr, out_d, static_cast<float*>(lse_d), out_dtype};
