@@ -81,9 +81,6 @@ class CpuDevice final : public Device {
   absl::Status DcpCorrect(const DcpCorrectParams& p) override { return cpu::DcpCorrect(p); }
   absl::Status DcpCombine(const DcpCombineParams& p) override { return cpu::DcpCombine(p); }
   absl::Status TopkToSlots(const TopkToSlotsParams& p) override { return cpu::TopkToSlots(p); }
-  absl::Status ValidateTopk(const TopkValidateParams& p) override {
-    return ValidateTopkPositions(p);
-  }
   absl::Status BeginValidateTopk(const TopkValidateParams& p) override {
     topk_verdict_ = ValidateTopkPositions(p);
     return absl::OkStatus();

@@ -115,7 +115,10 @@ class Device {
   // The top-k check of DESIGN.md section 3 (TopkValidateParams): OK, or InvalidArgument naming
   // the first bad row's token, column and value. Synchronous: it returns the verdict, not a
   // promise, so on CudaDevice it waits for the stream (one small copy back, never the top-k).
-  virtual absl::Status ValidateTopk(const TopkValidateParams& params) = 0;
+  absl::Status ValidateTopk(const TopkValidateParams& params) {
+    const absl::Status begun = BeginValidateTopk(params);
+    return begun.ok() ? FinishValidateTopk() : begun;
+  }
   // The same check in two halves, so that the host can plan a step while the device checks:
   // Begin enqueues it (a bad argument is its error), Finish waits for that verdict only (on
   // CudaDevice: an event behind the verdict's copy into pinned memory, not the stream's later

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/dtype.h"
 
 namespace dcp::bench {
 
@@ -51,6 +52,8 @@ struct BenchOptions {
   // The layer's out dtype in the routes and engine modes: f32 | bf16 (bf16 is what an engine's
   // next op reads and what a torch composition hands on).
   std::string output_dtype = "f32";
+  // output_dtype as the layer's dtype.
+  DType OutputDType() const { return output_dtype == "bf16" ? DType::kBF16 : DType::kF32; }
   int kernel_world = 8;           // W of the DcpCorrect / DcpCombine kernels timed alone
   int64_t gemm_size = 0;          // m = n = k of the GEMM ceiling; 0: 8192 on CUDA, 1024 on CPU
   int64_t copy_bytes = 0;         // bytes of the copy ceiling; 0: 1 GiB on CUDA, 64 MiB on CPU

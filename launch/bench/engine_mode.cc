@@ -129,7 +129,7 @@ absl::StatusOr<LayerTimes> TimeEngineLayer(BenchEnv& env, const BatchShape& shap
   DCP_ASSIGN_OR_RETURN(void* q_nope_d, filled(q_nope, size_t(t) * hl * dn, storage, 1));
   DCP_ASSIGN_OR_RETURN(void* q_rope_d, filled(q_rope, size_t(t) * hl * dr, storage, 1));
   DCP_ASSIGN_OR_RETURN(void* kv_new_d, filled(kv_new, size_t(t) * width, storage, 1));
-  const DType out_dtype = env.options.output_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  const DType out_dtype = env.options.OutputDType();
   DCP_ASSIGN_OR_RETURN(void* out_d, filled(out, size_t(t) * hl * m.v_head_dim, out_dtype, 1));
   DCP_ASSIGN_OR_RETURN(void* lse_d, filled(lse, size_t(t) * hl, DType::kF32, 1));
   DCP_ASSIGN_OR_RETURN(int32_t * topk_ptr, Upload(device, topk_d, topk));

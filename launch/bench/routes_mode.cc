@@ -175,7 +175,7 @@ RouteResult RunRoute(BenchEnv& env, const BatchShape& shape, const BatchData& ba
   if (!result.status.ok()) return result;
   DcpContext& context = **context_or;
 
-  const DType out_dtype = env.options.output_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  const DType out_dtype = env.options.OutputDType();
   auto out_or =
       AllocateZeroed(*env.device, size_t(t) * hl * m.v_head_dim * dtype_size(out_dtype));
   auto lse_or = AllocateZeroed(*env.device, size_t(t) * hl * 4);

@@ -83,7 +83,6 @@ class CudaDevice final : public Device {
   absl::Status DcpCorrect(const DcpCorrectParams& params) override;
   absl::Status DcpCombine(const DcpCombineParams& params) override;
   absl::Status TopkToSlots(const TopkToSlotsParams& params) override;
-  absl::Status ValidateTopk(const TopkValidateParams& params) override;
   absl::Status BeginValidateTopk(const TopkValidateParams& params) override;
   absl::Status FinishValidateTopk() override;
   absl::Status GatherRows(const GatherRowsParams& params) override;
@@ -119,7 +118,7 @@ class CudaDevice final : public Device {
   std::vector<cudaEvent_t> marks_;  // RecordMark's events, by slot
   cudaStream_t stream_;      // where calls enqueue: own_stream_ or the caller's (SetStream)
   cublasHandle_t cublas_;
-  void* topk_record_ = nullptr;  // device scratch of ValidateTopk, allocated on first use
+  void* topk_record_ = nullptr;  // device scratch of the top-k check, allocated on first use
   void* topk_host_record_ = nullptr;   // pinned copy of it (BeginValidateTopk), first use
   cudaEvent_t topk_verdict_ = nullptr;  // behind that copy; recorded by BeginValidateTopk
   bool topk_pending_ = false;

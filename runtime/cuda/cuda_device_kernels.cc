@@ -213,11 +213,6 @@ absl::Status CudaDevice::TopkToSlots(const TopkToSlotsParams& params) {
   return cuda::TopkToSlots(params, stream_);
 }
 
-absl::Status CudaDevice::ValidateTopk(const TopkValidateParams& params) {
-  DCP_RETURN_IF_ERROR(BeginValidateTopk(params));
-  return FinishValidateTopk();
-}
-
 absl::Status CudaDevice::BeginValidateTopk(const TopkValidateParams& params) {
   DCP_RETURN_IF_ERROR(Activate());
   DCP_CHECK_ARG(!topk_pending_, "BeginValidateTopk: the previous check was never finished");
