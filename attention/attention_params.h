@@ -117,6 +117,11 @@ struct SparseMqaParams {
   // merged by LSE afterwards: 0 = chosen from the SM count and the sizes
   // (cuda::SparseMqaChooseSplits), >= 1 forced (clamped to what the kernel can use).
   int num_splits = 0;
+  // CUDA only, the wgmma kernel (the mma.sync kernel ignores it): query heads per CTA, 16, 32
+  // or 64. A CTA computes a 64-row tile either way; below 64 the rows past block_heads are zero
+  // padding, neither loaded nor stored, so a few tokens' Q, K and partial-output bytes spread
+  // over more SMs. 0 = chosen with the split count (cuda::SparseMqaChooseTiling).
+  int block_heads = 0;
   // CUDA only. Device scratch for the split partials: cuda::SparseMqaWorkspaceBytes(params,
   // splits) bytes. Null or too small: the split count is lowered until it fits (1 needs none).
   void* workspace = nullptr;

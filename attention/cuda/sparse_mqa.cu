@@ -33,6 +33,9 @@ absl::Status Check(const SparseMqaParams& p) {
   DCP_CHECK_ARG(p.head_dim == 576 && p.v_dim == 512,
                 "SparseMqa (CUDA): head_dim %d / v_dim %d not compiled; only 576 / 512", p.head_dim,
                 p.v_dim);
+  DCP_CHECK_ARG(p.block_heads == 0 || p.block_heads == 16 || p.block_heads == 32 ||
+                    p.block_heads == 64,
+                "SparseMqa: block_heads %d is not 0 (chosen), 16, 32 or 64", p.block_heads);
   if (p.num_tokens == 0 || p.num_heads == 0) return absl::OkStatus();
   DCP_CHECK_ARG(p.q != nullptr && p.out != nullptr && p.lse != nullptr,
                 "SparseMqa: q, out and lse must not be null");
@@ -81,11 +84,9 @@ int SparseMqaResolveKernel(const SparseMqaParams& params) {
   return SparseMqaSm90Available() ? 2 : 1;
 }
 
-int SparseMqaChooseSplits(const SparseMqaParams& p, int kernel, int num_sms) {
-  if (p.num_tokens <= 0 || p.num_heads <= 0 || p.topk <= 0 || num_sms <= 0) return 1;
-  const int64_t head_blocks = (p.num_heads + kBlockHeads - 1) / kBlockHeads;
-  const int64_t base = int64_t(p.num_tokens) * head_blocks;  // CTAs without a split
-  if (base >= num_sms) return 1;
+SparseMqaTiling SparseMqaChooseTiling(const SparseMqaParams& p, int kernel, int num_sms) {
+  SparseMqaTiling best;
+  if (p.num_tokens <= 0 || p.num_heads <= 0 || p.topk <= 0 || num_sms <= 0) return best;
   const int align = BlockAlign(kernel);
   const int blocks = (p.topk + kBlockKeys - 1) / kBlockKeys;
   const int most = std::max(1, std::min(kMaxMergeSplits, blocks / align));
@@ -96,20 +97,30 @@ int SparseMqaChooseSplits(const SparseMqaParams& p, int kernel, int num_sms) {
   const double block = kernel == 2 ? 2.2 : 6.2, fixed = kernel == 2 ? 15.5 : 21.0;
   const double rows = double(p.num_tokens) * p.num_heads;
   const double merge_per_split = 2.0 * rows * p.v_dim * 4 / 3.0e6;
-  int best = 1;
   double best_cost = -1;
-  for (int splits = 1; splits <= most; ++splits) {
-    int per = (blocks + splits - 1) / splits;
-    per = (per + align - 1) / align * align;
-    const int64_t waves = (base * splits + num_sms - 1) / num_sms;
-    const double cost =
-        double(waves) * (per * block + fixed) + (splits > 1 ? splits * merge_per_split : 0.0);
-    if (best_cost < 0 || cost < best_cost) {
-      best = splits;
-      best_cost = cost;
+  for (int block_heads : {64, 32, 16}) {
+    if (kernel != 2 ? block_heads != kBlockHeads
+                    : (p.block_heads > 0 ? block_heads != p.block_heads : block_heads != 64)) {
+      continue;
+    }
+    const int64_t base = int64_t(p.num_tokens) * ((p.num_heads + block_heads - 1) / block_heads);
+    for (int splits = 1; splits <= (base >= num_sms ? 1 : most); ++splits) {
+      int per = (blocks + splits - 1) / splits;
+      per = (per + align - 1) / align * align;
+      const int64_t waves = (base * splits + num_sms - 1) / num_sms;
+      const double cost =
+          double(waves) * (per * block + fixed) + (splits > 1 ? splits * merge_per_split : 0.0);
+      if (best_cost < 0 || cost < best_cost) {
+        best = {splits, block_heads};
+        best_cost = cost;
+      }
     }
   }
   return best;
+}
+
+int SparseMqaChooseSplits(const SparseMqaParams& p, int kernel, int num_sms) {
+  return SparseMqaChooseTiling(p, kernel, num_sms).splits;
 }
 
 int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& p, int splits) {
@@ -132,12 +143,13 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
                      "SparseMqa (CUDA): the wgmma kernel needs an sm_90 device and a build for "
                      "sm_90a (CMAKE_CUDA_ARCHITECTURES=90a)");
   }
-  int splits = params.num_splits > 0 ? std::min(params.num_splits, kMaxMergeSplits)
-                                     : SparseMqaChooseSplits(params, kernel, NumSms());
+  const SparseMqaTiling tiling = SparseMqaChooseTiling(params, kernel, NumSms());
+  int splits = params.num_splits > 0 ? std::min(params.num_splits, kMaxMergeSplits) : tiling.splits;
   const int64_t room = params.workspace == nullptr ? 0 : params.workspace_bytes;
   while (splits > 1 && SparseMqaWorkspaceBytes(params, splits) > room) --splits;
   SparseMqaSplit split;
   split.num_splits = splits;
+  split.block_heads = kernel == 2 ? tiling.block_heads : kBlockHeads;
   if (splits > 1) {
     DCP_CHECK_ARG(Aligned16(params.workspace), "SparseMqa: workspace must be 16-byte aligned");
     const int64_t rows = int64_t(splits) * params.num_tokens * params.num_heads;

@@ -40,6 +40,15 @@ int SparseMqaResolveKernel(const SparseMqaParams& params);
 // and at most one split per 64-key block (per pair for the wgmma kernel).
 int SparseMqaChooseSplits(const SparseMqaParams& params, int kernel, int num_sms);
 
+// The split count and, for the wgmma kernel (kernel 2), the heads per CTA (16, 32 or 64;
+// params.block_heads when it is set) that the launcher uses when params.num_splits == 0: the
+// pair the same time model prefers. The mma.sync kernel's block is always 64 heads.
+struct SparseMqaTiling {
+  int splits = 1;
+  int block_heads = 64;
+};
+SparseMqaTiling SparseMqaChooseTiling(const SparseMqaParams& params, int kernel, int num_sms);
+
 // Bytes of params.workspace that `splits` splits need (0 for one split).
 int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& params, int splits);
 

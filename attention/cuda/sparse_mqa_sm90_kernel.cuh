@@ -1,8 +1,9 @@
 // Sparse top-k MQA on sm_90a: a warp-specialised wgmma kernel on the design of FlashMLA's sm90
 // sparse prefill (our own code, raw PTX through wgmma_sm90.cuh; no CuTe).
 //
-// One CTA = one token x 64 query heads x one split of the token's key list (sparse_mqa_work.cuh),
-// walked in pairs of 64-key blocks (b0, b1). 384 threads in three warpgroups:
+// One CTA = one token x 64 query heads (or 16 / 32, SparseMqaSplit::block_heads: the tile's
+// other rows are zeros) x one split of the token's key list (sparse_mqa_work.cuh), walked in
+// pairs of 64-key blocks (b0, b1). 384 threads in three warpgroups:
 //   WG2, the producer (setmaxnreg 56 registers): gathers the 576-wide bf16 rows of both blocks
 //     with 16-byte cp.async (L2 256-byte prefetch, zero fill for skipped rows, no read) into
 //     two K buffers of 9 swizzled 64 x 64 tiles, and the blocks' indices (for the masks), each
@@ -249,7 +250,7 @@ __global__ void __launch_bounds__(384, 1)
   DCP_SM90_TRACE(threadIdx.x == 0, trace::kGlobalStart);
   GridDependencyWait();
   const SparseMqaWork work =
-      GetSparseMqaWork(p, split, Config::kBlockHeads, Config::kBlockKeys, /*block_align=*/2);
+      GetSparseMqaWork(p, split, split.block_heads, Config::kBlockKeys, /*block_align=*/2);
   const int first_block = work.key_begin / Config::kBlockKeys;
   const int num_blocks =
       (work.key_end - work.key_begin + Config::kBlockKeys - 1) / Config::kBlockKeys;
@@ -369,18 +370,21 @@ __global__ void __launch_bounds__(384, 1)
   const int g = lane / 4, c = lane % 4;
   const int rows[2] = {warp * 16 + g, warp * 16 + g + 8};
 
-  // Q tile: 64 rows x 72 chunks over the 256 consumer threads; rows past num_heads are zeros.
+  // Q tile: 64 rows x 72 chunks over the 256 consumer threads; the CTA's work.heads rows are
+  // copied, the rows past them (a head block of 16 or 32, or past num_heads) are zeros.
   {
-    const auto* q = static_cast<const __nv_bfloat16*>(p.q);
+    const auto* q = static_cast<const __nv_bfloat16*>(p.q) + int64_t(work.token) * p.q_token_stride +
+                    int64_t(work.head0) * p.q_head_stride;
     const int ct = threadIdx.x;  // 0..255
-    for (int i = ct; i < 64 * kTiles * 8; i += 256) {
+    for (int i = ct; i < work.heads * kTiles * 8; i += 256) {
       const int row = i / (kTiles * 8), chunk = i % (kTiles * 8);
-      const int head = work.head0 + row;
-      const bool valid = head < p.num_heads;
-      const __nv_bfloat16* src = valid ? q + int64_t(work.token) * p.q_token_stride +
-                                             int64_t(head) * p.q_head_stride + chunk * 8
-                                       : q;
-      CpAsync16(q_base + (chunk / 8) * kTileBytes + TileChunk(row, chunk % 8), src, valid);
+      CpAsync16(q_base + (chunk / 8) * kTileBytes + TileChunk(row, chunk % 8),
+                q + int64_t(row) * p.q_head_stride + chunk * 8, true);
+    }
+    for (int i = work.heads * kTiles * 8 + ct; i < 64 * kTiles * 8; i += 256) {
+      const int row = i / (kTiles * 8), chunk = i % (kTiles * 8);
+      StShared128(q_base + (chunk / 8) * kTileBytes + TileChunk(row, chunk % 8),
+                  make_uint4(0, 0, 0, 0));
     }
     CpAsyncCommit();
     CpAsyncWait<0>();
@@ -588,7 +592,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = rows[r];
-    if (work.head0 + row >= p.num_heads) continue;
+    if (row >= work.heads) continue;
     const float total = s_sum[row] + s_sum[64 + row];
     const float inverse = total > 0.f ? 1.f / total : 0.f;
     float* out = work.out + int64_t(row) * work.out_head_stride + wg * 256 + 2 * c;
@@ -629,7 +633,9 @@ absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit&
                                         Config::kSmemBytes));
     configured.fetch_or(bit);
   }
-  const int64_t head_blocks = (p.num_heads + Config::kBlockHeads - 1) / Config::kBlockHeads;
+  DCP_CHECK_ARG(split.block_heads == 16 || split.block_heads == 32 || split.block_heads == 64,
+                "SparseMqa (wgmma): block_heads %d is not 16, 32 or 64", split.block_heads);
+  const int64_t head_blocks = (p.num_heads + split.block_heads - 1) / split.block_heads;
   const int64_t blocks = int64_t(p.num_tokens) * split.num_splits * head_blocks;
   DCP_CHECK_ARG(blocks < (int64_t(1) << 31), "SparseMqa: %d tokens x %d head blocks is too many",
                 p.num_tokens, head_blocks);

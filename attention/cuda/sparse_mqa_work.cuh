@@ -1,6 +1,7 @@
 // What one CTA of a sparse MQA kernel does, shared by the mma.sync (sm_80) and wgmma (sm_90a)
-// kernels: which token, which 64 heads, which range of the token's key list, and where its
-// output goes (the final out/lse, or a split partial that MergeSplits combines).
+// kernels: which token, which block of heads (64, or 16 / 32 for the wgmma kernel:
+// SparseMqaSplit::block_heads), which range of the token's key list, and where its output goes
+// (the final out/lse, or a split partial that MergeSplits combines).
 //
 // Grid: num_tokens x num_splits x head_blocks, head block fastest (the head blocks of one
 // (token, split) gather the same rows at about the same time: the second gather hits L2), then
@@ -19,12 +20,14 @@ namespace dcp::cuda {
 // Where the split partials live (num_splits > 1): [splits, T, H, v_dim] and [splits, T, H].
 struct SparseMqaSplit {
   int num_splits = 1;
+  int block_heads = 64;  // heads per CTA (the wgmma kernel: 16, 32 or 64; mma.sync: 64)
   float* part_out = nullptr;
   float* part_lse = nullptr;
 };
 
 struct SparseMqaWork {
   int token, head0, split;
+  int heads;               // heads of this CTA: min(block_heads, num_heads - head0)
   int key_begin, key_end;  // [key_begin, key_end) of the token's list; key_end <= count
   float* out;              // row of head0 (head stride out_head_stride)
   int64_t out_head_stride;
@@ -39,6 +42,7 @@ __device__ __forceinline__ SparseMqaWork GetSparseMqaWork(const SparseMqaParams&
   const int head_blocks = (p.num_heads + block_heads - 1) / block_heads;
   const int64_t cta = blockIdx.x;
   w.head0 = static_cast<int>(cta % head_blocks) * block_heads;
+  w.heads = min(block_heads, p.num_heads - w.head0);
   const int64_t token_split = cta / head_blocks;
   w.split = static_cast<int>(token_split % split.num_splits);
   w.token = static_cast<int>(token_split / split.num_splits);

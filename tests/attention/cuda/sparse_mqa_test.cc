@@ -42,12 +42,16 @@ struct MqaCase {
   // hold other valid slots, which the kernel must not read.
   std::vector<int> counts;
   std::vector<int> splits = {0, 3};  // split counts to run (0: the heuristic's)
+  // The wgmma kernel's heads per CTA to run (SparseMqaParams::block_heads; 0: the heuristic's),
+  // each with every split count; the mma.sync kernel runs 0 only.
+  std::vector<int> block_heads = {0};
 };
 
 // One way of running the kernel on a case.
 struct Variant {
   int kernel = 0;  // SparseMqaParams::kernel
   int splits = 0;  // SparseMqaParams::num_splits
+  int block_heads = 0;  // SparseMqaParams::block_heads
 };
 
 struct MqaData {
@@ -115,7 +119,10 @@ std::vector<Variant> Variants(const MqaCase& c) {
   }
   std::vector<Variant> variants;
   for (int kernel : kernels) {
-    for (int splits : c.splits) variants.push_back({kernel, splits});
+    for (int block_heads : c.block_heads) {
+      if (kernel != 2 && block_heads != 0) continue;
+      for (int splits : c.splits) variants.push_back({kernel, splits, block_heads});
+    }
   }
   return variants;
 }
@@ -221,9 +228,11 @@ class SparseMqaCudaTest : public GpuTest {
 
     std::vector<float> first_out;
     for (const Variant& v : Variants(c)) {
-      SCOPED_TRACE(::testing::Message() << "kernel " << v.kernel << " splits " << v.splits);
+      SCOPED_TRACE(::testing::Message() << "kernel " << v.kernel << " splits " << v.splits
+                                        << " block_heads " << v.block_heads);
       p.kernel = v.kernel;
       p.num_splits = v.splits;
+      p.block_heads = v.block_heads;
       out.Poison();
       lse.Poison();
       const absl::Status status = cuda::SparseMqa(p, nullptr);
@@ -494,6 +503,7 @@ TEST_F(SparseMqaCudaTest, HeadCounts) {
     c.slots = 1000;
     c.skip_fraction = 0.1;
     c.splits = {0, 2};
+    c.block_heads = {0, 16, 32};  // 48 heads at 32: a full block and a half-padded one
     RunAndCheck(c);
     if (HasFatalFailure()) return;
   }
@@ -510,6 +520,23 @@ TEST_F(SparseMqaCudaTest, EverySplitCountOfADecodeToken) {
   c.splits = {0};
   for (int splits = 1; splits <= 33; ++splits) c.splits.push_back(splits);
   c.splits.push_back(64);
+  RunAndCheck(c);
+}
+
+// A few decode tokens with 16 and 32 heads per CTA (the wgmma kernel's narrow head blocks: the
+// tile's other rows are zero padding, never stored), against the reference and the 64-head
+// block, split and not, with compacted counts that leave some splits empty.
+TEST_F(SparseMqaCudaTest, NarrowHeadBlocksOfDecodeTokens) {
+  MqaCase c;
+  c.tokens = 3;
+  c.heads = 128;
+  c.topk = 2048;
+  c.slots = 6000;
+  c.counts = {2048, 1, 700};
+  c.skip_fraction = 0.05;
+  c.check_rows = 96;
+  c.splits = {1, 4, 16};
+  c.block_heads = {64, 32, 16};
   RunAndCheck(c);
 }
 
@@ -672,6 +699,11 @@ TEST_F(SparseMqaCudaTest, RejectsUncompiledSizesAndDtypes) {
   status = cuda::SparseMqa(p, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("BF16"), std::string::npos) << status;
+  p.dtype = DType::kBF16;
+  p.block_heads = 48;
+  status = cuda::SparseMqa(p, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("block_heads 48"), std::string::npos) << status;
 }
 
 }  // namespace
