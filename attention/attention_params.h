@@ -122,12 +122,6 @@ struct SparseMqaParams {
   // padding, neither loaded nor stored, so a few tokens' Q, K and partial-output bytes spread
   // over more SMs. 0 = chosen with the split count (cuda::SparseMqaChooseTiling).
   int block_heads = 0;
-  // CUDA only, the wgmma kernel: how split partials are merged. 0: inside the kernel, the
-  // splits of a (token, head block) forming one thread-block cluster that merges through
-  // distributed shared memory (no workspace, no merge kernel), when the split count is 2, 4, 8
-  // or 16 within the device's cluster limit and deferred_merge is not set; otherwise as 1.
-  // 1: the partials go to the workspace and MergeSplits combines them.
-  int split_merge = 0;
   // CUDA only. Device scratch for the split partials: cuda::SparseMqaWorkspaceBytes(params,
   // splits) bytes. Null or too small: the split count is lowered until it fits (1 needs none).
   void* workspace = nullptr;

@@ -70,9 +70,6 @@ absl::Status Check(const SparseMqaParams& p) {
   DCP_CHECK_ARG(p.lse_token_stride >= p.num_heads || p.num_tokens == 1,
                 "SparseMqa: lse_token_stride %d < num_heads %d", p.lse_token_stride, p.num_heads);
   DCP_CHECK_ARG(p.num_splits >= 0, "SparseMqa: num_splits %d < 0", p.num_splits);
-  DCP_CHECK_ARG(p.split_merge == 0 || p.split_merge == 1,
-                "SparseMqa: split_merge %d is not 0 (in a cluster) or 1 (MergeSplits)",
-                p.split_merge);
   DCP_CHECK_ARG(p.kernel >= 0 && p.kernel <= 2, "SparseMqa: kernel %d is not 0, 1 or 2",
                 p.kernel);
   DCP_CHECK_ARG(p.workspace_bytes >= 0, "SparseMqa: workspace_bytes %d < 0", p.workspace_bytes);
@@ -148,17 +145,12 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   }
   const SparseMqaTiling tiling = SparseMqaChooseTiling(params, kernel, NumSms());
   int splits = params.num_splits > 0 ? std::min(params.num_splits, kMaxMergeSplits) : tiling.splits;
-  SparseMqaSplit split;
-  split.block_heads = kernel == 2 ? tiling.block_heads : kBlockHeads;
-  split.cluster_merge = kernel == 2 && params.split_merge == 0 &&
-                        params.deferred_merge == nullptr && splits >= 2 &&
-                        (splits & (splits - 1)) == 0 && splits <= SparseMqaSm90MaxClusterSplits();
   const int64_t room = params.workspace == nullptr ? 0 : params.workspace_bytes;
-  while (!split.cluster_merge && splits > 1 && SparseMqaWorkspaceBytes(params, splits) > room) {
-    --splits;
-  }
+  while (splits > 1 && SparseMqaWorkspaceBytes(params, splits) > room) --splits;
+  SparseMqaSplit split;
   split.num_splits = splits;
-  if (splits > 1 && !split.cluster_merge) {
+  split.block_heads = kernel == 2 ? tiling.block_heads : kBlockHeads;
+  if (splits > 1) {
     DCP_CHECK_ARG(Aligned16(params.workspace), "SparseMqa: workspace must be 16-byte aligned");
     const int64_t rows = int64_t(splits) * params.num_tokens * params.num_heads;
     split.part_out = static_cast<float*>(params.workspace);
@@ -175,7 +167,7 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   } else {
     DCP_RETURN_IF_ERROR((LaunchSparseMqa<576, 512>(params, split, stream)));
   }
-  if (splits == 1 || split.cluster_merge) return absl::OkStatus();
+  if (splits == 1) return absl::OkStatus();
   if (params.deferred_merge != nullptr) {
     // The caller merges (GemmParams::merge_a): out and lse stay unwritten.
     *params.deferred_merge = {splits, split.part_out, split.part_lse};

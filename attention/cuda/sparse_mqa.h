@@ -62,10 +62,5 @@ absl::Status LaunchSparseMqaSm90(const SparseMqaParams& params, const SparseMqaS
                                  cudaStream_t stream);
 // Whether the wgmma kernel was compiled for the current device (sm_90a code in the binary).
 bool SparseMqaSm90Available();
-// The most splits of a (token, head block) the wgmma kernel can merge inside one thread-block
-// cluster on the current device (16 on an H200 with the non-portable cluster size, else 8; 0
-// without the kernel): split counts 2, 4, 8, 16 up to it merge in the kernel
-// (SparseMqaParams::split_merge).
-int SparseMqaSm90MaxClusterSplits();
 
 }  // namespace dcp::cuda

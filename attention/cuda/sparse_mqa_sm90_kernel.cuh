@@ -215,94 +215,6 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(const SparseMqaParams& 
   CpAsyncWaitAll();
 }
 
-// The epilogue of a split that merges inside its cluster (SparseMqaSplit::cluster_merge; the
-// 256 consumer threads, after both warpgroups' last wgmma has retired): each CTA stages its
-// normalised partial O (fp32 [64][kVDim + 8]: rows 32 bytes apart in the banks) over its K
-// buffers and its rows' LSE (log2 units, -inf for a row that saw no key) over the row maxima;
-// after a cluster barrier CTA `split` of the S in the cluster merges output columns
-// [split * kVDim / S, + kVDim / S) of all S partials by their LSEs, reading them through
-// distributed shared memory, and writes out (and, for column 0, lse) itself. A second barrier
-// keeps every CTA's shared memory alive until the cluster has read it (the producer warpgroup
-// joins both barriers). The merge's arithmetic is MergeSplits's: weights 2^(lse_s - max),
-// a partial of weight 0 selected out.
-template <class Config>
-__device__ __forceinline__ void ClusterMergeEpilogue(const SparseMqaParams& p,
-                                                     const SparseMqaSplit& split,
-                                                     const SparseMqaWork& work,
-                                                     const float (&o)[128], const float (&m)[2],
-                                                     const int (&rows)[2], int wg, int c,
-                                                     uint32_t stage, uint32_t lse_base,
-                                                     const float* s_sum) {
-  using namespace sm90;
-  constexpr int kVDim = 512, kStride = kVDim + 8, kMaxSplits = 16;
-  constexpr float kNegInf = -INFINITY;
-  static_assert(64 * kStride * 4 <= 2 * Config::kBufferBytes, "the stage fits in K0 + K1");
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = rows[r];
-    const float total = s_sum[row] + s_sum[64 + row];
-    const float inverse = total > 0.f ? 1.f / total : 0.f;
-    const uint32_t dst = stage + (row * kStride + wg * 256 + 2 * c) * 4;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      StShared64f(dst + 32 * j, o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
-    }
-    if (wg == 0 && c == 0) {
-      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(lse_base + row * 4),
-                   "f"(total > 0.f ? m[r] + log2f(total) : kNegInf)
-                   : "memory");
-    }
-  }
-  ClusterSync();
-  const int splits = split.num_splits;
-  const int quads = kVDim / splits / 4;  // float4 columns of this CTA's share
-  const int col0 = work.split * (kVDim / splits);
-  const bool vector_ok =
-      work.out_head_stride % 4 == 0 && reinterpret_cast<uintptr_t>(work.out) % 16 == 0;
-  for (int i = threadIdx.x; i < work.heads * quads; i += 256) {
-    const int row = i / quads, col = col0 + (i % quads) * 4;
-    float lse[kMaxSplits];
-    float4 v[kMaxSplits];
-    float top = kNegInf;
-#pragma unroll
-    for (int k = 0; k < kMaxSplits; ++k) {
-      if (k < splits) {
-        lse[k] = LdCluster32f(MapShared(lse_base + row * 4, k));
-        v[k] = LdCluster128f(MapShared(stage + (row * kStride + col) * 4, k));
-        top = fmaxf(top, lse[k]);
-      }
-    }
-    float sum = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int k = 0; k < kMaxSplits; ++k) {
-      if (k < splits && lse[k] != kNegInf) {
-        const float w = exp2f(lse[k] - top);
-        sum += w;
-        acc.x += w * v[k].x;
-        acc.y += w * v[k].y;
-        acc.z += w * v[k].z;
-        acc.w += w * v[k].w;
-      }
-    }
-    const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-    float* out = work.out + int64_t(row) * work.out_head_stride + col;
-    if (vector_ok) {
-      *reinterpret_cast<float4*>(out) =
-          make_float4(acc.x * inverse, acc.y * inverse, acc.z * inverse, acc.w * inverse);
-    } else {
-      out[0] = acc.x * inverse;
-      out[1] = acc.y * inverse;
-      out[2] = acc.z * inverse;
-      out[3] = acc.w * inverse;
-    }
-    if (col == 0) {
-      work.lse[row] = sum > 0.f ? (top + log2f(sum)) * 0.6931471805599453f : kNegInf;
-    }
-  }
-  ClusterSync();
-}
-
 template <int kHeadDim, int kVDim, KvCacheDType kFormat>
 __global__ void __launch_bounds__(384, 1)
     SparseMqaSm90Kernel(const SparseMqaParams p, const SparseMqaSplit split) {
@@ -375,10 +287,6 @@ __global__ void __launch_bounds__(384, 1)
       RegistersDecrease<56>();
       SparseMqaSm90Fp8Producer<Config>(p, work, first_block, num_pairs, k_base, index_base,
                                        ready_bar, free_bar);
-      if (split.cluster_merge) {  // the consumers' two cluster barriers (below)
-        ClusterSync();
-        ClusterSync();
-      }
       return;
     }
   } else if (warpgroup == 2) {
@@ -451,10 +359,6 @@ __global__ void __launch_bounds__(384, 1)
       DCP_SM90_TRACE(t == 0 && pair < trace::kPairs, trace::kProducerBase + 5 * pair + 4);
     }
     CpAsyncWaitAll();
-    if (split.cluster_merge) {  // the consumers' two cluster barriers (below)
-      ClusterSync();
-      ClusterSync();
-    }
     return;
   }
 
@@ -678,14 +582,6 @@ __global__ void __launch_bounds__(384, 1)
   }
   NamedBarrierSync(kBarSum, 256);
   DCP_SM90_TRACE(threadIdx.x == 0, trace::kSumDone);
-  if (split.cluster_merge) {
-    ClusterMergeEpilogue<Config>(p, split, work, o, m, rows, wg, c, k_base[0],
-                                 base + Config::kMaxOffset, s_sum);
-    DCP_SM90_TRACE(threadIdx.x == 0, trace::kClockEnd);
-    DCP_SM90_TRACE(threadIdx.x == 0, trace::kGlobalEnd);
-    DCP_SM90_TRACE(threadIdx.x == 128, trace::kWg1End);
-    return;
-  }
   // The epilogue writes 128 KiB (fp32 O of 64 heads) per CTA and takes ~3 us (a trace of the
   // one-token decode, docs/sparse_mqa_sm90.md): staging O in shared memory and storing it
   // with bulk copies, or with 16-byte stores of 512 contiguous bytes a warp, measured the same;
@@ -735,7 +631,6 @@ absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit&
   if (bit == 0 || (configured.load() & bit) == 0) {
     DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         Config::kSmemBytes));
-    DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     configured.fetch_or(bit);
   }
   DCP_CHECK_ARG(split.block_heads == 16 || split.block_heads == 32 || split.block_heads == 64,
@@ -749,21 +644,8 @@ absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit&
   config.blockDim = dim3(Config::kThreads);
   config.dynamicSmemBytes = Config::kSmemBytes;
   config.stream = stream;
-  cudaLaunchAttribute attributes[2];
-  SetProgrammaticLaunch(&config, &attributes[0]);
-  if (split.cluster_merge) {
-    DCP_CHECK_ARG(split.num_splits >= 2 && split.num_splits <= SparseMqaSm90MaxClusterSplits() &&
-                      (split.num_splits & (split.num_splits - 1)) == 0,
-                  "SparseMqa (wgmma): %d splits cannot merge in a cluster (the device allows %d)",
-                  split.num_splits, SparseMqaSm90MaxClusterSplits());
-    cudaLaunchAttribute& cluster = attributes[config.numAttrs];
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = static_cast<unsigned>(split.num_splits);
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.attrs = attributes;
-    ++config.numAttrs;
-  }
+  cudaLaunchAttribute attribute;
+  SetProgrammaticLaunch(&config, &attribute);
   DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, split));
   DCP_CUDA_LAUNCH_CHECK("SparseMqaSm90Kernel");
 #if defined(DCP_SPARSE_MQA_TRACE)
@@ -771,40 +653,6 @@ absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit&
                           config.gridDim.x, stream);
 #endif
   return absl::OkStatus();
-}
-
-// The largest power-of-two cluster (<= 16 CTAs) of this kernel that the device can hold at
-// once, for the cluster merge: 0 when none of 2 fits. Queried per device.
-template <int kHeadDim, int kVDim, KvCacheDType kFormat>
-int SparseMqaSm90ClusterLimit() {
-  using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
-  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           Config::kSmemBytes) != cudaSuccess ||
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-          cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  for (int size = 16; size >= 2; size /= 2) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(size));
-    config.blockDim = dim3(Config::kThreads);
-    config.dynamicSmemBytes = Config::kSmemBytes;
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = static_cast<unsigned>(size);
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0) {
-      return size;
-    }
-    cudaGetLastError();
-  }
-  return 0;
 }
 
 }  // namespace dcp::cuda

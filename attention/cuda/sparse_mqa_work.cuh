@@ -5,7 +5,7 @@
 //
 // Grid: num_tokens x num_splits x head_blocks, head block fastest (the head blocks of one
 // (token, split) gather the same rows at about the same time: the second gather hits L2), then
-// split; with cluster_merge the split is fastest (a cluster holds one token's splits). A token with `count` keys has ceil(count / 64) blocks; split s takes blocks
+// split. A token with `count` keys has ceil(count / 64) blocks; split s takes blocks
 // [s * per, (s + 1) * per) with per = ceil(blocks / num_splits) rounded up to `block_align`
 // (a pair for the wgmma kernel), so a short list leaves the last splits empty (out 0,
 // lse -inf: the merge gives them weight 0).
@@ -21,10 +21,6 @@ namespace dcp::cuda {
 struct SparseMqaSplit {
   int num_splits = 1;
   int block_heads = 64;  // heads per CTA (the wgmma kernel: 16, 32 or 64; mma.sync: 64)
-  // The wgmma kernel only: the num_splits CTAs of a (token, head block) form one thread-block
-  // cluster and merge their partials through distributed shared memory, writing out and lse
-  // themselves (no part_out, no MergeSplits). The grid then has the split fastest.
-  bool cluster_merge = false;
   float* part_out = nullptr;
   float* part_lse = nullptr;
 };
@@ -45,18 +41,11 @@ __device__ __forceinline__ SparseMqaWork GetSparseMqaWork(const SparseMqaParams&
   SparseMqaWork w;
   const int head_blocks = (p.num_heads + block_heads - 1) / block_heads;
   const int64_t cta = blockIdx.x;
-  if (split.cluster_merge) {  // split fastest: a cluster is one (token, head block)'s splits
-    w.split = static_cast<int>(cta % split.num_splits);
-    const int64_t token_block = cta / split.num_splits;
-    w.head0 = static_cast<int>(token_block % head_blocks) * block_heads;
-    w.token = static_cast<int>(token_block / head_blocks);
-  } else {
-    w.head0 = static_cast<int>(cta % head_blocks) * block_heads;
-    const int64_t token_split = cta / head_blocks;
-    w.split = static_cast<int>(token_split % split.num_splits);
-    w.token = static_cast<int>(token_split / split.num_splits);
-  }
+  w.head0 = static_cast<int>(cta % head_blocks) * block_heads;
   w.heads = min(block_heads, p.num_heads - w.head0);
+  const int64_t token_split = cta / head_blocks;
+  w.split = static_cast<int>(token_split % split.num_splits);
+  w.token = static_cast<int>(token_split / split.num_splits);
   int count = p.topk;
   if (p.valid_counts != nullptr) count = min(max(p.valid_counts[w.token], 0), p.topk);
   const int blocks = (count + block_keys - 1) / block_keys;
@@ -64,7 +53,7 @@ __device__ __forceinline__ SparseMqaWork GetSparseMqaWork(const SparseMqaParams&
   per = (per + block_align - 1) / block_align * block_align;
   w.key_begin = min(count, w.split * per * block_keys);
   w.key_end = min(count, w.key_begin + per * block_keys);
-  if (split.num_splits == 1 || split.cluster_merge) {
+  if (split.num_splits == 1) {
     w.out = p.out + int64_t(w.token) * p.out_token_stride + int64_t(w.head0) * p.out_head_stride;
     w.out_head_stride = p.out_head_stride;
     w.lse = p.lse + int64_t(w.token) * p.lse_token_stride + w.head0;

@@ -179,37 +179,6 @@ __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// Thread-block clusters: every thread of the cluster arrives (release) and waits (acquire), so
-// the shared-memory writes before it are visible to the cluster's loads after it.
-__device__ __forceinline__ void ClusterSync() {
-  asm volatile(
-      "barrier.cluster.arrive.release;\n"
-      "barrier.cluster.wait.acquire;\n" ::
-          : "memory");
-}
-// The address of this CTA's shared-memory location `smem` in CTA `rank` of the cluster.
-__device__ __forceinline__ uint32_t MapShared(uint32_t smem, int rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem), "r"(rank));
-  return remote;
-}
-__device__ __forceinline__ float LdCluster32f(uint32_t remote) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
-__device__ __forceinline__ float4 LdCluster128f(uint32_t remote) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote)
-               : "memory");
-  return v;
-}
-__device__ __forceinline__ void StShared64f(uint32_t smem, float x, float y) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem), "f"(x), "f"(y) : "memory");
-}
-
 // 16 bytes global -> shared with a 256-byte L2 prefetch; valid == false writes zeros and reads
 // nothing.
 __device__ __forceinline__ void CpAsync16Prefetch(uint32_t smem, const void* global, bool valid) {

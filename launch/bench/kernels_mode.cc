@@ -538,13 +538,12 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
     return WriteFp8DsMlaRowsOn(device, w);
   }();
   auto run_shape = [&](const Shape& shape, int kernel, int splits, bool fp8 = false,
-                       int block_heads = 0, int split_merge = 0) -> absl::Status {
+                       int block_heads = 0) -> absl::Status {
     const std::string name =
         absl::StrCat("sparse_mqa_", kernel == 2 ? "sm90" : "sm80", fp8 ? "_fp8" : "", " t",
                      shape.tokens, " h", shape.heads, " k", shape.keys,
                      splits > 0 ? absl::StrCat(" s", splits) : "",
-                     block_heads > 0 ? absl::StrCat(" b", block_heads) : "",
-                     split_merge > 0 ? " m1" : "");
+                     block_heads > 0 ? absl::StrCat(" b", block_heads) : "");
     const double keys = double(shape.tokens) * shape.keys;
     const double row_bytes = fp8 ? fp8_ds_mla::kRowBytes : kWidth * 2;
     KernelRow row{name, nullptr, shape.heads, static_cast<int64_t>(keys * row_bytes),
@@ -568,7 +567,6 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
     p.kernel = kernel;
     p.num_splits = splits;
     p.block_heads = block_heads;
-    p.split_merge = split_merge;
     absl::Status ready = fp8 ? fp8_prepared : prepared;
     if (ready.ok()) {
       const std::vector<int32_t> host(shape.tokens, shape.keys);
@@ -589,17 +587,13 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
   for (int splits : {8, 16, 32}) {
     DCP_RETURN_IF_ERROR(run_shape({1, 128, 2048}, 2, splits, /*fp8=*/true));
   }
-  // Heads per CTA (the wgmma kernel's block_heads) against splits for a few decode tokens,
-  // the splits merged in a cluster (where the count allows) and (m1) by MergeSplits.
+  // Heads per CTA (the wgmma kernel's block_heads) against splits for a few decode tokens.
   for (int tokens : {1, 4, 16}) {
     for (int block_heads : {64, 32, 16}) {
       for (int splits : {2, 4, 8, 16, 32}) {
         if (int64_t{tokens} * (128 / block_heads) * splits > 4 * 132) continue;
-        for (int split_merge : {0, 1}) {
-          if (split_merge == 1 && splits > 16) continue;
-          DCP_RETURN_IF_ERROR(run_shape({tokens, 128, 2048}, 2, splits, /*fp8=*/false,
-                                        block_heads, split_merge));
-        }
+        DCP_RETURN_IF_ERROR(
+            run_shape({tokens, 128, 2048}, 2, splits, /*fp8=*/false, block_heads));
       }
       DCP_RETURN_IF_ERROR(run_shape({tokens, 128, 2048}, 2, 0, /*fp8=*/false, block_heads));
     }

@@ -30,14 +30,4 @@ bool SparseMqaSm90Available() {
   return available;
 }
 
-int SparseMqaSm90MaxClusterSplits() {
-  static std::atomic<int> cached[64] = {};  // 0 unknown, else the limit + 1
-  int device = 0;
-  if (!SparseMqaSm90Available() || cudaGetDevice(&device) != cudaSuccess || device < 0) return 0;
-  if (device < 64 && cached[device].load() != 0) return cached[device].load() - 1;
-  const int limit = SparseMqaSm90ClusterLimit<576, 512, KvCacheDType::kBF16>();
-  if (device < 64) cached[device].store(limit + 1);
-  return limit;
-}
-
 }  // namespace dcp::cuda

@@ -45,9 +45,6 @@ struct MqaCase {
   // The wgmma kernel's heads per CTA to run (SparseMqaParams::block_heads; 0: the heuristic's),
   // each with every split count; the mma.sync kernel runs 0 only.
   std::vector<int> block_heads = {0};
-  // The wgmma kernel's split merges to run (SparseMqaParams::split_merge: 0 in a cluster where
-  // the split count allows, 1 MergeSplits); the mma.sync kernel runs 0 only (it has one).
-  std::vector<int> split_merges = {0};
 };
 
 // One way of running the kernel on a case.
@@ -55,7 +52,6 @@ struct Variant {
   int kernel = 0;  // SparseMqaParams::kernel
   int splits = 0;  // SparseMqaParams::num_splits
   int block_heads = 0;  // SparseMqaParams::block_heads
-  int split_merge = 0;  // SparseMqaParams::split_merge
 };
 
 struct MqaData {
@@ -124,10 +120,8 @@ std::vector<Variant> Variants(const MqaCase& c) {
   std::vector<Variant> variants;
   for (int kernel : kernels) {
     for (int block_heads : c.block_heads) {
-      for (int split_merge : c.split_merges) {
-        if (kernel != 2 && (block_heads != 0 || split_merge != 0)) continue;
-        for (int splits : c.splits) variants.push_back({kernel, splits, block_heads, split_merge});
-      }
+      if (kernel != 2 && block_heads != 0) continue;
+      for (int splits : c.splits) variants.push_back({kernel, splits, block_heads});
     }
   }
   return variants;
@@ -235,12 +229,10 @@ class SparseMqaCudaTest : public GpuTest {
     std::vector<float> first_out;
     for (const Variant& v : Variants(c)) {
       SCOPED_TRACE(::testing::Message() << "kernel " << v.kernel << " splits " << v.splits
-                                        << " block_heads " << v.block_heads << " split_merge "
-                                        << v.split_merge);
+                                        << " block_heads " << v.block_heads);
       p.kernel = v.kernel;
       p.num_splits = v.splits;
       p.block_heads = v.block_heads;
-      p.split_merge = v.split_merge;
       out.Poison();
       lse.Poison();
       const absl::Status status = cuda::SparseMqa(p, nullptr);
@@ -528,7 +520,6 @@ TEST_F(SparseMqaCudaTest, EverySplitCountOfADecodeToken) {
   c.splits = {0};
   for (int splits = 1; splits <= 33; ++splits) c.splits.push_back(splits);
   c.splits.push_back(64);
-  c.split_merges = {0, 1};  // 2, 4, 8, 16 merge in a cluster (0) and through MergeSplits (1)
   RunAndCheck(c);
 }
 
@@ -546,7 +537,6 @@ TEST_F(SparseMqaCudaTest, NarrowHeadBlocksOfDecodeTokens) {
   c.check_rows = 96;
   c.splits = {1, 4, 16};
   c.block_heads = {64, 32, 16};
-  c.split_merges = {0, 1};
   RunAndCheck(c);
 }
 
@@ -594,14 +584,9 @@ TEST_F(SparseMqaCudaTest, BackToBackLaunchesShareTheWorkspace) {
   const std::vector<double> qbd = ToDouble(b.q), kvbd = ToDouble(b.kv);
   cudaStream_t stream = nullptr;
   DCP_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  // split_merge 1: the partials go through the shared workspace (the cluster merge, 0, needs
-  // none, but its kernels must still wait for the previous grid before writing out).
-  c.split_merges = {1, 0};
-  c.splits = {0};  // the loop below picks the split counts
   for (const Variant& v : Variants(c)) {
     for (int splits : {0, 4, 16}) {
-      SCOPED_TRACE(::testing::Message() << "kernel " << v.kernel << " splits " << splits
-                                        << " split_merge " << v.split_merge);
+      SCOPED_TRACE(::testing::Message() << "kernel " << v.kernel << " splits " << splits);
       outa.Poison();
       outb.Poison();
       lsea.Poison();
@@ -609,7 +594,6 @@ TEST_F(SparseMqaCudaTest, BackToBackLaunchesShareTheWorkspace) {
       for (SparseMqaParams* p : {&pa, &pb}) {
         p->kernel = v.kernel;
         p->num_splits = splits;
-        p->split_merge = v.split_merge;
       }
       // A, B, A again: the second A overwrites the partials B's merge reads.
       ASSERT_TRUE(cuda::SparseMqa(pa, stream).ok());
