@@ -178,6 +178,15 @@ if has_stage sanitize && [ "$hung" -eq 0 ]; then
       rm -f "$out/one.log"
     done
   done
+  # The narrow head blocks (16 and 32 heads a CTA) under memcheck: 128 heads, decode tokens.
+  DCP_REQUIRE_GPU=1 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      "$test_exe" --gtest_filter='SparseMqaCudaTest.NarrowHeadBlocksOfDecodeTokens' \
+      >"$out/one.log" 2>&1
+  code=$?
+  [ "$code" -eq 0 ] || failures=$((failures + 1))
+  note "memcheck narrow head blocks: exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY' "$out/one.log" | tail -1)"
+  { echo "=== memcheck narrow head blocks (exit $code)"; cat "$out/one.log"; } >>"$out/sanitize.log"
+  rm -f "$out/one.log"
 fi
 
 # The wgmma kernel's phase timeline (a profiling build, its own build folder).

@@ -85,6 +85,7 @@ int SparseMqaResolveKernel(const SparseMqaParams& params) {
 }
 
 SparseMqaTiling SparseMqaChooseTiling(const SparseMqaParams& p, int kernel, int num_sms) {
+  // Ties keep the first candidate: 64 heads, then fewer splits.
   SparseMqaTiling best;
   if (p.num_tokens <= 0 || p.num_heads <= 0 || p.topk <= 0 || num_sms <= 0) return best;
   const int align = BlockAlign(kernel);
@@ -93,23 +94,27 @@ SparseMqaTiling SparseMqaChooseTiling(const SparseMqaParams& p, int kernel, int 
   // Modelled time in microseconds, fitted to H200 measurements of one decode token at 128 heads
   // (docs/sparse_mqa_sm90.md, v2): one CTA per SM; a CTA costs `fixed` (launch, Q tile, first
   // gather, epilogue, the merge's latency) plus `block` per 64-key block; each split adds its
-  // partial's traffic (written once, read once by the merge, about 3 TB/s).
+  // partial's traffic (written once, read once by the merge, about 3 TB/s). A CTA of 32 heads
+  // (the wgmma kernel) moves a smaller Q tile and half the partial: 1.5 us less fixed cost
+  // (measured at 1, 4 and 16 tokens, docs/sparse_mqa_sm90.md, "Heads per CTA"); 16 heads
+  // measured no better than 32, so the model does not offer it.
   const double block = kernel == 2 ? 2.2 : 6.2, fixed = kernel == 2 ? 15.5 : 21.0;
   const double rows = double(p.num_tokens) * p.num_heads;
   const double merge_per_split = 2.0 * rows * p.v_dim * 4 / 3.0e6;
   double best_cost = -1;
   for (int block_heads : {64, 32, 16}) {
     if (kernel != 2 ? block_heads != kBlockHeads
-                    : (p.block_heads > 0 ? block_heads != p.block_heads : block_heads != 64)) {
+                    : (p.block_heads > 0 ? block_heads != p.block_heads : block_heads == 16)) {
       continue;
     }
+    const double cta_fixed = fixed - (block_heads == 32 ? 1.5 : block_heads == 16 ? 2.0 : 0.0);
     const int64_t base = int64_t(p.num_tokens) * ((p.num_heads + block_heads - 1) / block_heads);
     for (int splits = 1; splits <= (base >= num_sms ? 1 : most); ++splits) {
       int per = (blocks + splits - 1) / splits;
       per = (per + align - 1) / align * align;
       const int64_t waves = (base * splits + num_sms - 1) / num_sms;
       const double cost =
-          double(waves) * (per * block + fixed) + (splits > 1 ? splits * merge_per_split : 0.0);
+          double(waves) * (per * block + cta_fixed) + (splits > 1 ? splits * merge_per_split : 0.0);
       if (best_cost < 0 || cost < best_cost) {
         best = {splits, block_heads};
         best_cost = cost;

@@ -653,6 +653,22 @@ TEST(SparseMqaSplitTest, HeuristicPicksTheMeasuredBest) {
     EXPECT_EQ(cuda::SparseMqaChooseSplits(p, kernel, 132), 1);
     p.topk = 2048;
   }
+  // Heads per CTA (the wgmma kernel): 32 for one decode token (measured 1-1.5 us faster than
+  // 64 at 16 splits), 64 from 16 tokens on (32 measured slower there); the mma.sync kernel and
+  // a forced block_heads keep theirs.
+  p.num_tokens = 1;
+  cuda::SparseMqaTiling tiling = cuda::SparseMqaChooseTiling(p, 2, 132);
+  EXPECT_EQ(tiling.block_heads, 32);
+  EXPECT_EQ(tiling.splits, 16);
+  EXPECT_EQ(cuda::SparseMqaChooseTiling(p, 1, 132).block_heads, 64);
+  p.block_heads = 64;
+  EXPECT_EQ(cuda::SparseMqaChooseTiling(p, 2, 132).block_heads, 64);
+  EXPECT_EQ(cuda::SparseMqaChooseTiling(p, 2, 132).splits, 16);
+  p.block_heads = 0;
+  for (int tokens : {16, 64, 1024}) {
+    p.num_tokens = tokens;
+    EXPECT_EQ(cuda::SparseMqaChooseTiling(p, 2, 132).block_heads, 64) << tokens << " tokens";
+  }
   p.num_tokens = 3;
   EXPECT_EQ(cuda::SparseMqaWorkspaceBytes(p, 1), 0);
   EXPECT_GE(cuda::SparseMqaWorkspaceBytes(p, 4), int64_t(4) * 3 * 128 * (512 + 1) * 4);
