@@ -132,7 +132,8 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(const SparseMqaParams& 
                                                          const SparseMqaWork& work, int first_block,
                                                          int num_pairs, const uint32_t (&k_base)[2],
                                                          uint32_t index_base, uint32_t ready_bar,
-                                                         uint32_t free_bar) {
+                                                         uint32_t free_bar,
+                                                         const int32_t (&first_slots)[2][4]) {
   using namespace sm90;
   constexpr int kTileBytes = Config::kTileBytes;
   const int t = threadIdx.x % 128;
@@ -149,16 +150,17 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(const SparseMqaParams& 
   const uint32_t own_rope = (Config::kTiles - 1) * kTileBytes + TileChunk(group, lane8);
   const uint8_t* kv_lane = kv + 16 * lane8;  // this thread's 16 bytes of each 128-code tile
   int32_t row_slot[2][4];                    // the cache slot of each row, or -1 when skipped
-  auto load_rows = [&](int which, int block) {
+  auto load_rows = [&](int which, int block, bool first) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int key = block * 64 + group + 16 * r;
       int32_t slot = -1;
-      if (key < key_end) {
+      if (first) {
+        slot = first_slots[which][r];
+      } else if (key < key_end) {
         slot = __ldg(token_indices + key);
-        if (slot < 0 || slot >= p.num_slots) slot = -1;
       }
-      row_slot[which][r] = slot;
+      row_slot[which][r] = slot >= 0 && slot < p.num_slots ? slot : -1;
     }
   };
   auto issue = [&](int which, int f0, bool rope) {
@@ -195,8 +197,8 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(const SparseMqaParams& 
   for (int pair = 0; pair < num_pairs; ++pair) {
     const int b0 = first_block + 2 * pair, b1 = b0 + 1;
     const int free_parity = (pair & 1) ^ 1;
-    load_rows(0, b0);
-    load_rows(1, b1);
+    load_rows(0, b0, pair == 0);
+    load_rows(1, b1, pair == 0);
     MbarrierWait(free_bar + 8 * kL0, free_parity);
     issue(0, 0, false);
     copy_indices(0, b0);
@@ -258,14 +260,21 @@ __global__ void __launch_bounds__(384, 1)
   const int warpgroup = threadIdx.x / 128;
   const int t = threadIdx.x % 128;
 
-  if (warpgroup == 2 && t < 4) {
-    // The first pair's 128 indices (4 lines) into L1 before the barrier below: the consumers'
-    // Q tile (72 KiB of cp.async) is issued after it, and the producer's own index loads,
-    // queued behind that, held the first gather back by ~2 us (a trace of the one-token
-    // decode, docs/sparse_mqa_sm90.md).
-    const int key = first_block * Config::kBlockKeys + 32 * t;
-    if (key < work.key_end) {
-      PrefetchL1(p.indices + int64_t(work.token) * p.indices_token_stride + key);
+  // The first pair's slots, loaded by the producer before the barrier below: the consumers
+  // issue the Q tile (4608 cp.async) after it, and index loads queued behind those held the
+  // first gather back to ~2.9 us in the one-token decode (a trace, docs/sparse_mqa_sm90.md).
+  // Row group + 16 r of block first_block + which (the producer's thread geometry); -1 past
+  // the split's keys.
+  int32_t first_slots[2][4];
+  if (warpgroup == 2) {
+    const int32_t* token_indices = p.indices + int64_t(work.token) * p.indices_token_stride;
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int key = (first_block + which) * Config::kBlockKeys + t / 8 + 16 * r;
+        first_slots[which][r] = key < work.key_end ? __ldg(token_indices + key) : -1;
+      }
     }
   }
   if (threadIdx.x == 0) {
@@ -286,7 +295,7 @@ __global__ void __launch_bounds__(384, 1)
       // ----------------------------------------------------- producer, fp8_ds_mla rows
       RegistersDecrease<56>();
       SparseMqaSm90Fp8Producer<Config>(p, work, first_block, num_pairs, k_base, index_base,
-                                       ready_bar, free_bar);
+                                       ready_bar, free_bar, first_slots);
       return;
     }
   } else if (warpgroup == 2) {
@@ -300,16 +309,18 @@ __global__ void __launch_bounds__(384, 1)
     const int32_t* token_indices = p.indices + int64_t(work.token) * p.indices_token_stride;
     const int key_end = work.key_end;
     int64_t row_offset[2][4];  // element offset of each row's chunk, or -1 when skipped
-    auto load_rows = [&](int which, int block) {
+    auto load_rows = [&](int which, int block, bool first) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int key = block * 64 + group + 16 * r;
-        int64_t offset = -1;
-        if (key < key_end) {
-          const int64_t slot = __ldg(token_indices + key);
-          if (slot >= 0 && slot < p.num_slots) offset = slot * p.kv_row_stride + lane8 * 8;
+        int64_t slot = -1;
+        if (first) {
+          slot = first_slots[which][r];
+        } else if (key < key_end) {
+          slot = __ldg(token_indices + key);
         }
-        row_offset[which][r] = offset;
+        row_offset[which][r] =
+            slot >= 0 && slot < p.num_slots ? slot * p.kv_row_stride + lane8 * 8 : -1;
       }
     };
     auto copy_tiles = [&](int which, int tile_begin, int tile_end) {
@@ -336,8 +347,8 @@ __global__ void __launch_bounds__(384, 1)
     for (int pair = 0; pair < num_pairs; ++pair) {
       const int b0 = first_block + 2 * pair, b1 = b0 + 1;
       const int free_parity = (pair & 1) ^ 1;
-      load_rows(0, b0);
-      load_rows(1, b1);
+      load_rows(0, b0, pair == 0);
+      load_rows(1, b1, pair == 0);
       MbarrierWait(free_bar + 8 * kL0, free_parity);
       DCP_SM90_TRACE(t == 0 && pair < trace::kPairs, trace::kProducerBase + 5 * pair);
       copy_tiles(0, 0, kLeftTiles);

@@ -170,11 +170,6 @@ __device__ __forceinline__ void StShared128(uint32_t smem, uint4 v) {
                : "memory");
 }
 
-// Brings the line of `global` into L1 (no register written; the caller keeps it in bounds).
-__device__ __forceinline__ void PrefetchL1(const void* global) {
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(global));
-}
-
 __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
