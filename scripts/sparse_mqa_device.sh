@@ -163,30 +163,23 @@ if has_stage worker && [ "$hung" -eq 0 ]; then
 fi
 
 if has_stage sanitize && [ "$hung" -eq 0 ]; then
+  sanitize() {  # $1: tool, $2: test binary, $3: gtest filter, $4: cap in seconds
+    DCP_REQUIRE_GPU=1 timeout "$4" compute-sanitizer --tool "$1" --error-exitcode 9 \
+        "$2" --gtest_filter="$3" >"$out/one.log" 2>&1
+    local code=$?
+    [ "$code" -eq 0 ] || failures=$((failures + 1))
+    note "$1 $(basename "$2") ${3:0:40}: exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/one.log" | tail -1)"
+    { echo "=== $1 $2 $3 (exit $code)"; cat "$out/one.log"; } >>"$out/sanitize.log"
+    rm -f "$out/one.log"
+  }
   small='SparseMqaCudaTest.SmallSplits*:SparseMqaCudaTest.OneKey*:SparseMqaCudaTest.NoWorkspace*:TopkToSlotsCudaTest.*:MergeStatesCudaTest.MergeSplits*'
   small_fp8='SparseMqaFp8CudaTest.PartialHeadBlockAndRaggedBlocks:SparseMqaFp8CudaTest.OneKeyAndEmptyCache:SparseMqaFp8CudaTest.ExtremeTileScales*'
   for tool in memcheck racecheck; do
-    for exe in "$test_exe" "$fp8_exe"; do
-      filter=$small
-      [ "$exe" = "$fp8_exe" ] && filter=$small_fp8
-      DCP_REQUIRE_GPU=1 timeout 60 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-          "$exe" --gtest_filter="$filter" >"$out/one.log" 2>&1
-      code=$?
-      [ "$code" -eq 0 ] || failures=$((failures + 1))
-      note "$tool $(basename "$exe"): exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/one.log" | tail -1)"
-      { echo "=== $tool $exe (exit $code)"; cat "$out/one.log"; } >>"$out/sanitize.log"
-      rm -f "$out/one.log"
-    done
+    sanitize "$tool" "$test_exe" "$small" 60
+    sanitize "$tool" "$fp8_exe" "$small_fp8" 60
   done
   # The narrow head blocks (16 and 32 heads a CTA) under memcheck: 128 heads, decode tokens.
-  DCP_REQUIRE_GPU=1 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 \
-      "$test_exe" --gtest_filter='SparseMqaCudaTest.NarrowHeadBlocksOfDecodeTokens' \
-      >"$out/one.log" 2>&1
-  code=$?
-  [ "$code" -eq 0 ] || failures=$((failures + 1))
-  note "memcheck narrow head blocks: exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY' "$out/one.log" | tail -1)"
-  { echo "=== memcheck narrow head blocks (exit $code)"; cat "$out/one.log"; } >>"$out/sanitize.log"
-  rm -f "$out/one.log"
+  sanitize memcheck "$test_exe" 'SparseMqaCudaTest.NarrowHeadBlocksOfDecodeTokens' 90
 fi
 
 # The wgmma kernel's phase timeline (a profiling build, its own build folder).
