@@ -20,7 +20,8 @@ struct GraphNodeTimes {
 // the launch of the timing graph is amortised and back-to-back copies of one node measure the
 // node, not the launch). `graph` is not modified. The node's inputs are whatever the captured
 // buffers hold; the nodes run again, so they must be safe to repeat (a layer's are: every
-// node rewrites its outputs from its inputs).
+// node rewrites its outputs from its inputs). A graph the runtime cannot clone (cuDNN's nodes)
+// is an error, and the thread's last CUDA error is cleared before it returns.
 absl::StatusOr<GraphNodeTimes> TimeGraphNodes(cudaGraph_t graph, cudaStream_t stream,
                                               int repeats);
 
