@@ -4,8 +4,12 @@
 #   suite        the whole CTest suite with DCP_REQUIRE_GPU=1, plus the NCCL multi-rank entries
 #                (worker, communicator) at np = number of GPUs;
 #   deepseek     dcp_run --config launch/configs/deepseek_v32.yaml at np = GPUs (one per GPU,
-#                NCCL) with --check, both routes (the config's batches take both), both combines,
-#                bf16 and fp8_ds_mla caches;
+#                NCCL) with --check, both combines, bf16 and fp8_ds_mla caches, on batches small
+#                enough for the check's CPU reference (the config's own take minutes there):
+#                DCP_DEEPSEEK_BATCHES, default 2q256_8q1kv4k and 2q128kv512 (dense MHA: fresh
+#                prefills with decodes, prefills over cached context through the workspace),
+#                8q1kv4k and q64kv3k_4q1kv4k (sparse MQA: decodes, a prefill beyond K with
+#                decodes); the same check at np 2 on CPU ranks takes ~10 s;
 #   collectives  dcp_bench --mode collectives at W = 2, 4, 8 (those <= GPUs): the workspace fill
 #                and both combines against raw NCCL (ratio and busbw columns, nccl-tests' definition);
 #   routes       dcp_bench --mode routes and --mode engine at the same W (communication times per
@@ -65,7 +69,8 @@ if has_stage deepseek; then
     for combine in ag_rs a2a; do
       log="$work/deepseek_${dtype}_${combine}.log"
       timeout 240 "${mpi[@]}" -np "$gpus" "$run" --config launch/configs/deepseek_v32.yaml \
-          --comm nccl --combine "$combine" --kv-cache-dtype "$dtype" --check >"$log" 2>&1
+          --comm nccl --combine "$combine" --kv-cache-dtype "$dtype" --check \
+          --batch "${DCP_DEEPSEEK_BATCHES:-2q256_8q1kv4k,2q128kv512,8q1kv4k,q64kv3k_4q1kv4k}" >"$log" 2>&1
       code=$?
       [ "$code" -eq 0 ] || failures=$((failures + 1))
       note "deepseek_v32.yaml np $gpus $dtype $combine: exit $code | $(grep -E 'route|check' "$log" | tail -3 | tr '\n' ' ' | cut -c1-300)"

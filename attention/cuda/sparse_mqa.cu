@@ -101,12 +101,16 @@ SparseMqaTiling SparseMqaChooseTiling(const SparseMqaParams& p, int kernel, int 
   const double block = kernel == 2 ? 2.2 : 6.2, fixed = kernel == 2 ? 15.5 : 21.0;
   const double rows = double(p.num_tokens) * p.num_heads;
   const double merge_per_split = 2.0 * rows * p.v_dim * 4 / 3.0e6;
+  // The candidates: the mma.sync kernel's 64-head block; the wgmma kernel's forced
+  // block_heads, else 64 and 32.
+  auto offered = [&](int block_heads) {
+    if (kernel != 2) return block_heads == kBlockHeads;
+    if (p.block_heads > 0) return block_heads == p.block_heads;
+    return block_heads != 16;
+  };
   double best_cost = -1;
   for (int block_heads : {64, 32, 16}) {
-    if (kernel != 2 ? block_heads != kBlockHeads
-                    : (p.block_heads > 0 ? block_heads != p.block_heads : block_heads == 16)) {
-      continue;
-    }
+    if (!offered(block_heads)) continue;
     const double cta_fixed = fixed - (block_heads == 32 ? 1.5 : block_heads == 16 ? 2.0 : 0.0);
     const int64_t base = int64_t(p.num_tokens) * ((p.num_heads + block_heads - 1) / block_heads);
     for (int splits = 1; splits <= (base >= num_sms ? 1 : most); ++splits) {
