@@ -57,6 +57,12 @@ class KernelBench {
   // wrong elements. `prepared`: this rank's status of allocating the inputs (agreed here).
   absl::Status Measure(const KernelRow& row, const absl::Status& prepared, const Step& setup,
                        const Step& run, const Check& check);
+  // CUDA ranks: `launches` calls of `launch(i)` captured once into a CUDA graph on the device's
+  // stream and replayed, so a row is GPU time without the host's launch latency (row.flops and
+  // row.bytes count all the launches; time_us is the replay's). One eager call first, so that
+  // nothing is allocated or configured during the capture. Elsewhere a no-op.
+  absl::Status MeasureReplayed(const KernelRow& row, const absl::Status& prepared, int launches,
+                               const std::function<absl::Status(int)>& launch);
   absl::Status MeasureCeilings();
   absl::Status MeasureAttention(const BatchShape& shape, int heads);
   absl::Status MeasureSparseMqaShapes();
@@ -67,6 +73,7 @@ class KernelBench {
 
  private:
   static std::vector<Column> Columns(const BenchEnv& env);
+  bool Skipped(const KernelRow& row) const;
   void AddRow(const KernelRow& row, const StepTimes* times, int64_t wrong,
               const std::string& status);
 
@@ -127,15 +134,17 @@ void KernelBench::AddRow(const KernelRow& row, const StepTimes* times, int64_t w
   table_.AddRow(std::move(cells));
 }
 
+// --only: other kernels are skipped (the ceilings always run: the percentages need them).
+bool KernelBench::Skipped(const KernelRow& row) const {
+  return !env_.options.only.empty() && row.kernel.find("_ceiling") == std::string::npos &&
+         std::none_of(env_.options.only.begin(), env_.options.only.end(),
+                      [&](const std::string& prefix) { return row.kernel.rfind(prefix, 0) == 0; });
+}
+
 absl::Status KernelBench::Measure(const KernelRow& row, const absl::Status& prepared,
                                   const Step& setup, const Step& run, const Check& check) {
   last_times_.reset();
-  // --only: other kernels are skipped (the ceilings always run: the percentages need them).
-  if (!env_.options.only.empty() && row.kernel.find("_ceiling") == std::string::npos &&
-      std::none_of(env_.options.only.begin(), env_.options.only.end(),
-                   [&](const std::string& prefix) { return row.kernel.rfind(prefix, 0) == 0; })) {
-    return absl::OkStatus();
-  }
+  if (Skipped(row)) return absl::OkStatus();
   const absl::Status agreed = AgreeOnStatus(*env_.bootstrap, prepared);
   if (!agreed.ok()) {
     ++num_failed_;
@@ -174,6 +183,52 @@ absl::Status KernelBench::Measure(const KernelRow& row, const absl::Status& prep
   AddRow(row, &*times, wrong, "ok");
   last_times_ = *times;
   return absl::OkStatus();
+}
+
+absl::Status KernelBench::MeasureReplayed(const KernelRow& row, const absl::Status& prepared,
+                                          int launches,
+                                          const std::function<absl::Status(int)>& launch) {
+#if DCP_WITH_CUDA
+  auto* cuda_device = dynamic_cast<CudaDevice*>(env_.device);
+  if (cuda_device == nullptr || Skipped(row)) return absl::OkStatus();
+  cudaStream_t stream = cuda_device->stream();
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  absl::Status captured = prepared;
+  if (captured.ok()) captured = launch(0);
+  if (captured.ok()) captured = env_.device->Synchronize();
+  if (captured.ok() &&
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    captured = DCP_ERROR(Internal, "cudaStreamBeginCapture failed");
+  }
+  if (captured.ok()) {
+    for (int i = 0; i < launches && captured.ok(); ++i) captured = launch(i);
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    if (captured.ok() && ended != cudaSuccess) {
+      captured = DCP_ERROR(Internal, "capture: %s", cudaGetErrorString(ended));
+    }
+    if (captured.ok() && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+      captured = DCP_ERROR(Internal, "cudaGraphInstantiate failed");
+    }
+  }
+  cudaGetLastError();  // a refused capture is reported in the row, not by the next launch
+  const absl::Status measured = Measure(
+      row, captured, nullptr,
+      [&]() -> absl::Status {
+        const cudaError_t code = cudaGraphLaunch(exec, stream);
+        if (code != cudaSuccess) {
+          return DCP_ERROR(Internal, "cudaGraphLaunch: %s", cudaGetErrorString(code));
+        }
+        return absl::OkStatus();
+      },
+      nullptr);
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  return measured;
+#else
+  (void)row, (void)prepared, (void)launches, (void)launch;
+  return absl::OkStatus();
+#endif
 }
 
 absl::Status KernelBench::MeasureCeilings() {
@@ -537,14 +592,17 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
     w.kv_c_row_stride = w.k_pe_row_stride = kWidth;
     return WriteFp8DsMlaRowsOn(device, w);
   }();
+  // `replays` > 0: that many launches replayed from one CUDA graph (MeasureReplayed; the row's
+  // name ends in " x<replays>", time_us is theirs).
   auto run_shape = [&](const Shape& shape, int kernel, int splits, bool fp8 = false,
-                       int block_heads = 0) -> absl::Status {
+                       int block_heads = 0, int replays = 0) -> absl::Status {
     const std::string name =
         absl::StrCat("sparse_mqa_", kernel == 2 ? "sm90" : "sm80", fp8 ? "_fp8" : "", " t",
                      shape.tokens, " h", shape.heads, " k", shape.keys,
                      splits > 0 ? absl::StrCat(" s", splits) : "",
-                     block_heads > 0 ? absl::StrCat(" b", block_heads) : "");
-    const double keys = double(shape.tokens) * shape.keys;
+                     block_heads > 0 ? absl::StrCat(" b", block_heads) : "",
+                     replays > 0 ? absl::StrCat(" x", replays) : "");
+    const double keys = double(shape.tokens) * shape.keys * std::max(replays, 1);
     const double row_bytes = fp8 ? fp8_ds_mla::kRowBytes : kWidth * 2;
     KernelRow row{name, nullptr, shape.heads, static_cast<int64_t>(keys * row_bytes),
                   2.0 * shape.heads * (kWidth + kValue) * keys, keys * row_bytes};
@@ -572,6 +630,9 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
       const std::vector<int32_t> host(shape.tokens, shape.keys);
       ready = device.CopyFromHost(counts.data(), host.data(), host.size() * 4);
     }
+    if (replays > 0) {
+      return MeasureReplayed(row, ready, replays, [&](int) { return device.SparseMqa(p); });
+    }
     return Measure(row, ready, nullptr, [&] { return device.SparseMqa(p); }, nullptr);
   };
   for (const Shape& shape : shapes) {
@@ -596,6 +657,14 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
             run_shape({tokens, 128, 2048}, 2, splits, /*fp8=*/false, block_heads));
       }
       DCP_RETURN_IF_ERROR(run_shape({tokens, 128, 2048}, 2, 0, /*fp8=*/false, block_heads));
+    }
+  }
+  // The decode shapes as a captured engine step runs them: 16 launches (the attention kernel
+  // and, when it splits, the merge) replayed from one graph, so a row is GPU time without an
+  // idle GPU's launch latency (the rows above include it: ~5-7 us). Per launch: time_us / 16.
+  for (const Shape& shape : {Shape{1, 128, 2048}, Shape{64, 128, 2048}, Shape{1, 128, 512}}) {
+    for (bool fp8 : {false, true}) {
+      DCP_RETURN_IF_ERROR(run_shape(shape, 2, 0, fp8, /*block_heads=*/0, /*replays=*/16));
     }
   }
   return absl::OkStatus();
@@ -665,47 +734,16 @@ absl::Status KernelBench::MeasureSmallMGemm() {
               absl::StrCat("gemm_", shape.name, "_m", m, "_", kernel,
                            copies == 1 ? "_hot" : "", "_x", kLaunches),
               nullptr, kHeads, int64_t(weight_count) * 2, 0, bytes * kLaunches};
-          // kLaunches launches captured in one CUDA graph and replayed: GPU time only (an
-          // eager launch per timed step would add the host's launch latency, which is most of
-          // a 4-us kernel and all of cuBLAS's call overhead).
+          // Replayed from a graph: an eager launch per timed step would add the host's launch
+          // latency, which is most of a 4-us kernel and all of cuBLAS's call overhead.
           cudaStream_t stream = cuda_device->stream();
-          cudaGraph_t graph = nullptr;
-          cudaGraphExec_t exec = nullptr;
-          absl::Status captured = prepared;
-          if (captured.ok() && cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) !=
-                                   cudaSuccess) {
-            captured = DCP_ERROR(Internal, "cudaStreamBeginCapture failed");
-          }
-          if (captured.ok()) {
-            for (int launch = 0; launch < kLaunches && captured.ok(); ++launch) {
-              p.b = static_cast<const std::byte*>(weights.data()) +
-                    weight_count * 2 * (launch % copies);
-              captured = which == "small" ? cuda::GemmSmallM(p, stream)
-                         : which == "tc"  ? cuda::GemmSmallMTc(p, stream)
-                                          : cuda::GemmCublas(cuda_device->cublas(), p, stream);
-            }
-            const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-            if (captured.ok() && ended != cudaSuccess) {
-              captured = DCP_ERROR(Internal, "capture: %s", cudaGetErrorString(ended));
-            }
-            if (captured.ok() && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
-              captured = DCP_ERROR(Internal, "cudaGraphInstantiate failed");
-            }
-          }
-          cudaGetLastError();
-          const absl::Status measured = Measure(
-              row, captured, nullptr,
-              [&]() -> absl::Status {
-                const cudaError_t code = cudaGraphLaunch(exec, stream);
-                if (code != cudaSuccess) {
-                  return DCP_ERROR(Internal, "cudaGraphLaunch: %s", cudaGetErrorString(code));
-                }
-                return absl::OkStatus();
-              },
-              nullptr);
-          if (exec != nullptr) cudaGraphExecDestroy(exec);
-          if (graph != nullptr) cudaGraphDestroy(graph);
-          DCP_RETURN_IF_ERROR(measured);
+          DCP_RETURN_IF_ERROR(MeasureReplayed(row, prepared, kLaunches, [&](int launch) {
+            p.b = static_cast<const std::byte*>(weights.data()) +
+                  weight_count * 2 * (launch % copies);
+            return which == "small" ? cuda::GemmSmallM(p, stream)
+                   : which == "tc"  ? cuda::GemmSmallMTc(p, stream)
+                                    : cuda::GemmCublas(cuda_device->cublas(), p, stream);
+          }));
         }
       }
     }
