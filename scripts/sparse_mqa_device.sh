@@ -25,7 +25,8 @@
 #      sparse_mqa_sm90_trace.cuh) for the rows of DCP_TRACE_ROWS.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
-# "build test bench engine nopdl sanitize"; ncu, ncu_engine and worker are extra), DCP_TEST_FILTER,
+# "build test bench engine nopdl sanitize"; ncu, ncu_engine, worker, trace and variants are
+# extra), DCP_VARIANTS (stage variants: environments to bench under), DCP_TEST_FILTER,
 # DCP_BENCH_ARGS (appended), DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k), DCP_TRACE_ROWS (kernel
 # rows of stage trace, ';'-separated).
 set -uo pipefail
@@ -147,6 +148,17 @@ run_engine() {
   grep -E "^ +[0-9a-z]+ " "$out/$name.txt" | head -12 | tee -a "$summary"
 }
 if has_stage bench && [ "$hung" -eq 0 ]; then run_kernels kernels DCP_BENCH_RUN=1; fi
+# Stage variants: the kernels rows again under each ';'-separated environment of DCP_VARIANTS
+# (e.g. "DCP_SPARSE_MQA_PREFETCH_PAIRS=0;DCP_SPARSE_MQA_PREFETCH_PAIRS=2"), to compare knobs
+# in one call; the rows of the default run above are the baseline.
+if has_stage variants && [ "$hung" -eq 0 ]; then
+  IFS=';' read -r -a variants <<<"${DCP_VARIANTS:-}"
+  for i in "${!variants[@]}"; do
+    note "variant $i: ${variants[$i]}"
+    # shellcheck disable=SC2086  # one environment assignment per word
+    run_kernels "kernels_variant$i" DCP_BENCH_RUN=1 ${variants[$i]}
+  done
+fi
 if has_stage engine && [ "$hung" -eq 0 ]; then run_engine engine DCP_BENCH_RUN=1; fi
 if has_stage worker && [ "$hung" -eq 0 ]; then
   # The worker's multi-rank equivalence suite on CUDA ranks (compacted slots, split-KV).

@@ -2,6 +2,7 @@
 // sparse_mqa_kernel.cuh (mma.sync) and sparse_mqa_sm90_kernel.cuh (wgmma).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "attention/cuda/merge_states.h"
 #include "attention/cuda/sparse_mqa.h"
@@ -22,6 +23,18 @@ int NumSms() {
 }
 
 int BlockAlign(int kernel) { return kernel == 2 ? 2 : 1; }
+
+// The wgmma producer's L2 prefetch distance in pairs (SparseMqaSplit::prefetch_pairs):
+// DCP_SPARSE_MQA_PREFETCH_PAIRS = 0 (off) to 4, default 1; read once (for measurements).
+int PrefetchPairs() {
+  static const int pairs = [] {
+    const char* value = std::getenv("DCP_SPARSE_MQA_PREFETCH_PAIRS");
+    if (value == nullptr || *value == '\0') return 1;
+    const int parsed = std::atoi(value);
+    return parsed < 0 ? 0 : parsed > 4 ? 4 : parsed;
+  }();
+  return pairs;
+}
 
 absl::Status Check(const SparseMqaParams& p) {
   DCP_CHECK_ARG(p.num_tokens >= 0 && p.num_heads >= 0 && p.topk >= 0 && p.num_slots >= 0,
@@ -159,6 +172,7 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   SparseMqaSplit split;
   split.num_splits = splits;
   split.block_heads = kernel == 2 ? tiling.block_heads : kBlockHeads;
+  split.prefetch_pairs = PrefetchPairs();
   if (splits > 1) {
     DCP_CHECK_ARG(Aligned16(params.workspace), "SparseMqa: workspace must be 16-byte aligned");
     const int64_t rows = int64_t(splits) * params.num_tokens * params.num_heads;

@@ -21,6 +21,9 @@ namespace dcp::cuda {
 struct SparseMqaSplit {
   int num_splits = 1;
   int block_heads = 64;  // heads per CTA (the wgmma kernel: 16, 32 or 64; mma.sync: 64)
+  // The wgmma kernel's producer prefetches the rows of the pair this many pairs ahead into L2
+  // (0: none), so that a refill, issued when a buffer frees, hits L2 rather than HBM.
+  int prefetch_pairs = 1;
   float* part_out = nullptr;
   float* part_lse = nullptr;
 };

@@ -181,6 +181,12 @@ __device__ __forceinline__ void CpAsync16Prefetch(uint32_t smem, const void* glo
                "l"(global), "r"(valid ? 16 : 0)
                : "memory");
 }
+// Hopper's bulk L2 prefetch: `bytes` (a multiple of 16) from a 16-byte aligned global address
+// into L2, no shared memory, no completion to wait for.
+__device__ __forceinline__ void PrefetchL2Bulk(const void* global, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(global), "r"(bytes)
+               : "memory");
+}
 // 4 bytes global -> shared; valid == false writes zeros.
 __device__ __forceinline__ void CpAsync4(uint32_t smem, const void* global, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(global),
