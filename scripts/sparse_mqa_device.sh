@@ -25,8 +25,8 @@
 #      sparse_mqa_sm90_trace.cuh) for the rows of DCP_TRACE_ROWS.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
-# "build test bench engine nopdl sanitize"; ncu, ncu_engine, worker, trace and variants are
-# extra), DCP_VARIANTS (stage variants: environments to bench under), DCP_TEST_FILTER,
+# "build test bench engine nopdl sanitize"; ncu, ncu_sections, ncu_engine, worker, trace and
+# variants are extra), DCP_VARIANTS (stage variants: environments to bench under), DCP_TEST_FILTER,
 # DCP_BENCH_ARGS (appended), DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k), DCP_TRACE_ROWS (kernel
 # rows of stage trace, ';'-separated).
 set -uo pipefail
@@ -239,6 +239,30 @@ if has_stage ncu && [ "$hung" -eq 0 ]; then
        /gpu__time_duration.sum/ { s[label] += $(NF); n[label]++ }
        END { for (k in s) printf "ncu %-44s %7.2f us (mean of %d)\n", k, s[k] / n[k], n[k] }' \
       "$out/ncu.txt" | sort | tee -a "$summary"
+fi
+
+# What bounds the wgmma kernel (stage ncu_sections, extra): Nsight Compute's speed-of-light,
+# memory and warp-state sections, then the tensor pipe's and L2's utilisation, for the rows of
+# DCP_NCU_ROWS (',' separated; default the 64- and 1024-token rows at 128 heads).
+if has_stage ncu_sections && [ "$hung" -eq 0 ]; then
+  rows="${DCP_NCU_ROWS:-sparse_mqa_sm90 t64 h128 k2048 s1,sparse_mqa_sm90 t1024 h128 k2048}"
+  timeout 150 mpirun --allow-run-as-root --bind-to none -np 1 ncu --clock-control none \
+      -k 'regex:SparseMqaSm90Kernel' --launch-skip 1 --launch-count 4 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section Occupancy "$bench" --mode kernels \
+      --device cuda --model deepseek_v32 --heads 128 --batches q1kv4k -w 1 -n 1 -b 1M -e 1M \
+      --only "$rows" >"$out/ncu_sections.txt" 2>&1
+  note "ncu sections: exit $? ($(elapsed))"
+  grep -E "SparseMqaSm90Kernel|Throughput|Busy|Warp Cycles|Stall|stall|Pipe|Active Warps|Executed Ipc" \
+      "$out/ncu_sections.txt" | cut -c1-150 | head -80 | tee -a "$summary"
+  timeout 120 mpirun --allow-run-as-root --bind-to none -np 1 ncu --clock-control none \
+      -k 'regex:SparseMqaSm90Kernel' --launch-skip 1 --launch-count 4 --metrics \
+      sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum.per_second,l1tex__m_xbar2l1tex_read_bytes.sum.per_second \
+      "$bench" --mode kernels --device cuda --model deepseek_v32 --heads 128 --batches q1kv4k \
+      -w 1 -n 1 -b 1M -e 1M --only "$rows" >"$out/ncu_metrics.txt" 2>&1
+  note "ncu metrics: exit $? ($(elapsed))"
+  grep -E "SparseMqaSm90Kernel|gmma|lts__|dram__|xbar|ERROR" "$out/ncu_metrics.txt" | cut -c1-150 \
+      | head -40 | tee -a "$summary"
 fi
 
 # GPU time of every kernel of the one-token decode layer (1 token x 128 heads, top-k 2048,

@@ -36,6 +36,18 @@ int PrefetchPairs() {
   return pairs;
 }
 
+// The wgmma kernel's rescale slack (SparseMqaSplit::rescale_slack): DCP_SPARSE_MQA_RESCALE_SLACK
+// = 0 (rescale whenever the max grows) to 16, default 8; read once (for measurements).
+float RescaleSlack() {
+  static const float slack = [] {
+    const char* value = std::getenv("DCP_SPARSE_MQA_RESCALE_SLACK");
+    if (value == nullptr || *value == '\0') return 8.f;
+    const float parsed = static_cast<float>(std::atof(value));
+    return parsed > 0.f ? std::min(parsed, 16.f) : 0.f;
+  }();
+  return slack;
+}
+
 absl::Status Check(const SparseMqaParams& p) {
   DCP_CHECK_ARG(p.num_tokens >= 0 && p.num_heads >= 0 && p.topk >= 0 && p.num_slots >= 0,
                 "SparseMqa: negative size (tokens %d, heads %d, topk %d, slots %d)", p.num_tokens,
@@ -173,6 +185,7 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   split.num_splits = splits;
   split.block_heads = kernel == 2 ? tiling.block_heads : kBlockHeads;
   split.prefetch_pairs = PrefetchPairs();
+  split.rescale_slack = RescaleSlack();
   if (splits > 1) {
     DCP_CHECK_ARG(Aligned16(params.workspace), "SparseMqa: workspace must be 16-byte aligned");
     const int64_t rows = int64_t(splits) * params.num_tokens * params.num_heads;

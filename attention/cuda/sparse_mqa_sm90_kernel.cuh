@@ -555,19 +555,27 @@ __global__ void __launch_bounds__(384, 1)
     NamedBarrierSync(kBarMax, 256);
     DCP_SM90_TRACE(traced, pair_mark + trace::kMaxShared);
 
-    // The same new running max in both WGs; rescale O and l, P = 2^(s - m).
-    float m_use[2];
+    // The same running max in both WGs. It moves only when a block's max passes it by more
+    // than split.rescale_slack (log2 units; 0: whenever it grows), so P = 2^(s - m) <= 2^slack
+    // and O and l are rescaled only on those pairs: O / l and the LSE do not depend on the
+    // reference the sums were taken against, only their rounding does.
+    float m_use[2], alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m[r], fmaxf(s_max[rows[r]], s_max[64 + rows[r]]));
+      const float m_block = fmaxf(s_max[rows[r]], s_max[64 + rows[r]]);
+      const float m_new = m_block > m[r] + split.rescale_slack ? m_block : m[r];
       m_use[r] = m_new == kNegInf ? 0.f : m_new;  // all masked so far: keep exp2 finite
-      const float alpha = exp2f(m[r] - m_use[r]);
+      alpha[r] = exp2f(m[r] - m_use[r]);
       m[r] = m_new;
-      l[r] *= alpha;
+      l[r] *= alpha[r];
+    }
+    if (alpha[0] != 1.f || alpha[1] != 1.f) {
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
-        o[4 * j + 2 * r] *= alpha;
-        o[4 * j + 2 * r + 1] *= alpha;
+        o[4 * j] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
       }
     }
     uint32_t a[4][4];  // P as the A fragments of the 4 k-steps of 16 keys

@@ -24,6 +24,9 @@ struct SparseMqaSplit {
   // The wgmma kernel's producer prefetches the rows of the pair this many pairs ahead into L2
   // (0: none), so that a refill, issued when a buffer frees, hits L2 rather than HBM.
   int prefetch_pairs = 1;
+  // The wgmma kernel's running max moves only when a block's max passes it by more than this
+  // (log2 units; 0 = whenever it grows): P stays <= 2^slack and most pairs skip rescaling O.
+  float rescale_slack = 8.f;
   float* part_out = nullptr;
   float* part_lse = nullptr;
 };
