@@ -45,6 +45,13 @@ struct MqaCase {
   // The wgmma kernel's heads per CTA to run (SparseMqaParams::block_heads; 0: the heuristic's),
   // each with every split count; the mma.sync kernel runs 0 only.
   std::vector<int> block_heads = {0};
+  // Non-zero: logits that climb block by block. Every query's rope part (columns 512-575) is 1
+  // and the rope part of the row at position k of a token's list is rope_ramp * (k / 64), so a
+  // 64-key block scores about 6.66 * rope_ramp (log2 units) above the one before it (with
+  // scale 1 / sqrt(192)): the wgmma kernel's running max is then kept stale for some pairs and
+  // moved on others (SparseMqaSplit::rescale_slack). One token, or the rows of tokens that
+  // share a slot take the last token's ramp.
+  float rope_ramp = 0.f;
 };
 
 // One way of running the kernel on a case.
@@ -90,6 +97,20 @@ MqaData MakeData(const MqaCase& c, std::mt19937_64& rng) {
         value = (k % 2 == 0) ? c.slots + k : -2 - k;
       }
       d.indices[size_t(t) * d.indices_stride + k] = value;
+    }
+  }
+  if (c.rope_ramp != 0.f) {
+    for (int t = 0; t < c.tokens; ++t) {
+      for (int h = 0; h < c.heads; ++h) {
+        bf16* q_rope = d.q.data() + size_t(t) * d.q_token_stride + size_t(h) * c.q_head_stride;
+        for (int i = kVDim; i < kHeadDim; ++i) q_rope[i] = float_to_bf16(1.f);
+      }
+      for (int k = 0; k < c.topk; ++k) {
+        const int32_t slot = d.indices[size_t(t) * d.indices_stride + k];
+        if (slot < 0 || slot >= c.slots) continue;
+        const bf16 ramp = float_to_bf16(c.rope_ramp * float(k / 64));
+        for (int i = kVDim; i < kHeadDim; ++i) d.kv[size_t(slot) * kHeadDim + i] = ramp;
+      }
     }
   }
   if (!c.counts.empty()) {
@@ -444,6 +465,25 @@ TEST_F(SparseMqaCudaTest, HugeNegativeLogits) {
   c.kv_high = 1.f;
   c.scale = 0.25f;
   RunAndCheck(c);
+}
+
+// Logits that climb through the key list, so the running max grows on most pairs: by ~6 log2
+// units a pair (kept stale on every other pair by the wgmma kernel's slack of 8) and by ~2.7
+// (kept for two pairs, then moved); one CTA walking all 2048 keys (1 split) and split ones.
+TEST_F(SparseMqaCudaTest, RunningMaxClimbingThroughTheKeys) {
+  for (float ramp : {0.45f, 0.2f}) {
+    SCOPED_TRACE(::testing::Message() << "rope ramp " << ramp);
+    MqaCase c;
+    c.tokens = 1;
+    c.heads = 64;
+    c.topk = 2048;
+    c.slots = 3000;
+    c.skip_fraction = 0.02;
+    c.rope_ramp = ramp;
+    c.splits = {1, 0, 3};
+    RunAndCheck(c);
+    if (HasFatalFailure()) return;
+  }
 }
 
 TEST_F(SparseMqaCudaTest, FillsTheChipAndIsDeterministic) {
