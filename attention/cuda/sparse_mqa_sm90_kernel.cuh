@@ -15,7 +15,8 @@
 //   WG0 / WG1, the consumers (setmaxnreg 224): WG0 computes S0 = Q K0^T (block b0), WG1
 //     S1 = Q K1^T (block b1), 36 wgmma m64n64k16 each, K = 576 (WG0 starts on L0, WG1 on R1,
 //     so each starts while its other half still lands). Row maxima are exchanged through
-//     shared memory (both WGs then hold the same running max), P = 2^(S - m) goes to registers
+//     shared memory (both WGs then hold the same running max, which moves only when a pair's
+//     max passes it by more than SparseMqaSplit::rescale_slack), P = 2^(S - m) goes to registers
 //     (bf16, the A operand of the next wgmma) and to shared memory for the other WG. WG0 owns
 //     output columns 0-255, WG1 256-511: O_w += P_own V_own[:, half] (wgmma RS, m64n256k16)
 //     (issued before the P hand-off) + P_other V_other[:, half] (SS). A half buffer is released (free mbarrier) as soon as
