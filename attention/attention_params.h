@@ -138,6 +138,11 @@ struct SparseMqaParams {
   // CUDA only. 0: the best kernel of the device (sm_90: warp-specialised wgmma); 1: the
   // mma.sync kernel (sm_80+); 2: the wgmma kernel (Unimplemented where not compiled / not sm_90).
   int kernel = 0;
+  // CUDA only, the wgmma kernel on bf16 rows: how its two consumer warpgroups hand off maxima
+  // and P. 0: the default (1, unless DCP_SPARSE_MQA_SCHEDULE=one_way is in the environment, for
+  // measurements); 1: lockstep (both wait for both maxima, then for both P); 2: one-way
+  // (docs/sparse_mqa_sm90.md, "The one-way schedule"). fp8_ds_mla rows always run 1.
+  int sm90_schedule = 0;
 };
 
 // merge_attn_states of two partials over disjoint key sets, per (token, head):

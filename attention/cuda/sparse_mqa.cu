@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <string_view>
 
 #include "attention/cuda/merge_states.h"
 #include "attention/cuda/sparse_mqa.h"
@@ -23,6 +24,18 @@ int NumSms() {
 }
 
 int BlockAlign(int kernel) { return kernel == 2 ? 2 : 1; }
+
+// Whether the wgmma kernel runs its one-way schedule (SparseMqaParams::sm90_schedule; the
+// default reads DCP_SPARSE_MQA_SCHEDULE once).
+bool OneWaySchedule(const SparseMqaParams& p) {
+  if (p.kv_format != KvCacheDType::kBF16) return false;
+  if (p.sm90_schedule != 0) return p.sm90_schedule == 2;
+  static const bool one_way = [] {
+    const char* value = std::getenv("DCP_SPARSE_MQA_SCHEDULE");
+    return value != nullptr && std::string_view(value) == "one_way";
+  }();
+  return one_way;
+}
 
 // The wgmma producer's L2 prefetch distance in pairs (SparseMqaSplit::prefetch_pairs):
 // DCP_SPARSE_MQA_PREFETCH_PAIRS = 0 (off) to 4, default 1; read once (for measurements).
@@ -98,6 +111,9 @@ absl::Status Check(const SparseMqaParams& p) {
   DCP_CHECK_ARG(p.kernel >= 0 && p.kernel <= 2, "SparseMqa: kernel %d is not 0, 1 or 2",
                 p.kernel);
   DCP_CHECK_ARG(p.workspace_bytes >= 0, "SparseMqa: workspace_bytes %d < 0", p.workspace_bytes);
+  DCP_CHECK_ARG(p.sm90_schedule >= 0 && p.sm90_schedule <= 2,
+                "SparseMqa: sm90_schedule %d is not 0 (default), 1 (lockstep) or 2 (one-way)",
+                p.sm90_schedule);
   return absl::OkStatus();
 }
 
@@ -195,6 +211,9 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   if (kernel == 2 && params.kv_format == KvCacheDType::kFp8DsMla) {
     DCP_RETURN_IF_ERROR(
         (LaunchSparseMqaSm90<576, 512, KvCacheDType::kFp8DsMla>(params, split, stream)));
+  } else if (kernel == 2 && OneWaySchedule(params)) {
+    DCP_RETURN_IF_ERROR(
+        (LaunchSparseMqaSm90<576, 512, KvCacheDType::kBF16, 1>(params, split, stream)));
   } else if (kernel == 2) {
     DCP_RETURN_IF_ERROR((LaunchSparseMqaSm90<576, 512>(params, split, stream)));
   } else if (params.kv_format == KvCacheDType::kFp8DsMla) {

@@ -19,10 +19,10 @@
 //     max passes it by more than SparseMqaSplit::rescale_slack), P = 2^(S - m) goes to registers
 //     (bf16, the A operand of the next wgmma) and to shared memory for the other WG. WG0 owns
 //     output columns 0-255, WG1 256-511: O_w += P_own V_own[:, half] (wgmma RS, m64n256k16)
-//     (issued before the P hand-off) + P_other V_other[:, half] (SS). A half buffer is released (free mbarrier) as soon as
-//     its last reader's wgmma retires: L0 by WG0 after its own PV, R1 by WG1 after its own PV,
-//     then L1 (WG0) and R0 (WG1) after the cross PV, so the producer refills L0 and R1 while
-//     the cross products run.
+//     (issued before the P hand-off) + P_other V_other[:, half] (SS). A half buffer is released
+//     (free mbarrier) as soon as its last reader's wgmma retires: L0 by WG0 after its own PV, R1 by
+//     WG1 after its own PV, then L1 (WG0) and R0 (WG1) after the cross PV, so the producer refills
+//     L0 and R1 while the cross products run.
 // Shared memory: Q (9 tiles, 72 KiB), K0 and K1 (72 KiB each), P1 (8 KiB; P0 overwrites K0's
 // rope tile, no longer needed after S0), indices, maxima and sums: about 226 KiB, one CTA/SM.
 // Heads past num_heads are zero rows (computed, not stored): any head count works; below 64
@@ -76,7 +76,19 @@ struct SparseMqaSm90Config {
 enum Sm90Half : int { kL0 = 0, kR0 = 1, kL1 = 2, kR1 = 3 };
 // Named barriers of the two consumer warpgroups (256 threads); 0 is __syncthreads.
 // kBarConvert + wg: one consumer WG's 128 threads (fp8 rows: a dequantized tile is published).
-enum Sm90Barrier : int { kBarQ = 1, kBarMax = 2, kBarP = 3, kBarSum = 4, kBarConvert = 5 };
+// kBarMax0 / kBarMax1 / kBarP0 / kBarP1: the one-way schedule's hand-offs (one WG arrives, the
+// other waits).
+enum Sm90Barrier : int {
+  kBarQ = 1,
+  kBarMax = 2,
+  kBarP = 3,
+  kBarSum = 4,
+  kBarConvert = 5,  // and 6
+  kBarMax0 = 7,
+  kBarMax1 = 8,
+  kBarP0 = 9,
+  kBarP1 = 10,
+};
 
 // fp8_ds_mla rows (656 bytes: 512 e4m3 values in 4 tiles of 128, their 4 float32 scales at
 // byte 512, 64 bf16 k_pe at byte 528) fill the same bf16 swizzled half buffers as bf16 rows;
@@ -132,13 +144,10 @@ __device__ __forceinline__ void Sm90Fp8ConvertTile(uint32_t buffer, int f, bool 
 }
 
 template <class Config>
-__device__ __forceinline__ void SparseMqaSm90Fp8Producer(const SparseMqaParams& p,
-                                                         const SparseMqaWork& work, int first_block,
-                                                         int num_pairs, const uint32_t (&k_base)[2],
-                                                         uint32_t index_base, uint32_t ready_bar,
-                                                         uint32_t free_bar,
-                                                         const int32_t (&first_slots)[2][4],
-                                                         int prefetch_pairs) {
+__device__ __forceinline__ void SparseMqaSm90Fp8Producer(
+    const SparseMqaParams& p, const SparseMqaWork& work, int first_block, int num_pairs,
+    const uint32_t (&k_base)[2], uint32_t index_base, uint32_t ready_bar, uint32_t free_bar,
+    const int32_t (&first_slots)[2][4], int prefetch_pairs) {
   using namespace sm90;
   constexpr int kTileBytes = Config::kTileBytes;
   const int t = threadIdx.x % 128;
@@ -233,7 +242,9 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(const SparseMqaParams& 
   CpAsyncWaitAll();
 }
 
-template <int kHeadDim, int kVDim, KvCacheDType kFormat>
+// kSchedule: 0 the lockstep consumers (above), 1 the one-way schedule (bf16 rows only; see
+// the consumer loop).
+template <int kHeadDim, int kVDim, KvCacheDType kFormat, int kSchedule = 0>
 __global__ void __launch_bounds__(384, 1)
     SparseMqaSm90Kernel(const SparseMqaParams p, const SparseMqaSplit split) {
 #if SPARSE_MQA_SM90_ENABLED
@@ -365,7 +376,8 @@ __global__ void __launch_bounds__(384, 1)
       const int key = (first_block + 2 * ahead) * 64 + t;
       if (ahead >= num_pairs || key >= key_end) return;
       const int64_t slot = __ldg(token_indices + key);
-      if (slot >= 0 && slot < p.num_slots) PrefetchL2Bulk(kv + slot * p.kv_row_stride, kHeadDim * 2);
+      if (slot >= 0 && slot < p.num_slots)
+        PrefetchL2Bulk(kv + slot * p.kv_row_stride, kHeadDim * 2);
     };
     for (int ahead = 1; ahead < split.prefetch_pairs; ++ahead) prefetch_pair(ahead);
     for (int pair = 0; pair < num_pairs; ++pair) {
@@ -411,8 +423,8 @@ __global__ void __launch_bounds__(384, 1)
   // Q tile: 64 rows x 72 chunks over the 256 consumer threads; the CTA's work.heads rows are
   // copied, the rows past them (a head block of 16 or 32, or past num_heads) are zeros.
   {
-    const auto* q = static_cast<const __nv_bfloat16*>(p.q) + int64_t(work.token) * p.q_token_stride +
-                    int64_t(work.head0) * p.q_head_stride;
+    const auto* q = static_cast<const __nv_bfloat16*>(p.q) +
+                    int64_t(work.token) * p.q_token_stride + int64_t(work.head0) * p.q_head_stride;
     const int ct = threadIdx.x;  // 0..255
     for (int i = ct; i < work.heads * kTiles * 8; i += 256) {
       const int row = i / (kTiles * 8), chunk = i % (kTiles * 8);
@@ -442,185 +454,426 @@ __global__ void __launch_bounds__(384, 1)
   const int first_tile = wg == 0 ? 0 : kLeftTiles;                      // WG1 starts on its R half
   const uint32_t value_tile = (wg == 0 ? 0 : kLeftTiles) * kTileBytes;  // this WG's V columns
 
-  for (int pair = 0; pair < num_pairs; ++pair) {
-    const int ready_parity = pair & 1;
-    const int block = first_block + 2 * pair + wg;
-    // This WG's trace mark of an event of this pair (a profiling build only).
-    const bool traced = t == 0 && pair < trace::kPairs;
-    const int pair_mark = trace::kPairBase + (wg * trace::kPairs + pair) * trace::kPairMarks;
-    (void)traced;
-    (void)pair_mark;
-
-    // S = Q K^T over the 9 tiles, starting with the half that lands first.
+  if constexpr (kSchedule == 1) {
+    // The one-way schedule (bf16 rows): WG0 never waits for WG1's scores, and issues the next
+    // pair's QK under its cross PV (the order of FlashMLA's sm90 sparse prefill; our code).
+    // WG0: m0 = its running max moved by block b0 (slack rule), published; O0 += P0 V0[:, :256]
+    //      at once (frees L0); then m1 (>= m0) from WG1: P0 rescaled by 2^(m0 - m1) into the
+    //      P0 tile for WG1 (from its bf16 fragments), O0 and l0 rescaled alike; O0 += P1 V1[:,
+    //      :256] (SS); the next QK on L0 under it, L1 freed when the cross PV retires, then the
+    //      QK's R0 tiles.
+    // WG1: S1 = Q K1^T; m1 = m0 moved by block b1 (slack rule), published; O1 += P1 V1[:, 256:]
+    //      (RS); P1 stored for WG0; O1 += P0 V0[:, 256:] (SS) once P0 is there; frees R1, R0.
+    // Named barriers, one side arrives and the other waits (each arrives again only after the
+    // other side passed the previous one): kBarMax0 (m0), kBarMax1 (m1), kBarP0, kBarP1.
+    // S (+)= Q K^T over tiles [i0, i0 + count) of this WG's order (WG0 0-3, 8, 4-7; WG1 4-7, 8,
+    // 0-3, as the lockstep schedule), after waiting for the half that holds them.
     float s[32];
-    const uint64_t q_desc = Opaque(MakeDesc(q_base, 16, 1024));
-    const uint64_t k_desc = Opaque(MakeDesc(own_k, 16, 1024));
-    if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
-      // fp8 rows: four steps, one fp8 tile f each (WG0 f = 0, 1 | 2, 3; WG1 f = 2, 3 |
-      // 0, 1): wait for the half on its first tile, dequantize f in place (bf16 tiles 2 f,
-      // 2 f + 1), publish it to this WG's wgmma (fence + 128-thread barrier), issue those
-      // tiles' wgmmas without waiting for them: the next step's conversion runs while they
-      // execute. The rope tile 8 after the first half (WG0: once R0 has landed). Tile order
-      // WG0 0-3, 8, 4-7, WG1 4-7, 8, 0-3, as for bf16 rows (the tests compare both bit for
-      // bit). Straight-line code for both WGs.
-      float scales[4][2];
-      const int first_f = wg == 0 ? 0 : 2;
-      MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
-      DCP_SM90_TRACE(traced, pair_mark + trace::kFirstHalf);
-#pragma unroll
-      for (int step = 0; step < 4; ++step) {
-        const int f = (first_f + step) % 4;
-        Sm90Fp8ConvertTile(own_k, f, step % 2 == 0, scales);
-        FenceProxyAsync();
-        NamedBarrierSync(kBarConvert + wg, 128);
-        WgmmaFence();
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int tile = 2 * f + i;
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            const uint32_t k_step = (tile * kTileBytes + ks * 32) >> 4;
-            WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step,
-                             (step > 0 || i > 0 || ks > 0) ? 1 : 0);
-          }
-        }
-        WgmmaCommit();
-        if (step == 1) {
-          MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
-          DCP_SM90_TRACE(traced, pair_mark + trace::kSecondHalf);
-          FenceProxyAsync();
-          WgmmaFence();
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            const uint32_t k_step = ((kTiles - 1) * kTileBytes + ks * 32) >> 4;
-            WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step, 1);
-          }
-          WgmmaCommit();
-        }
-      }
-    } else {
-      // WG0 walks tiles 0-3, 8, 4-7 and WG1 4-7, 8, 0-3: the rope tile fifth for both, as in
-      // the fp8 path, which must sum in the same order (its tests are bit-exact against this
-      // one). The same straight-line code for both WGs (a branch between wgmmas serialises
-      // them): WG0 waits for R0 before the rope tile, WG1 for L1 one tile earlier than it must.
-      MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
-      DCP_SM90_TRACE(traced, pair_mark + trace::kFirstHalf);
+    auto issue_qk = [&](int half, int parity, int i0, int count, int pair_for_trace,
+                        bool wait = true) __attribute__((always_inline)) {
+      if (wait) MbarrierWait(ready_bar + 8 * half, parity);
+      DCP_SM90_TRACE(wait && t == 0 && pair_for_trace < trace::kPairs,
+                     trace::kPairBase + (wg * trace::kPairs + pair_for_trace) * trace::kPairMarks +
+                         (i0 == 0 ? trace::kFirstHalf : trace::kSecondHalf));
       FenceProxyAsync();
       WgmmaFence();
+      const uint64_t q_desc = Opaque(MakeDesc(q_base, 16, 1024));
+      const uint64_t own_desc = Opaque(MakeDesc(own_k, 16, 1024));
 #pragma unroll
-      for (int i = 0; i < kTiles; ++i) {
-        if (i == kLeftTiles) {
-          WgmmaCommit();
-          MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
-          DCP_SM90_TRACE(traced, pair_mark + trace::kSecondHalf);
-          FenceProxyAsync();
-          WgmmaFence();
-        }
+      for (int i = i0; i < i0 + count; ++i) {
         const int tile = i < kLeftTiles    ? first_tile + i
                          : i == kLeftTiles ? kTiles - 1
                                            : (first_tile ^ kLeftTiles) + i - kLeftTiles - 1;
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
-          const uint32_t step = (tile * kTileBytes + ks * 32) >> 4;  // descriptor address units
-          WgmmaM64N64K16SS(s, q_desc + step, k_desc + step, (i > 0 || ks > 0) ? 1 : 0);
+          const uint32_t step = (tile * kTileBytes + ks * 32) >> 4;
+          WgmmaM64N64K16SS(s, q_desc + step, own_desc + step, (i > 0 || ks > 0) ? 1 : 0);
         }
       }
       WgmmaCommit();
-    }
-    WgmmaWait<0>();
-    FenceOperands(s);
-    DCP_SM90_TRACE(traced, pair_mark + trace::kScores);
-
-    // Mask and scale into log2 units; row maxima of this block.
-    const int32_t* block_index = s_index + wg * 64;
-    float block_max[2] = {kNegInf, kNegInf};
+    };
+    // Mask and scale S of `block` into log2 units; its row maxima (quad-reduced).
+    auto mask_scores = [&](int block, float(&block_max)[2]) __attribute__((always_inline)) {
+      const int32_t* block_index = s_index + wg * 64;
+      block_max[0] = block_max[1] = kNegInf;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = 8 * j + 2 * c + e;
-        const int key = block * 64 + col;
-        const int32_t slot = block_index[col];
-        const bool valid = key < work.key_end && slot >= 0 && slot < p.num_slots;
-        s[4 * j + e] = valid ? s[4 * j + e] * scale_log2 : kNegInf;
-        s[4 * j + 2 + e] = valid ? s[4 * j + 2 + e] * scale_log2 : kNegInf;
-        block_max[0] = fmaxf(block_max[0], s[4 * j + e]);
-        block_max[1] = fmaxf(block_max[1], s[4 * j + 2 + e]);
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * j + 2 * c + e;
+          const int key = block * 64 + col;
+          const int32_t slot = block_index[col];
+          const bool valid = key < work.key_end && slot >= 0 && slot < p.num_slots;
+          s[4 * j + e] = valid ? s[4 * j + e] * scale_log2 : kNegInf;
+          s[4 * j + 2 + e] = valid ? s[4 * j + 2 + e] * scale_log2 : kNegInf;
+          block_max[0] = fmaxf(block_max[0], s[4 * j + e]);
+          block_max[1] = fmaxf(block_max[1], s[4 * j + 2 + e]);
+        }
       }
-    }
+      block_max[0] = QuadMax(block_max[0]);
+      block_max[1] = QuadMax(block_max[1]);
+    };
+    auto rescale_o = [&](const float(&factor)[2]) __attribute__((always_inline)) {
+      if (factor[0] != 1.f || factor[1] != 1.f) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      block_max[r] = QuadMax(block_max[r]);
-      if (c == 0) s_max[wg * 64 + rows[r]] = block_max[r];
-    }
-    NamedBarrierSync(kBarMax, 256);
-    DCP_SM90_TRACE(traced, pair_mark + trace::kMaxShared);
-
-    // The same running max in both WGs. It moves only when a block's max passes it by more
-    // than split.rescale_slack (log2 units; 0: whenever it grows), so P = 2^(s - m) <= 2^slack
-    // and O and l are rescaled only on those pairs: O / l and the LSE do not depend on the
-    // reference the sums were taken against, only their rounding does.
-    float m_use[2], alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_block = fmaxf(s_max[rows[r]], s_max[64 + rows[r]]);
-      const float m_new = m_block > m[r] + split.rescale_slack ? m_block : m[r];
-      m_use[r] = m_new == kNegInf ? 0.f : m_new;  // all masked so far: keep exp2 finite
-      alpha[r] = exp2f(m[r] - m_use[r]);
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
-    if (alpha[0] != 1.f || alpha[1] != 1.f) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[4 * j] *= alpha[0];
-        o[4 * j + 1] *= alpha[0];
-        o[4 * j + 2] *= alpha[1];
-        o[4 * j + 3] *= alpha[1];
+        for (int j = 0; j < 32; ++j) {
+          o[4 * j] *= factor[0];
+          o[4 * j + 1] *= factor[0];
+          o[4 * j + 2] *= factor[1];
+          o[4 * j + 3] *= factor[1];
+        }
       }
-    }
-    uint32_t a[4][4];  // P as the A fragments of the 4 k-steps of 16 keys
+    };
+    // P = 2^(S - m_use) as bf16 A fragments; l += its row sums (fp32).
+    uint32_t a[4][4];
+    auto softmax = [&](const float(&m_use)[2]) __attribute__((always_inline)) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float p00 = exp2f(s[4 * j] - m_use[0]), p01 = exp2f(s[4 * j + 1] - m_use[0]);
-      const float p10 = exp2f(s[4 * j + 2] - m_use[1]), p11 = exp2f(s[4 * j + 3] - m_use[1]);
-      l[0] += p00 + p01;
-      l[1] += p10 + p11;
-      const uint32_t top = PackBf16(p00, p01), bottom = PackBf16(p10, p11);
-      a[j / 2][(j % 2) * 2] = top;
-      a[j / 2][(j % 2) * 2 + 1] = bottom;
-      // The other WG reads P as a K-major swizzled tile [64 rows][64 keys].
+      for (int j = 0; j < 8; ++j) {
+        s[4 * j] = exp2f(s[4 * j] - m_use[0]);
+        s[4 * j + 1] = exp2f(s[4 * j + 1] - m_use[0]);
+        s[4 * j + 2] = exp2f(s[4 * j + 2] - m_use[1]);
+        s[4 * j + 3] = exp2f(s[4 * j + 3] - m_use[1]);
+        l[0] += s[4 * j] + s[4 * j + 1];
+        l[1] += s[4 * j + 2] + s[4 * j + 3];
+        a[j / 2][(j % 2) * 2] = PackBf16(s[4 * j], s[4 * j + 1]);
+        a[j / 2][(j % 2) * 2 + 1] = PackBf16(s[4 * j + 2], s[4 * j + 3]);
+      }
+    };
+    // This WG's P as a K-major swizzled tile [64 rows][64 keys] for the other WG.
+    auto store_p = [&](int j, uint32_t top, uint32_t bottom) __attribute__((always_inline)) {
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(own_p + TileChunk(rows[0], j) + 4 * c),
                    "r"(top));
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(own_p + TileChunk(rows[1], j) + 4 * c),
                    "r"(bottom));
-    }
-    // O += P_own V_own[:, half] (RS): it needs only this WG's P, so it is issued before the
-    // hand-off of P and runs while the other WG finishes its P.
-    const uint64_t v_own_desc = Opaque(MakeDesc(own_k + value_tile, kTileBytes, 1024));
-    const uint64_t v_other_desc = Opaque(MakeDesc(other_k + value_tile, kTileBytes, 1024));
-    const uint64_t p_desc = Opaque(MakeDesc(other_p, 16, 1024));
-    WgmmaFence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) WgmmaM64N256K16RS(o, a[ks], v_own_desc + ks * (2048 >> 4));
-    WgmmaCommit();
-    FenceProxyAsync();
-    NamedBarrierSync(kBarP, 256);
-    DCP_SM90_TRACE(traced, pair_mark + trace::kPShared);
+    };
 
-    // Then O += P_other V_other[:, half] (SS).
+    if (wg == 0) {
+      if (num_pairs > 0) {
+        issue_qk(kL0, 0, 0, kLeftTiles, 0);
+        issue_qk(kR0, 0, kLeftTiles, kTiles - kLeftTiles, 0);
+        WgmmaWait<0>();
+      }
+      for (int pair = 0; pair < num_pairs; ++pair) {
+        const bool traced = t == 0 && pair < trace::kPairs;
+        const int pair_mark = trace::kPairBase + pair * trace::kPairMarks;  // WG0's marks
+        (void)traced;
+        (void)pair_mark;
+        FenceOperands(s);
+        DCP_SM90_TRACE(traced, pair_mark + trace::kScores);
+        float block_max[2], m0[2], m0_use[2], factor[2];
+        mask_scores(first_block + 2 * pair, block_max);
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      WgmmaM64N256K16SS(o, p_desc + ks * (32 >> 4), v_other_desc + ks * (2048 >> 4));
+        for (int r = 0; r < 2; ++r) {
+          m0[r] = block_max[r] > m[r] + split.rescale_slack ? block_max[r] : m[r];
+          m0_use[r] = m0[r] == kNegInf ? 0.f : m0[r];  // all masked so far: keep exp2 finite
+          factor[r] = exp2f(m[r] - m0_use[r]);
+          l[r] *= factor[r];
+          if (c == 0) s_max[rows[r]] = m0[r];
+        }
+        NamedBarrierArrive(kBarMax0, 256);
+        rescale_o(factor);
+        softmax(m0_use);
+        WgmmaFence();
+        {
+          const uint64_t v_own_desc = Opaque(MakeDesc(own_k + value_tile, kTileBytes, 1024));
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) WgmmaM64N256K16RS(o, a[ks], v_own_desc + ks * (2048 >> 4));
+        }
+        WgmmaCommit();
+        WgmmaWait<0>();
+        FenceOperands(o);
+        MbarrierArrive(free_bar + 8 * kL0);
+        // WG1's max, m1 >= m0: P0, O0 and l0 move to it.
+        NamedBarrierSync(kBarMax1, 256);
+        DCP_SM90_TRACE(traced, pair_mark + trace::kMaxShared);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float m1 = s_max[64 + rows[r]];
+          factor[r] = m0[r] == kNegInf ? 0.f : exp2f(m0[r] - m1);  // m0 finite: m1 finite too
+          l[r] *= factor[r];
+          m[r] = m1;
+        }
+        // P0 for WG1: the bf16 fragments themselves when m1 == m0, else rescaled (from bf16:
+        // keeping the fp32 P alive across the PV would not fit the registers).
+        const bool same_max = factor[0] == 1.f && factor[1] == 1.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          uint32_t top = a[j / 2][(j % 2) * 2], bottom = a[j / 2][(j % 2) * 2 + 1];
+          if (!same_max) {
+            const float2 t2 = UnpackBf16(top), b2 = UnpackBf16(bottom);
+            top = PackBf16(t2.x * factor[0], t2.y * factor[0]);
+            bottom = PackBf16(b2.x * factor[1], b2.y * factor[1]);
+          }
+          store_p(j, top, bottom);
+        }
+        FenceProxyAsync();
+        NamedBarrierArrive(kBarP0, 256);
+        rescale_o(factor);
+        NamedBarrierSync(kBarP1, 256);
+        DCP_SM90_TRACE(traced, pair_mark + trace::kPShared);
+        WgmmaFence();
+        {
+          const uint64_t v_other_desc = Opaque(MakeDesc(other_k + value_tile, kTileBytes, 1024));
+          const uint64_t p_other_desc = Opaque(MakeDesc(other_p, 16, 1024));
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            WgmmaM64N256K16SS(o, p_other_desc + ks * (32 >> 4), v_other_desc + ks * (2048 >> 4));
+          }
+        }
+        WgmmaCommit();
+        // The next pair's S0 under the cross PV: L0 was freed above, R0 frees when WG1's cross
+        // PV retires. After the last pair the same wgmmas run on the stale tiles without
+        // waiting (their scores are never used): no branch while the cross PV is in flight.
+        const bool has_next = pair + 1 < num_pairs;
+        issue_qk(kL0, (pair + 1) & 1, 0, kLeftTiles, pair + 1, has_next);
+        WgmmaWait<1>();
+        FenceOperands(o);
+        MbarrierArrive(free_bar + 8 * kL1);
+        issue_qk(kR0, (pair + 1) & 1, kLeftTiles, kTiles - kLeftTiles, pair + 1, has_next);
+        WgmmaWait<0>();
+        DCP_SM90_TRACE(traced, pair_mark + trace::kPvDone);
+      }
+    } else {
+      for (int pair = 0; pair < num_pairs; ++pair) {
+        const int parity = pair & 1;
+        const bool traced = t == 0 && pair < trace::kPairs;
+        const int pair_mark = trace::kPairBase + (trace::kPairs + pair) * trace::kPairMarks;
+        (void)traced;
+        (void)pair_mark;
+        issue_qk(kR1, parity, 0, kLeftTiles + 1, pair);  // tiles 4-7 and the rope tile
+        issue_qk(kL1, parity, kLeftTiles + 1, kTiles - kLeftTiles - 1, pair);
+        WgmmaWait<0>();
+        FenceOperands(s);
+        DCP_SM90_TRACE(traced, pair_mark + trace::kScores);
+        float block_max[2], m1_use[2], factor[2];
+        mask_scores(first_block + 2 * pair + 1, block_max);
+        NamedBarrierSync(kBarMax0, 256);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float m0 = s_max[rows[r]];  // >= m[r], the previous pair's m1
+          const float m1 = block_max[r] > m0 + split.rescale_slack ? block_max[r] : m0;
+          m1_use[r] = m1 == kNegInf ? 0.f : m1;
+          factor[r] = exp2f(m[r] - m1_use[r]);
+          l[r] *= factor[r];
+          m[r] = m1;
+          if (c == 0) s_max[64 + rows[r]] = m1;
+        }
+        NamedBarrierArrive(kBarMax1, 256);
+        DCP_SM90_TRACE(traced, pair_mark + trace::kMaxShared);
+        rescale_o(factor);
+        softmax(m1_use);
+        WgmmaFence();
+        {
+          const uint64_t v_own_desc = Opaque(MakeDesc(own_k + value_tile, kTileBytes, 1024));
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) WgmmaM64N256K16RS(o, a[ks], v_own_desc + ks * (2048 >> 4));
+        }
+        WgmmaCommit();
+#pragma unroll
+        for (int j = 0; j < 8; ++j) store_p(j, a[j / 2][(j % 2) * 2], a[j / 2][(j % 2) * 2 + 1]);
+        FenceProxyAsync();
+        NamedBarrierSync(kBarP0, 256);
+        DCP_SM90_TRACE(traced, pair_mark + trace::kPShared);
+        WgmmaFence();
+        {
+          const uint64_t v_other_desc = Opaque(MakeDesc(other_k + value_tile, kTileBytes, 1024));
+          const uint64_t p_other_desc = Opaque(MakeDesc(other_p, 16, 1024));
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            WgmmaM64N256K16SS(o, p_other_desc + ks * (32 >> 4), v_other_desc + ks * (2048 >> 4));
+          }
+        }
+        WgmmaCommit();
+        NamedBarrierArrive(kBarP1, 256);
+        WgmmaWait<1>();
+        MbarrierArrive(free_bar + 8 * kR1);
+        WgmmaWait<0>();
+        FenceOperands(o);
+        DCP_SM90_TRACE(traced, pair_mark + trace::kPvDone);
+        MbarrierArrive(free_bar + 8 * kR0);
+      }
     }
-    WgmmaCommit();
-    WgmmaWait<1>();
-    MbarrierArrive(free_bar + 8 * (wg == 0 ? kL0 : kR1));
-    WgmmaWait<0>();
-    FenceOperands(o);
-    DCP_SM90_TRACE(traced, pair_mark + trace::kPvDone);
-    MbarrierArrive(free_bar + 8 * (wg == 0 ? kL1 : kR0));
-  }
+  } else {
+    for (int pair = 0; pair < num_pairs; ++pair) {
+      const int ready_parity = pair & 1;
+      const int block = first_block + 2 * pair + wg;
+      // This WG's trace mark of an event of this pair (a profiling build only).
+      const bool traced = t == 0 && pair < trace::kPairs;
+      const int pair_mark = trace::kPairBase + (wg * trace::kPairs + pair) * trace::kPairMarks;
+      (void)traced;
+      (void)pair_mark;
+
+      // S = Q K^T over the 9 tiles, starting with the half that lands first.
+      float s[32];
+      const uint64_t q_desc = Opaque(MakeDesc(q_base, 16, 1024));
+      const uint64_t k_desc = Opaque(MakeDesc(own_k, 16, 1024));
+      if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
+        // fp8 rows: four steps, one fp8 tile f each (WG0 f = 0, 1 | 2, 3; WG1 f = 2, 3 |
+        // 0, 1): wait for the half on its first tile, dequantize f in place (bf16 tiles 2 f,
+        // 2 f + 1), publish it to this WG's wgmma (fence + 128-thread barrier), issue those
+        // tiles' wgmmas without waiting for them: the next step's conversion runs while they
+        // execute. The rope tile 8 after the first half (WG0: once R0 has landed). Tile order
+        // WG0 0-3, 8, 4-7, WG1 4-7, 8, 0-3, as for bf16 rows (the tests compare both bit for
+        // bit). Straight-line code for both WGs.
+        float scales[4][2];
+        const int first_f = wg == 0 ? 0 : 2;
+        MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
+        DCP_SM90_TRACE(traced, pair_mark + trace::kFirstHalf);
+#pragma unroll
+        for (int step = 0; step < 4; ++step) {
+          const int f = (first_f + step) % 4;
+          Sm90Fp8ConvertTile(own_k, f, step % 2 == 0, scales);
+          FenceProxyAsync();
+          NamedBarrierSync(kBarConvert + wg, 128);
+          WgmmaFence();
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int tile = 2 * f + i;
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+              const uint32_t k_step = (tile * kTileBytes + ks * 32) >> 4;
+              WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step,
+                               (step > 0 || i > 0 || ks > 0) ? 1 : 0);
+            }
+          }
+          WgmmaCommit();
+          if (step == 1) {
+            MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
+            DCP_SM90_TRACE(traced, pair_mark + trace::kSecondHalf);
+            FenceProxyAsync();
+            WgmmaFence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+              const uint32_t k_step = ((kTiles - 1) * kTileBytes + ks * 32) >> 4;
+              WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step, 1);
+            }
+            WgmmaCommit();
+          }
+        }
+      } else {
+        // WG0 walks tiles 0-3, 8, 4-7 and WG1 4-7, 8, 0-3: the rope tile fifth for both, as in
+        // the fp8 path, which must sum in the same order (its tests are bit-exact against this
+        // one). The same straight-line code for both WGs (a branch between wgmmas serialises
+        // them): WG0 waits for R0 before the rope tile, WG1 for L1 one tile earlier than it must.
+        MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
+        DCP_SM90_TRACE(traced, pair_mark + trace::kFirstHalf);
+        FenceProxyAsync();
+        WgmmaFence();
+#pragma unroll
+        for (int i = 0; i < kTiles; ++i) {
+          if (i == kLeftTiles) {
+            WgmmaCommit();
+            MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
+            DCP_SM90_TRACE(traced, pair_mark + trace::kSecondHalf);
+            FenceProxyAsync();
+            WgmmaFence();
+          }
+          const int tile = i < kLeftTiles    ? first_tile + i
+                           : i == kLeftTiles ? kTiles - 1
+                                             : (first_tile ^ kLeftTiles) + i - kLeftTiles - 1;
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks) {
+            const uint32_t step = (tile * kTileBytes + ks * 32) >> 4;  // descriptor address units
+            WgmmaM64N64K16SS(s, q_desc + step, k_desc + step, (i > 0 || ks > 0) ? 1 : 0);
+          }
+        }
+        WgmmaCommit();
+      }
+      WgmmaWait<0>();
+      FenceOperands(s);
+      DCP_SM90_TRACE(traced, pair_mark + trace::kScores);
+
+      // Mask and scale into log2 units; row maxima of this block.
+      const int32_t* block_index = s_index + wg * 64;
+      float block_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * j + 2 * c + e;
+          const int key = block * 64 + col;
+          const int32_t slot = block_index[col];
+          const bool valid = key < work.key_end && slot >= 0 && slot < p.num_slots;
+          s[4 * j + e] = valid ? s[4 * j + e] * scale_log2 : kNegInf;
+          s[4 * j + 2 + e] = valid ? s[4 * j + 2 + e] * scale_log2 : kNegInf;
+          block_max[0] = fmaxf(block_max[0], s[4 * j + e]);
+          block_max[1] = fmaxf(block_max[1], s[4 * j + 2 + e]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        block_max[r] = QuadMax(block_max[r]);
+        if (c == 0) s_max[wg * 64 + rows[r]] = block_max[r];
+      }
+      NamedBarrierSync(kBarMax, 256);
+      DCP_SM90_TRACE(traced, pair_mark + trace::kMaxShared);
+
+      // The same running max in both WGs. It moves only when a block's max passes it by more
+      // than split.rescale_slack (log2 units; 0: whenever it grows), so P = 2^(s - m) <= 2^slack
+      // and O and l are rescaled only on those pairs: O / l and the LSE do not depend on the
+      // reference the sums were taken against, only their rounding does.
+      float m_use[2], alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_block = fmaxf(s_max[rows[r]], s_max[64 + rows[r]]);
+        const float m_new = m_block > m[r] + split.rescale_slack ? m_block : m[r];
+        m_use[r] = m_new == kNegInf ? 0.f : m_new;  // all masked so far: keep exp2 finite
+        alpha[r] = exp2f(m[r] - m_use[r]);
+        m[r] = m_new;
+        l[r] *= alpha[r];
+      }
+      if (alpha[0] != 1.f || alpha[1] != 1.f) {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          o[4 * j] *= alpha[0];
+          o[4 * j + 1] *= alpha[0];
+          o[4 * j + 2] *= alpha[1];
+          o[4 * j + 3] *= alpha[1];
+        }
+      }
+      uint32_t a[4][4];  // P as the A fragments of the 4 k-steps of 16 keys
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float p00 = exp2f(s[4 * j] - m_use[0]), p01 = exp2f(s[4 * j + 1] - m_use[0]);
+        const float p10 = exp2f(s[4 * j + 2] - m_use[1]), p11 = exp2f(s[4 * j + 3] - m_use[1]);
+        l[0] += p00 + p01;
+        l[1] += p10 + p11;
+        const uint32_t top = PackBf16(p00, p01), bottom = PackBf16(p10, p11);
+        a[j / 2][(j % 2) * 2] = top;
+        a[j / 2][(j % 2) * 2 + 1] = bottom;
+        // The other WG reads P as a K-major swizzled tile [64 rows][64 keys].
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(own_p + TileChunk(rows[0], j) + 4 * c),
+                     "r"(top));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(own_p + TileChunk(rows[1], j) + 4 * c),
+                     "r"(bottom));
+      }
+      // O += P_own V_own[:, half] (RS): it needs only this WG's P, so it is issued before the
+      // hand-off of P and runs while the other WG finishes its P.
+      const uint64_t v_own_desc = Opaque(MakeDesc(own_k + value_tile, kTileBytes, 1024));
+      const uint64_t v_other_desc = Opaque(MakeDesc(other_k + value_tile, kTileBytes, 1024));
+      const uint64_t p_desc = Opaque(MakeDesc(other_p, 16, 1024));
+      WgmmaFence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) WgmmaM64N256K16RS(o, a[ks], v_own_desc + ks * (2048 >> 4));
+      WgmmaCommit();
+      FenceProxyAsync();
+      NamedBarrierSync(kBarP, 256);
+      DCP_SM90_TRACE(traced, pair_mark + trace::kPShared);
+
+      // Then O += P_other V_other[:, half] (SS).
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        WgmmaM64N256K16SS(o, p_desc + ks * (32 >> 4), v_other_desc + ks * (2048 >> 4));
+      }
+      WgmmaCommit();
+      WgmmaWait<1>();
+      MbarrierArrive(free_bar + 8 * (wg == 0 ? kL0 : kR1));
+      WgmmaWait<0>();
+      FenceOperands(o);
+      DCP_SM90_TRACE(traced, pair_mark + trace::kPvDone);
+      MbarrierArrive(free_bar + 8 * (wg == 0 ? kL1 : kR0));
+    }
+  }  // kSchedule 0
 
   // Row sums of both WGs (each summed P of its own blocks), then normalise and store.
 #pragma unroll
@@ -666,11 +919,13 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-template <int kHeadDim, int kVDim, KvCacheDType kFormat>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat, int kSchedule>
 absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit& split,
                                  cudaStream_t stream) {
   using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
-  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat>;
+  static_assert(kSchedule == 0 || kFormat == KvCacheDType::kBF16,
+                "the one-way schedule reads bf16 rows only");
+  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, kSchedule>;
   // Once per device: the attribute call costs host time on every decode step otherwise.
   static std::atomic<uint64_t> configured{0};
   int device = 0;

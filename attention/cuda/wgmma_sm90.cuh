@@ -125,6 +125,10 @@ __device__ __forceinline__ void MbarrierWait(uint32_t bar, int parity) {
 __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrives on a named barrier without waiting (the other `threads - arrivals` wait on it).
+__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 template <int kRegisters>
 __device__ __forceinline__ void RegistersIncrease() {
@@ -177,15 +181,14 @@ __device__ __forceinline__ void FenceProxyAsync() {
 // 16 bytes global -> shared with a 256-byte L2 prefetch; valid == false writes zeros and reads
 // nothing.
 __device__ __forceinline__ void CpAsync16Prefetch(uint32_t smem, const void* global, bool valid) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem),
-               "l"(global), "r"(valid ? 16 : 0)
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(global),
+               "r"(valid ? 16 : 0)
                : "memory");
 }
 // Hopper's bulk L2 prefetch: `bytes` (a multiple of 16) from a 16-byte aligned global address
 // into L2, no shared memory, no completion to wait for.
 __device__ __forceinline__ void PrefetchL2Bulk(const void* global, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(global), "r"(bytes)
-               : "memory");
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(global), "r"(bytes) : "memory");
 }
 // 4 bytes global -> shared; valid == false writes zeros.
 __device__ __forceinline__ void CpAsync4(uint32_t smem, const void* global, bool valid) {

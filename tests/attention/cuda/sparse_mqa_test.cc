@@ -9,10 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <string>
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attention/cuda/sparse_mqa.h"
@@ -45,6 +45,9 @@ struct MqaCase {
   // The wgmma kernel's heads per CTA to run (SparseMqaParams::block_heads; 0: the heuristic's),
   // each with every split count; the mma.sync kernel runs 0 only.
   std::vector<int> block_heads = {0};
+  // The wgmma kernel's consumer schedules to run (SparseMqaParams::sm90_schedule), each with
+  // every block_heads and split count.
+  std::vector<int> schedules = {0};
   // Non-zero: logits that climb block by block. Every query's rope part (columns 512-575) is 1
   // and the rope part of the row at position k of a token's list is rope_ramp * (k / 64), so a
   // 64-key block scores about 6.66 * rope_ramp (log2 units) above the one before it (with
@@ -56,9 +59,10 @@ struct MqaCase {
 
 // One way of running the kernel on a case.
 struct Variant {
-  int kernel = 0;  // SparseMqaParams::kernel
-  int splits = 0;  // SparseMqaParams::num_splits
+  int kernel = 0;       // SparseMqaParams::kernel
+  int splits = 0;       // SparseMqaParams::num_splits
   int block_heads = 0;  // SparseMqaParams::block_heads
+  int schedule = 0;     // SparseMqaParams::sm90_schedule
 };
 
 struct MqaData {
@@ -140,9 +144,12 @@ std::vector<Variant> Variants(const MqaCase& c) {
   }
   std::vector<Variant> variants;
   for (int kernel : kernels) {
-    for (int block_heads : c.block_heads) {
-      if (kernel != 2 && block_heads != 0) continue;
-      for (int splits : c.splits) variants.push_back({kernel, splits, block_heads});
+    for (int schedule : c.schedules) {
+      if (kernel != 2 && schedule != c.schedules.front()) continue;
+      for (int block_heads : c.block_heads) {
+        if (kernel != 2 && block_heads != 0) continue;
+        for (int splits : c.splits) variants.push_back({kernel, splits, block_heads, schedule});
+      }
     }
   }
   return variants;
@@ -224,10 +231,9 @@ class SparseMqaCudaTest : public GpuTest {
     DeviceArray<int32_t> counts(d.counts.empty() ? no_counts : d.counts);
     DeviceArray<float> out(size_t(c.tokens) * d.out_token_stride);
     DeviceArray<float> lse(size_t(c.tokens) * d.lse_token_stride);
-    SparseMqaParams p = Params(c, d, q, kv, indices, out, lse,
-                               d.counts.empty() ? nullptr : counts.get());
-    DeviceArray<uint8_t> workspace(
-        std::max<int64_t>(16, cuda::SparseMqaWorkspaceBytes(p, 64)));
+    SparseMqaParams p =
+        Params(c, d, q, kv, indices, out, lse, d.counts.empty() ? nullptr : counts.get());
+    DeviceArray<uint8_t> workspace(std::max<int64_t>(16, cuda::SparseMqaWorkspaceBytes(p, 64)));
     p.workspace = workspace.get();
     p.workspace_bytes = cuda::SparseMqaWorkspaceBytes(p, 64);
 
@@ -249,11 +255,13 @@ class SparseMqaCudaTest : public GpuTest {
 
     std::vector<float> first_out;
     for (const Variant& v : Variants(c)) {
-      SCOPED_TRACE(::testing::Message() << "kernel " << v.kernel << " splits " << v.splits
-                                        << " block_heads " << v.block_heads);
+      SCOPED_TRACE(::testing::Message()
+                   << "kernel " << v.kernel << " splits " << v.splits << " block_heads "
+                   << v.block_heads << " schedule " << v.schedule);
       p.kernel = v.kernel;
       p.num_splits = v.splits;
       p.block_heads = v.block_heads;
+      p.sm90_schedule = v.schedule;
       out.Poison();
       lse.Poison();
       const absl::Status status = cuda::SparseMqa(p, nullptr);
@@ -398,9 +406,9 @@ TEST_F(SparseMqaCudaTest, OneKeyEmptySelectionsAndZeroTopk) {
   c.slots = 300;
   MqaData d = MakeData(c, rng);
   for (int k = 0; k < c.topk; ++k) {
-    d.indices[0 * d.indices_stride + k] = -1;                          // lone query, all -1
-    if (k != 17) d.indices[1 * d.indices_stride + k] = -1;             // exactly one key
-    d.indices[2 * d.indices_stride + k] = c.slots + k;                 // all out of range
+    d.indices[0 * d.indices_stride + k] = -1;               // lone query, all -1
+    if (k != 17) d.indices[1 * d.indices_stride + k] = -1;  // exactly one key
+    d.indices[2 * d.indices_stride + k] = c.slots + k;      // all out of range
   }
   DeviceArray<bf16> q(d.q), kv(d.kv);
   DeviceArray<int32_t> indices(d.indices);
@@ -482,6 +490,34 @@ TEST_F(SparseMqaCudaTest, RunningMaxClimbingThroughTheKeys) {
     c.rope_ramp = ramp;
     c.splits = {1, 0, 3};
     RunAndCheck(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The wgmma kernel's one-way schedule (sm90_schedule 2) beside the lockstep one (1), both
+// against float64 and each other: empty, short and odd-block lists with split and unsplit
+// CTAs, narrow head blocks, skipped and out-of-range indices, huge logits, a climbing max, and
+// one CTA walking 16 pairs.
+TEST_F(SparseMqaCudaTest, OneWayScheduleMatchesTheReference) {
+  std::vector<MqaCase> cases(6);
+  cases[0].tokens = 3, cases[0].heads = 16, cases[0].topk = 300, cases[0].slots = 1000;
+  cases[0].counts = {0, 130, 300}, cases[0].splits = {0, 1, 2, 7};
+  cases[1].tokens = 5, cases[1].heads = 128, cases[1].topk = 2048, cases[1].slots = 6000;
+  cases[1].counts = {1, 63, 65, 2047, 2048}, cases[1].splits = {0, 1, 3};
+  cases[1].block_heads = {0, 32}, cases[1].check_rows = 96;
+  cases[2].tokens = 7, cases[2].heads = 48, cases[2].topk = 200, cases[2].slots = 3000;
+  cases[2].skip_fraction = 0.25, cases[2].out_of_range_fraction = 0.05;
+  cases[3].tokens = 4, cases[3].heads = 16, cases[3].topk = 256, cases[3].slots = 1024;
+  cases[3].q_low = -4.f, cases[3].q_high = 4.f, cases[3].scale = 0.5f;  // huge positive logits
+  cases[4].tokens = 1, cases[4].heads = 64, cases[4].topk = 2048, cases[4].slots = 3000;
+  cases[4].rope_ramp = 0.45f, cases[4].splits = {1, 0};  // a climbing max over 16 pairs
+  cases[5].tokens = 3, cases[5].heads = 16, cases[5].topk = 192, cases[5].slots = 600;
+  cases[5].q_low = -1.f, cases[5].q_high = -0.5f, cases[5].kv_low = 0.5f, cases[5].kv_high = 1.f;
+  cases[5].scale = 0.25f;  // huge negative logits
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "case " << i);
+    cases[i].schedules = {1, 2};
+    RunAndCheck(cases[i]);
     if (HasFatalFailure()) return;
   }
 }
@@ -760,6 +796,11 @@ TEST_F(SparseMqaCudaTest, RejectsUncompiledSizesAndDtypes) {
   status = cuda::SparseMqa(p, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("block_heads 48"), std::string::npos) << status;
+  p.block_heads = 0;
+  p.sm90_schedule = 3;
+  status = cuda::SparseMqa(p, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("sm90_schedule 3"), std::string::npos) << status;
 }
 
 }  // namespace
