@@ -242,6 +242,45 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
   CpAsyncWaitAll();
 }
 
+// Masks S of one 64-key block (a wgmma m64n64 fragment: this thread's rows g and g + 8,
+// columns 8 j + 2 c + e) and scales it into log2 units; block_max gets the quad-reduced row
+// maxima. A key is valid when its position is below key_end and its slot in [0, num_slots).
+__device__ __forceinline__ void Sm90MaskScores(float (&s)[32], const int32_t* block_index,
+                                               int block, int key_end, int num_slots,
+                                               float scale_log2, int c, float (&block_max)[2]) {
+  block_max[0] = block_max[1] = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = 8 * j + 2 * c + e;
+      const int key = block * 64 + col;
+      const int32_t slot = block_index[col];
+      const bool valid = key < key_end && slot >= 0 && slot < num_slots;
+      s[4 * j + e] = valid ? s[4 * j + e] * scale_log2 : -INFINITY;
+      s[4 * j + 2 + e] = valid ? s[4 * j + 2 + e] * scale_log2 : -INFINITY;
+      block_max[0] = fmaxf(block_max[0], s[4 * j + e]);
+      block_max[1] = fmaxf(block_max[1], s[4 * j + 2 + e]);
+    }
+  }
+  block_max[0] = QuadMax(block_max[0]);
+  block_max[1] = QuadMax(block_max[1]);
+}
+
+// This thread's two rows of O (an m64n256 fragment) times their factors; nothing when both
+// are 1 (the running max did not move).
+__device__ __forceinline__ void Sm90RescaleRows(float (&o)[128], const float (&factor)[2]) {
+  if (factor[0] != 1.f || factor[1] != 1.f) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j] *= factor[0];
+      o[4 * j + 1] *= factor[0];
+      o[4 * j + 2] *= factor[1];
+      o[4 * j + 3] *= factor[1];
+    }
+  }
+}
+
 // kSchedule: 0 the lockstep consumers (above), 1 the one-way schedule (bf16 rows only; see
 // the consumer loop).
 template <int kHeadDim, int kVDim, KvCacheDType kFormat, int kSchedule = 0>
@@ -492,38 +531,6 @@ __global__ void __launch_bounds__(384, 1)
       }
       WgmmaCommit();
     };
-    // Mask and scale S of `block` into log2 units; its row maxima (quad-reduced).
-    auto mask_scores = [&](int block, float(&block_max)[2]) __attribute__((always_inline)) {
-      const int32_t* block_index = s_index + wg * 64;
-      block_max[0] = block_max[1] = kNegInf;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = 8 * j + 2 * c + e;
-          const int key = block * 64 + col;
-          const int32_t slot = block_index[col];
-          const bool valid = key < work.key_end && slot >= 0 && slot < p.num_slots;
-          s[4 * j + e] = valid ? s[4 * j + e] * scale_log2 : kNegInf;
-          s[4 * j + 2 + e] = valid ? s[4 * j + 2 + e] * scale_log2 : kNegInf;
-          block_max[0] = fmaxf(block_max[0], s[4 * j + e]);
-          block_max[1] = fmaxf(block_max[1], s[4 * j + 2 + e]);
-        }
-      }
-      block_max[0] = QuadMax(block_max[0]);
-      block_max[1] = QuadMax(block_max[1]);
-    };
-    auto rescale_o = [&](const float(&factor)[2]) __attribute__((always_inline)) {
-      if (factor[0] != 1.f || factor[1] != 1.f) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          o[4 * j] *= factor[0];
-          o[4 * j + 1] *= factor[0];
-          o[4 * j + 2] *= factor[1];
-          o[4 * j + 3] *= factor[1];
-        }
-      }
-    };
     // P = 2^(S - m_use) as bf16 A fragments; l += its row sums (fp32).
     uint32_t a[4][4];
     auto softmax = [&](const float(&m_use)[2]) __attribute__((always_inline)) {
@@ -561,7 +568,8 @@ __global__ void __launch_bounds__(384, 1)
         FenceOperands(s);
         DCP_SM90_TRACE(traced, pair_mark + trace::kScores);
         float block_max[2], m0[2], m0_use[2], factor[2];
-        mask_scores(first_block + 2 * pair, block_max);
+        Sm90MaskScores(s, s_index, first_block + 2 * pair, work.key_end, p.num_slots, scale_log2, c,
+                       block_max);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           m0[r] = block_max[r] > m[r] + split.rescale_slack ? block_max[r] : m[r];
@@ -571,7 +579,7 @@ __global__ void __launch_bounds__(384, 1)
           if (c == 0) s_max[rows[r]] = m0[r];
         }
         NamedBarrierArrive(kBarMax0, 256);
-        rescale_o(factor);
+        Sm90RescaleRows(o, factor);
         softmax(m0_use);
         WgmmaFence();
         {
@@ -608,7 +616,7 @@ __global__ void __launch_bounds__(384, 1)
         }
         FenceProxyAsync();
         NamedBarrierArrive(kBarP0, 256);
-        rescale_o(factor);
+        Sm90RescaleRows(o, factor);
         NamedBarrierSync(kBarP1, 256);
         DCP_SM90_TRACE(traced, pair_mark + trace::kPShared);
         WgmmaFence();
@@ -646,7 +654,8 @@ __global__ void __launch_bounds__(384, 1)
         FenceOperands(s);
         DCP_SM90_TRACE(traced, pair_mark + trace::kScores);
         float block_max[2], m1_use[2], factor[2];
-        mask_scores(first_block + 2 * pair + 1, block_max);
+        Sm90MaskScores(s, s_index + 64, first_block + 2 * pair + 1, work.key_end, p.num_slots,
+                       scale_log2, c, block_max);
         NamedBarrierSync(kBarMax0, 256);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -660,7 +669,7 @@ __global__ void __launch_bounds__(384, 1)
         }
         NamedBarrierArrive(kBarMax1, 256);
         DCP_SM90_TRACE(traced, pair_mark + trace::kMaxShared);
-        rescale_o(factor);
+        Sm90RescaleRows(o, factor);
         softmax(m1_use);
         WgmmaFence();
         {
@@ -784,25 +793,11 @@ __global__ void __launch_bounds__(384, 1)
       DCP_SM90_TRACE(traced, pair_mark + trace::kScores);
 
       // Mask and scale into log2 units; row maxima of this block.
-      const int32_t* block_index = s_index + wg * 64;
-      float block_max[2] = {kNegInf, kNegInf};
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = 8 * j + 2 * c + e;
-          const int key = block * 64 + col;
-          const int32_t slot = block_index[col];
-          const bool valid = key < work.key_end && slot >= 0 && slot < p.num_slots;
-          s[4 * j + e] = valid ? s[4 * j + e] * scale_log2 : kNegInf;
-          s[4 * j + 2 + e] = valid ? s[4 * j + 2 + e] * scale_log2 : kNegInf;
-          block_max[0] = fmaxf(block_max[0], s[4 * j + e]);
-          block_max[1] = fmaxf(block_max[1], s[4 * j + 2 + e]);
-        }
-      }
+      float block_max[2];
+      Sm90MaskScores(s, s_index + wg * 64, block, work.key_end, p.num_slots, scale_log2, c,
+                     block_max);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        block_max[r] = QuadMax(block_max[r]);
         if (c == 0) s_max[wg * 64 + rows[r]] = block_max[r];
       }
       NamedBarrierSync(kBarMax, 256);
@@ -822,15 +817,7 @@ __global__ void __launch_bounds__(384, 1)
         m[r] = m_new;
         l[r] *= alpha[r];
       }
-      if (alpha[0] != 1.f || alpha[1] != 1.f) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          o[4 * j] *= alpha[0];
-          o[4 * j + 1] *= alpha[0];
-          o[4 * j + 2] *= alpha[1];
-          o[4 * j + 3] *= alpha[1];
-        }
-      }
+      Sm90RescaleRows(o, alpha);
       uint32_t a[4][4];  // P as the A fragments of the 4 k-steps of 16 keys
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
