@@ -25,15 +25,16 @@
 #      sparse_mqa_sm90_trace.cuh) for the rows of DCP_TRACE_ROWS.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
-# "build test bench engine nopdl sanitize"; ncu, ncu_sections, ncu_engine, worker, trace and
-# variants are extra), DCP_VARIANTS (stage variants: environments to bench under), DCP_TEST_FILTER,
+# "build test bench variants engine nopdl sanitize"; ncu, ncu_sections, ncu_engine, worker and
+# trace are extra), DCP_VARIANTS (stage variants: ';'-separated environments to bench under,
+# default the wgmma kernel's one-way schedule), DCP_TEST_FILTER,
 # DCP_BENCH_ARGS (appended), DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k), DCP_TRACE_ROWS (kernel
 # rows of stage trace, ';'-separated).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out="${OUT:-/tmp/dcp-device-out}"
 mkdir -p "$out"
-stages="${DCP_STAGES:-build test bench engine nopdl sanitize}"
+stages="${DCP_STAGES:-build test bench variants engine nopdl sanitize}"
 batches="${DCP_DECODE_BATCHES:-q1kv4k,64q1kv4k}"
 has_stage() { [[ " $stages " == *" $1 "* ]]; }
 debs="${DCP_DEBS:-.debs}"
@@ -152,7 +153,7 @@ if has_stage bench && [ "$hung" -eq 0 ]; then run_kernels kernels DCP_BENCH_RUN=
 # (e.g. "DCP_SPARSE_MQA_PREFETCH_PAIRS=0;DCP_SPARSE_MQA_PREFETCH_PAIRS=2"), to compare knobs
 # in one call; the rows of the default run above are the baseline.
 if has_stage variants && [ "$hung" -eq 0 ]; then
-  IFS=';' read -r -a variants <<<"${DCP_VARIANTS:-}"
+  IFS=';' read -r -a variants <<<"${DCP_VARIANTS:-DCP_SPARSE_MQA_SCHEDULE=one_way}"
   for i in "${!variants[@]}"; do
     note "variant $i: ${variants[$i]}"
     # shellcheck disable=SC2086  # one environment assignment per word
@@ -192,6 +193,10 @@ if has_stage sanitize && [ "$hung" -eq 0 ]; then
   done
   # The narrow head blocks (16 and 32 heads a CTA) under memcheck: 128 heads, decode tokens.
   sanitize memcheck "$test_exe" 'SparseMqaCudaTest.NarrowHeadBlocksOfDecodeTokens' 90
+  # The one-way schedule (the default of these cases when the environment asks for it).
+  for tool in memcheck racecheck; do
+    DCP_SPARSE_MQA_SCHEDULE=one_way sanitize "$tool" "$test_exe" "$small" 60
+  done
 fi
 
 # The wgmma kernel's phase timeline (a profiling build, its own build folder).
