@@ -181,7 +181,7 @@ if has_stage sanitize && [ "$hung" -eq 0 ]; then
         "$2" --gtest_filter="$3" >"$out/one.log" 2>&1
     local code=$?
     [ "$code" -eq 0 ] || failures=$((failures + 1))
-    note "$1 $(basename "$2") ${3:0:40}: exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/one.log" | tail -1)"
+    note "$1 ${DCP_SPARSE_MQA_SCHEDULE:+($DCP_SPARSE_MQA_SCHEDULE) }$(basename "$2") ${3:0:40}: exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/one.log" | tail -1)"
     { echo "=== $1 $2 $3 (exit $code)"; cat "$out/one.log"; } >>"$out/sanitize.log"
     rm -f "$out/one.log"
   }
