@@ -25,14 +25,14 @@ namespace dcp::cuda::sm90_trace {
 // kPairBase + (w * kPairs + p) * kPairMarks + event, the producer's at kProducerBase + p * 5 + i
 // (i = 0: L0 freed and seen by the producer, 1-4: the halves L0, R1, R0, L1 issued).
 enum Mark : int {
-  kGlobalStart = 0,  // %globaltimer, ns
-  kGlobalEnd = 1,    // %globaltimer, ns
-  kClockStart = 2,   // clock64 at the kernel's first instruction
-  kClockEnd = 3,     // clock64 after WG0's last store
-  kInitDone = 4,     // after griddepcontrol.wait, the work and the mbarrier init (__syncthreads)
-  kQReady = 5,       // WG0: the Q tile is in shared memory
-  kSumDone = 6,      // WG0: after the row-sum exchange (the epilogue starts)
-  kWg1End = 7,       // WG1: after its last store
+  kGlobalStart = 0,   // %globaltimer, ns
+  kGlobalEnd = 1,     // %globaltimer, ns
+  kClockStart = 2,    // clock64 at the kernel's first instruction
+  kClockEnd = 3,      // clock64 after WG0's last store
+  kInitDone = 4,      // after griddepcontrol.wait, the work and the mbarrier init (__syncthreads)
+  kQReady = 5,        // WG0: the Q tile is in shared memory
+  kSumDone = 6,       // WG0: after the row-sum exchange (the epilogue starts)
+  kWg1End = 7,        // WG1: after its last store
   kProducerRegs = 8,  // the producer (bf16 rows) after its setmaxnreg.dec
   kConsumerRegs = 9,  // WG0 after its setmaxnreg.inc, before the Q tile
   kProducerBase = 10,
@@ -68,11 +68,13 @@ __device__ __forceinline__ void Record(int mark) {
 }
 
 static const char* MarkName(int mark, char* buffer, size_t size) {
-  static const char* kFixed[] = {"global start", "global end", "clock start", "end (WG0)",
-                                 "init done", "Q ready (WG0)", "sums shared (WG0)", "end (WG1)",
+  static const char* kFixed[] = {"global start",       "global end",
+                                 "clock start",        "end (WG0)",
+                                 "init done",          "Q ready (WG0)",
+                                 "sums shared (WG0)",  "end (WG1)",
                                  "producer registers", "consumer registers (WG0)"};
   static const char* kEvents[] = {"first half", "second half", "S retired",
-                                  "max shared", "P shared", "PV retired"};
+                                  "max shared", "P shared",    "PV retired"};
   if (mark < kProducerBase) return kFixed[mark];
   if (mark < kPairBase) {
     static const char* kSteps[] = {"L0 free seen", "L0 issued", "R1 issued", "R0 issued",
@@ -82,8 +84,8 @@ static const char* MarkName(int mark, char* buffer, size_t size) {
     return buffer;
   }
   const int i = mark - kPairBase;
-  snprintf(buffer, size, "WG%d pair %d %s", i / (kPairs * kPairMarks),
-           i / kPairMarks % kPairs, kEvents[i % kPairMarks]);
+  snprintf(buffer, size, "WG%d pair %d %s", i / (kPairs * kPairMarks), i / kPairMarks % kPairs,
+           kEvents[i % kPairMarks]);
   return buffer;
 }
 
@@ -153,8 +155,8 @@ static void AfterLaunch(const char* name, unsigned grid, cudaStream_t stream) {
 }  // namespace dcp::cuda::sm90_trace
 
 #if defined(DCP_SPARSE_MQA_TRACE)
-#define DCP_SM90_TRACE(condition, mark) \
-  do {                                  \
+#define DCP_SM90_TRACE(condition, mark)                   \
+  do {                                                    \
     if (condition) ::dcp::cuda::sm90_trace::Record(mark); \
   } while (0)
 #else

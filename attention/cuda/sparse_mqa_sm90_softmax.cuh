@@ -1,0 +1,51 @@
+// Score and output-row helpers of the sm_90a sparse MQA kernel's consumers
+// (sparse_mqa_sm90_kernel.cuh), used by both of its schedules.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "attention/cuda/mma_sm80.cuh"
+
+namespace dcp::cuda {
+
+// Masks S of one 64-key block (a wgmma m64n64 fragment: this thread's rows g and g + 8,
+// columns 8 j + 2 c + e) and scales it into log2 units; block_max gets the quad-reduced row
+// maxima. A key is valid when its position is below key_end and its slot in [0, num_slots).
+__device__ __forceinline__ void Sm90MaskScores(float (&s)[32], const int32_t* block_index,
+                                               int block, int key_end, int num_slots,
+                                               float scale_log2, int c, float (&block_max)[2]) {
+  block_max[0] = block_max[1] = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = 8 * j + 2 * c + e;
+      const int key = block * 64 + col;
+      const int32_t slot = block_index[col];
+      const bool valid = key < key_end && slot >= 0 && slot < num_slots;
+      s[4 * j + e] = valid ? s[4 * j + e] * scale_log2 : -INFINITY;
+      s[4 * j + 2 + e] = valid ? s[4 * j + 2 + e] * scale_log2 : -INFINITY;
+      block_max[0] = fmaxf(block_max[0], s[4 * j + e]);
+      block_max[1] = fmaxf(block_max[1], s[4 * j + 2 + e]);
+    }
+  }
+  block_max[0] = QuadMax(block_max[0]);
+  block_max[1] = QuadMax(block_max[1]);
+}
+
+// This thread's two rows of O (an m64n256 fragment) times their factors; nothing when both
+// are 1 (the running max did not move).
+__device__ __forceinline__ void Sm90RescaleRows(float (&o)[128], const float (&factor)[2]) {
+  if (factor[0] != 1.f || factor[1] != 1.f) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j] *= factor[0];
+      o[4 * j + 1] *= factor[0];
+      o[4 * j + 2] *= factor[1];
+      o[4 * j + 3] *= factor[1];
+    }
+  }
+}
+
+}  // namespace dcp::cuda
