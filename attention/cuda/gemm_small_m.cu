@@ -96,8 +96,7 @@ bool SmallMGemmFits(const GemmParams& p) {
   }
   if (p.merge_a.splits > 1 &&
       (p.trans_b || p.a_dtype != DType::kF32 || p.m != 1 ||
-       p.merge_a.splits > kSmallMMaxMergeSplits ||
-       p.merge_a.split_stride < 0)) {
+       p.merge_a.splits > kSmallMMaxMergeSplits || p.merge_a.split_stride < 0)) {
     return false;
   }
   return SharedBytes(p) <= kMaxSharedBytes;
@@ -109,16 +108,7 @@ absl::Status GemmSmallM(const GemmParams& p, cudaStream_t stream) {
                 "dtypes %s x %s -> %s, trans_a %d, trans_b %d, ldb %d, stride_b %d)",
                 p.m, p.n, p.k, p.batch, dtype_name(p.a_dtype), dtype_name(p.b_dtype),
                 dtype_name(p.c_dtype), p.trans_a, p.trans_b, p.ldb, p.stride_b);
-  GemmSmallMArgs args{};
-  args.a = p.a;
-  args.a_f32 = p.a_dtype == DType::kF32;
-  args.b = static_cast<const __nv_bfloat16*>(p.b);
-  args.c = p.c;
-  args.c_bf16 = p.c_dtype == DType::kBF16;
-  args.m = p.m, args.n = p.n, args.k = p.k;
-  args.lda = p.lda, args.ldb = p.ldb, args.ldc = p.ldc;
-  args.stride_a = p.stride_a, args.stride_b = p.stride_b, args.stride_c = p.stride_c;
-  args.alpha = p.alpha, args.beta = p.beta;
+  GemmSmallMArgs args = MakeSmallMArgs(p);
   if (p.merge_a.splits > 1) {
     DCP_CHECK_ARG(p.merge_a.part_lse != nullptr && p.merge_a.lse != nullptr,
                   "GemmSmallM: merge_a needs part_lse and lse");
@@ -129,17 +119,6 @@ absl::Status GemmSmallM(const GemmParams& p, cudaStream_t stream) {
     args.merge_part_lse = p.merge_a.part_lse;
     args.merge_lse = p.merge_a.lse;
     args.merge_lse_ld = p.merge_a.lse_ld;
-  }
-  const GemmParams::SideCopy& side = p.side;
-  if (side.rows > 0 && side.row_bytes > 0) {
-    args.side_dst = static_cast<std::byte*>(side.dst);
-    args.side_src = static_cast<const std::byte*>(side.src);
-    args.side_dst_pitch = side.dst_pitch;
-    args.side_src_pitch = side.src_pitch;
-    args.side_row_bytes = side.row_bytes;
-    args.side_rows = side.rows;
-    args.side_vector = Aligned(side.dst, 16) && Aligned(side.src, 16) && side.dst_pitch % 16 == 0 &&
-                       side.src_pitch % 16 == 0 && side.row_bytes % 16 == 0;
   }
   const bool nk = p.trans_b;
   args.col_threads = ColumnThreads(p);

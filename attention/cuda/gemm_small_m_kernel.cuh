@@ -27,13 +27,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attention/attention_params.h"
 #include "core/cuda/programmatic_launch.h"
 
 namespace dcp::cuda {
 
 constexpr int kSmallMThreads = 256;
 constexpr int kSmallMMaxMergeSplits = 64;  // GemmParams::merge_a.splits taken
-constexpr int kNkRows = 32;  // columns of C (rows of B) per block (B stored [N, K])
+constexpr int kNkRows = 32;                // columns of C (rows of B) per block (B stored [N, K])
 constexpr int kNkRowsPerWarp = 4;
 
 struct GemmSmallMArgs {
@@ -63,6 +64,37 @@ struct GemmSmallMArgs {
   float* merge_lse;             // [m, batch], row stride merge_lse_ld; written by block x 0
   int64_t merge_lse_ld;
 };
+
+// The kernels' arguments from a GemmParams: operands, dtypes, sizes, strides, scalars and the
+// side copy (both launchers, gemm_small_m.cu and gemm_small_m_tc.cu; the merge of split
+// partials, the column threads and the A vector flag are set by the launcher that uses them).
+inline GemmSmallMArgs MakeSmallMArgs(const GemmParams& p) {
+  auto aligned16 = [](const void* pointer) {
+    return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
+  };
+  GemmSmallMArgs args{};
+  args.a = p.a;
+  args.a_f32 = p.a_dtype == DType::kF32;
+  args.b = static_cast<const __nv_bfloat16*>(p.b);
+  args.c = p.c;
+  args.c_bf16 = p.c_dtype == DType::kBF16;
+  args.m = p.m, args.n = p.n, args.k = p.k;
+  args.lda = p.lda, args.ldb = p.ldb, args.ldc = p.ldc;
+  args.stride_a = p.stride_a, args.stride_b = p.stride_b, args.stride_c = p.stride_c;
+  args.alpha = p.alpha, args.beta = p.beta;
+  const GemmParams::SideCopy& side = p.side;
+  if (side.rows > 0 && side.row_bytes > 0) {
+    args.side_dst = static_cast<std::byte*>(side.dst);
+    args.side_src = static_cast<const std::byte*>(side.src);
+    args.side_dst_pitch = side.dst_pitch;
+    args.side_src_pitch = side.src_pitch;
+    args.side_row_bytes = side.row_bytes;
+    args.side_rows = side.rows;
+    args.side_vector = aligned16(side.dst) && aligned16(side.src) && side.dst_pitch % 16 == 0 &&
+                       side.src_pitch % 16 == 0 && side.row_bytes % 16 == 0;
+  }
+  return args;
+}
 
 __device__ __forceinline__ void PrefetchL2(const void* address) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(address));

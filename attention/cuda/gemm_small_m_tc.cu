@@ -92,27 +92,7 @@ absl::Status GemmSmallMTc(const GemmParams& p, cudaStream_t stream) {
                 "batch %d, dtypes %s x %s -> %s, trans_a %d, trans_b %d, ldb %d, stride_b %d)",
                 p.m, p.n, p.k, p.batch, dtype_name(p.a_dtype), dtype_name(p.b_dtype),
                 dtype_name(p.c_dtype), p.trans_a, p.trans_b, p.ldb, p.stride_b);
-  GemmSmallMArgs args{};
-  args.a = p.a;
-  args.a_f32 = p.a_dtype == DType::kF32;
-  args.b = static_cast<const __nv_bfloat16*>(p.b);
-  args.c = p.c;
-  args.c_bf16 = p.c_dtype == DType::kBF16;
-  args.m = p.m, args.n = p.n, args.k = p.k;
-  args.lda = p.lda, args.ldb = p.ldb, args.ldc = p.ldc;
-  args.stride_a = p.stride_a, args.stride_b = p.stride_b, args.stride_c = p.stride_c;
-  args.alpha = p.alpha, args.beta = p.beta;
-  const GemmParams::SideCopy& side = p.side;
-  if (side.rows > 0 && side.row_bytes > 0) {
-    args.side_dst = static_cast<std::byte*>(side.dst);
-    args.side_src = static_cast<const std::byte*>(side.src);
-    args.side_dst_pitch = side.dst_pitch;
-    args.side_src_pitch = side.src_pitch;
-    args.side_row_bytes = side.row_bytes;
-    args.side_rows = side.rows;
-    args.side_vector = Aligned(side.dst, 16) && Aligned(side.src, 16) && side.dst_pitch % 16 == 0 &&
-                       side.src_pitch % 16 == 0 && side.row_bytes % 16 == 0;
-  }
+  GemmSmallMArgs args = MakeSmallMArgs(p);
   const int per_vector = args.a_f32 ? 4 : 8;  // elements in 16 bytes
   args.a_vector = Aligned(p.a, 16) && p.lda % per_vector == 0 && p.stride_a % per_vector == 0 &&
                   p.k % per_vector == 0;
