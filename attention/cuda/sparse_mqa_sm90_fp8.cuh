@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "attention/attention_params.h"
+#include "attention/cuda/sparse_mqa_sm90_gather.cuh"
 #include "attention/cuda/sparse_mqa_sm90_layout.cuh"
 #include "attention/cuda/sparse_mqa_work.cuh"
 #include "attention/cuda/wgmma_sm90.cuh"
@@ -122,22 +123,12 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
       }
     }
   };
-  // The 64 indices of a block, for the consumers' masks (zero past key_end: masked there).
   auto copy_indices = [&](int which, int block) {
-    if (t < 64) {
-      const int key = block * 64 + t;
-      CpAsync4(index_base + (which * 64 + t) * 4,
-               key < key_end ? token_indices + key : token_indices, key < key_end);
-    }
+    Sm90CopyBlockIndices(index_base, token_indices, which, block, key_end, t);
   };
-  // The 128 rows of a later pair into L2, one bulk prefetch a thread (as for bf16 rows).
   auto prefetch_pair = [&](int ahead) {
-    const int key = (first_block + 2 * ahead) * 64 + t;
-    if (ahead >= num_pairs || key >= key_end) return;
-    const int32_t slot = __ldg(token_indices + key);
-    if (slot >= 0 && slot < p.num_slots) {
-      PrefetchL2Bulk(kv + int64_t(slot) * fp8_ds_mla::kRowBytes, fp8_ds_mla::kRowBytes);
-    }
+    Sm90PrefetchPairRows(kv, fp8_ds_mla::kRowBytes, fp8_ds_mla::kRowBytes, token_indices,
+                         first_block, ahead, num_pairs, key_end, p.num_slots, t);
   };
   for (int ahead = 1; ahead < prefetch_pairs; ++ahead) prefetch_pair(ahead);
   // Every half only gathered (ready = landed): the consumers dequantize.

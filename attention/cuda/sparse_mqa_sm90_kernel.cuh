@@ -41,6 +41,7 @@
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/sparse_mqa.h"
 #include "attention/cuda/sparse_mqa_sm90_fp8.cuh"
+#include "attention/cuda/sparse_mqa_sm90_gather.cuh"
 #include "attention/cuda/sparse_mqa_sm90_layout.cuh"
 #include "attention/cuda/sparse_mqa_sm90_softmax.cuh"
 #include "attention/cuda/sparse_mqa_sm90_trace.cuh"
@@ -173,21 +174,13 @@ __global__ void __launch_bounds__(384, 1)
         }
       }
     };
-    // The 64 indices of a block, for the consumers' masks (zero past key_end: masked there).
     auto copy_indices = [&](int which, int block) {
-      if (t < 64) {
-        const int key = block * 64 + t;
-        CpAsync4(index_base + (which * 64 + t) * 4,
-                 key < key_end ? token_indices + key : token_indices, key < key_end);
-      }
+      Sm90CopyBlockIndices(index_base, token_indices, which, block, key_end, t);
     };
-    // The 128 rows of a later pair into L2, one bulk prefetch a thread (key t of the pair).
     auto prefetch_pair = [&](int ahead) {
-      const int key = (first_block + 2 * ahead) * 64 + t;
-      if (ahead >= num_pairs || key >= key_end) return;
-      const int64_t slot = __ldg(token_indices + key);
-      if (slot >= 0 && slot < p.num_slots)
-        PrefetchL2Bulk(kv + slot * p.kv_row_stride, kHeadDim * 2);
+      Sm90PrefetchPairRows(static_cast<const uint8_t*>(p.kv_cache), p.kv_row_stride * 2,
+                           kHeadDim * 2, token_indices, first_block, ahead, num_pairs, key_end,
+                           p.num_slots, t);
     };
     for (int ahead = 1; ahead < split.prefetch_pairs; ++ahead) prefetch_pair(ahead);
     for (int pair = 0; pair < num_pairs; ++pair) {
@@ -353,11 +346,7 @@ __global__ void __launch_bounds__(384, 1)
         Sm90RescaleRows(o, factor);
         softmax(m0_use);
         WgmmaFence();
-        {
-          const uint64_t v_own_desc = Opaque(MakeDesc(own_k + value_tile, kTileBytes, 1024));
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks) WgmmaM64N256K16RS(o, a[ks], v_own_desc + ks * (2048 >> 4));
-        }
+        Sm90IssueOwnPv(o, a, own_k + value_tile);
         WgmmaCommit();
         WgmmaWait<0>();
         FenceOperands(o);
@@ -391,14 +380,7 @@ __global__ void __launch_bounds__(384, 1)
         NamedBarrierSync(kBarP1, 256);
         DCP_SM90_TRACE(traced, pair_mark + trace::kPShared);
         WgmmaFence();
-        {
-          const uint64_t v_other_desc = Opaque(MakeDesc(other_k + value_tile, kTileBytes, 1024));
-          const uint64_t p_other_desc = Opaque(MakeDesc(other_p, 16, 1024));
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            WgmmaM64N256K16SS(o, p_other_desc + ks * (32 >> 4), v_other_desc + ks * (2048 >> 4));
-          }
-        }
+        Sm90IssueCrossPv(o, other_p, other_k + value_tile);
         WgmmaCommit();
         // The next pair's S0 under the cross PV: L0 was freed above, R0 frees when WG1's cross
         // PV retires. After the last pair the same wgmmas run on the stale tiles without
@@ -443,11 +425,7 @@ __global__ void __launch_bounds__(384, 1)
         Sm90RescaleRows(o, factor);
         softmax(m1_use);
         WgmmaFence();
-        {
-          const uint64_t v_own_desc = Opaque(MakeDesc(own_k + value_tile, kTileBytes, 1024));
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks) WgmmaM64N256K16RS(o, a[ks], v_own_desc + ks * (2048 >> 4));
-        }
+        Sm90IssueOwnPv(o, a, own_k + value_tile);
         WgmmaCommit();
 #pragma unroll
         for (int j = 0; j < 8; ++j) store_p(j, a[j / 2][(j % 2) * 2], a[j / 2][(j % 2) * 2 + 1]);
@@ -455,14 +433,7 @@ __global__ void __launch_bounds__(384, 1)
         NamedBarrierSync(kBarP0, 256);
         DCP_SM90_TRACE(traced, pair_mark + trace::kPShared);
         WgmmaFence();
-        {
-          const uint64_t v_other_desc = Opaque(MakeDesc(other_k + value_tile, kTileBytes, 1024));
-          const uint64_t p_other_desc = Opaque(MakeDesc(other_p, 16, 1024));
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks) {
-            WgmmaM64N256K16SS(o, p_other_desc + ks * (32 >> 4), v_other_desc + ks * (2048 >> 4));
-          }
-        }
+        Sm90IssueCrossPv(o, other_p, other_k + value_tile);
         WgmmaCommit();
         NamedBarrierArrive(kBarP1, 256);
         WgmmaWait<1>();
@@ -607,22 +578,15 @@ __global__ void __launch_bounds__(384, 1)
       }
       // O += P_own V_own[:, half] (RS): it needs only this WG's P, so it is issued before the
       // hand-off of P and runs while the other WG finishes its P.
-      const uint64_t v_own_desc = Opaque(MakeDesc(own_k + value_tile, kTileBytes, 1024));
-      const uint64_t v_other_desc = Opaque(MakeDesc(other_k + value_tile, kTileBytes, 1024));
-      const uint64_t p_desc = Opaque(MakeDesc(other_p, 16, 1024));
       WgmmaFence();
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) WgmmaM64N256K16RS(o, a[ks], v_own_desc + ks * (2048 >> 4));
+      Sm90IssueOwnPv(o, a, own_k + value_tile);
       WgmmaCommit();
       FenceProxyAsync();
       NamedBarrierSync(kBarP, 256);
       DCP_SM90_TRACE(traced, pair_mark + trace::kPShared);
 
       // Then O += P_other V_other[:, half] (SS).
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        WgmmaM64N256K16SS(o, p_desc + ks * (32 >> 4), v_other_desc + ks * (2048 >> 4));
-      }
+      Sm90IssueCrossPv(o, other_p, other_k + value_tile);
       WgmmaCommit();
       WgmmaWait<1>();
       MbarrierArrive(free_bar + 8 * (wg == 0 ? kL0 : kR1));

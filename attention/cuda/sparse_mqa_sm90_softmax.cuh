@@ -1,4 +1,4 @@
-// Score and output-row helpers of the sm_90a sparse MQA kernel's consumers
+// Score, output-row and P V helpers of the sm_90a sparse MQA kernel's consumers
 // (sparse_mqa_sm90_kernel.cuh), used by both of its schedules.
 #pragma once
 
@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "attention/cuda/mma_sm80.cuh"
+#include "attention/cuda/wgmma_sm90.cuh"
 
 namespace dcp::cuda {
 
@@ -45,6 +46,29 @@ __device__ __forceinline__ void Sm90RescaleRows(float (&o)[128], const float (&f
       o[4 * j + 2] *= factor[1];
       o[4 * j + 3] *= factor[1];
     }
+  }
+}
+
+// O += P V[:, half] with P in registers (the A fragments of 4 k-steps of 16 keys) and V the
+// 4 value tiles at v_tiles (wgmma RS, m64n256k16, MN-major V); issued, not committed.
+__device__ __forceinline__ void Sm90IssueOwnPv(float (&o)[128], const uint32_t (&a)[4][4],
+                                               uint32_t v_tiles) {
+  using namespace sm90;
+  const uint64_t v_desc = Opaque(MakeDesc(v_tiles, 64 * 64 * 2, 1024));
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) WgmmaM64N256K16RS(o, a[ks], v_desc + ks * (2048 >> 4));
+}
+
+// O += P V[:, half] with P the other warpgroup's K-major swizzled tile at p_tile (wgmma SS);
+// issued, not committed.
+__device__ __forceinline__ void Sm90IssueCrossPv(float (&o)[128], uint32_t p_tile,
+                                                 uint32_t v_tiles) {
+  using namespace sm90;
+  const uint64_t v_desc = Opaque(MakeDesc(v_tiles, 64 * 64 * 2, 1024));
+  const uint64_t p_desc = Opaque(MakeDesc(p_tile, 16, 1024));
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    WgmmaM64N256K16SS(o, p_desc + ks * (32 >> 4), v_desc + ks * (2048 >> 4));
   }
 }
 

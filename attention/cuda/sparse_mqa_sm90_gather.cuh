@@ -1,0 +1,37 @@
+// What the sm_90a sparse MQA kernel's two producers (bf16 rows in sparse_mqa_sm90_kernel.cuh,
+// fp8_ds_mla rows in sparse_mqa_sm90_fp8.cuh) do alike, per thread t of the producer warpgroup.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/cuda/wgmma_sm90.cuh"
+
+namespace dcp::cuda {
+
+// The 64 indices of `block` into index tile `which` (int32 [2][64] at index_base), for the
+// consumers' masks: zero past key_end (masked there). Threads 0-63 copy, one index each.
+__device__ __forceinline__ void Sm90CopyBlockIndices(uint32_t index_base,
+                                                     const int32_t* token_indices, int which,
+                                                     int block, int key_end, int t) {
+  if (t < 64) {
+    const int key = block * 64 + t;
+    sm90::CpAsync4(index_base + (which * 64 + t) * 4,
+                   key < key_end ? token_indices + key : token_indices, key < key_end);
+  }
+}
+
+// The 128 rows of pair `ahead` (blocks first_block + 2 ahead and the next) into L2, one bulk
+// prefetch of row_bytes at kv + slot * row_stride_bytes a thread (key t of the pair); nothing
+// past the split's pairs, its keys, or for slots outside [0, num_slots).
+__device__ __forceinline__ void Sm90PrefetchPairRows(const uint8_t* kv, int64_t row_stride_bytes,
+                                                     uint32_t row_bytes,
+                                                     const int32_t* token_indices, int first_block,
+                                                     int ahead, int num_pairs, int key_end,
+                                                     int num_slots, int t) {
+  const int key = (first_block + 2 * ahead) * 64 + t;
+  if (ahead >= num_pairs || key >= key_end) return;
+  const int64_t slot = __ldg(token_indices + key);
+  if (slot >= 0 && slot < num_slots) sm90::PrefetchL2Bulk(kv + slot * row_stride_bytes, row_bytes);
+}
+
+}  // namespace dcp::cuda
