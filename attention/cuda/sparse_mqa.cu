@@ -37,27 +37,28 @@ bool OneWaySchedule(const SparseMqaParams& p) {
   return one_way;
 }
 
+// A measurement knob: the number in environment variable `name`, clamped to [low, high]
+// (NaN: low), or `fallback` when it is unset or empty. Each caller reads it once.
+double KnobFromEnvironment(const char* name, double fallback, double low, double high) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  const double parsed = std::atof(value);
+  return !(parsed > low) ? low : parsed > high ? high : parsed;
+}
+
 // The wgmma producer's L2 prefetch distance in pairs (SparseMqaSplit::prefetch_pairs):
-// DCP_SPARSE_MQA_PREFETCH_PAIRS = 0 (off) to 4, default 1; read once (for measurements).
+// DCP_SPARSE_MQA_PREFETCH_PAIRS = 0 (off) to 4, default 1.
 int PrefetchPairs() {
-  static const int pairs = [] {
-    const char* value = std::getenv("DCP_SPARSE_MQA_PREFETCH_PAIRS");
-    if (value == nullptr || *value == '\0') return 1;
-    const int parsed = std::atoi(value);
-    return parsed < 0 ? 0 : parsed > 4 ? 4 : parsed;
-  }();
+  static const int pairs =
+      static_cast<int>(KnobFromEnvironment("DCP_SPARSE_MQA_PREFETCH_PAIRS", 1, 0, 4));
   return pairs;
 }
 
 // The wgmma kernel's rescale slack (SparseMqaSplit::rescale_slack): DCP_SPARSE_MQA_RESCALE_SLACK
-// = 0 (rescale whenever the max grows) to 16, default 8; read once (for measurements).
+// = 0 (rescale whenever the max grows) to 16, default 8.
 float RescaleSlack() {
-  static const float slack = [] {
-    const char* value = std::getenv("DCP_SPARSE_MQA_RESCALE_SLACK");
-    if (value == nullptr || *value == '\0') return 8.f;
-    const float parsed = static_cast<float>(std::atof(value));
-    return parsed > 0.f ? std::min(parsed, 16.f) : 0.f;
-  }();
+  static const float slack =
+      static_cast<float>(KnobFromEnvironment("DCP_SPARSE_MQA_RESCALE_SLACK", 8, 0, 16));
   return slack;
 }
 
