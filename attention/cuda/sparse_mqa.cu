@@ -75,6 +75,11 @@ absl::Status Check(const SparseMqaParams& p) {
   DCP_CHECK_ARG(p.block_heads == 0 || p.block_heads == 16 || p.block_heads == 32 ||
                     p.block_heads == 64,
                 "SparseMqa: block_heads %d is not 0 (chosen), 16, 32 or 64", p.block_heads);
+  DCP_CHECK_ARG(p.kernel >= 0 && p.kernel <= 2, "SparseMqa: kernel %d is not 0, 1 or 2",
+                p.kernel);
+  DCP_CHECK_ARG(p.sm90_schedule >= 0 && p.sm90_schedule <= 2,
+                "SparseMqa: sm90_schedule %d is not 0 (default), 1 (lockstep) or 2 (one-way)",
+                p.sm90_schedule);
   if (p.num_tokens == 0 || p.num_heads == 0) return absl::OkStatus();
   DCP_CHECK_ARG(p.q != nullptr && p.out != nullptr && p.lse != nullptr,
                 "SparseMqa: q, out and lse must not be null");
@@ -109,12 +114,7 @@ absl::Status Check(const SparseMqaParams& p) {
   DCP_CHECK_ARG(p.lse_token_stride >= p.num_heads || p.num_tokens == 1,
                 "SparseMqa: lse_token_stride %d < num_heads %d", p.lse_token_stride, p.num_heads);
   DCP_CHECK_ARG(p.num_splits >= 0, "SparseMqa: num_splits %d < 0", p.num_splits);
-  DCP_CHECK_ARG(p.kernel >= 0 && p.kernel <= 2, "SparseMqa: kernel %d is not 0, 1 or 2",
-                p.kernel);
   DCP_CHECK_ARG(p.workspace_bytes >= 0, "SparseMqa: workspace_bytes %d < 0", p.workspace_bytes);
-  DCP_CHECK_ARG(p.sm90_schedule >= 0 && p.sm90_schedule <= 2,
-                "SparseMqa: sm90_schedule %d is not 0 (default), 1 (lockstep) or 2 (one-way)",
-                p.sm90_schedule);
   return absl::OkStatus();
 }
 
