@@ -143,6 +143,12 @@ struct SparseMqaParams {
   // measurements); 1: lockstep (both wait for both maxima, then for both P); 2: one-way
   // (docs/sparse_mqa_sm90.md, "The one-way schedule"). fp8_ds_mla rows always run 1.
   int sm90_schedule = 0;
+  // CUDA only, the wgmma kernel: its grid. 0: the default (one CTA per work item, i.e. per token
+  // x head block x split, unless DCP_SPARSE_MQA_PERSISTENT=1 is in the environment: then at
+  // most one CTA per SM, for measurements); n > 0: at most n CTAs, each walking the items
+  // blockIdx.x, + gridDim.x, ... (the next item's first gathers and Q tile load under the
+  // current one's last PV and epilogue).
+  int sm90_ctas = 0;
 };
 
 // merge_attn_states of two partials over disjoint key sets, per (token, head):

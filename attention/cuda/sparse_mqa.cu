@@ -54,6 +54,14 @@ int PrefetchPairs() {
   return pairs;
 }
 
+// The wgmma kernel's grid cap (SparseMqaParams::sm90_ctas): the argument, else the SM count
+// when DCP_SPARSE_MQA_PERSISTENT=1, else 0 (one CTA per work item).
+int PersistentCtas(const SparseMqaParams& p) {
+  if (p.sm90_ctas > 0) return p.sm90_ctas;
+  static const bool persistent = KnobFromEnvironment("DCP_SPARSE_MQA_PERSISTENT", 0, 0, 1) > 0;
+  return persistent ? NumSms() : 0;
+}
+
 // The wgmma kernel's rescale slack (SparseMqaSplit::rescale_slack): DCP_SPARSE_MQA_RESCALE_SLACK
 // = 0 (rescale whenever the max grows) to 16, default 8.
 float RescaleSlack() {
@@ -72,14 +80,14 @@ absl::Status Check(const SparseMqaParams& p) {
   DCP_CHECK_ARG(p.head_dim == 576 && p.v_dim == 512,
                 "SparseMqa (CUDA): head_dim %d / v_dim %d not compiled; only 576 / 512", p.head_dim,
                 p.v_dim);
-  DCP_CHECK_ARG(p.block_heads == 0 || p.block_heads == 16 || p.block_heads == 32 ||
-                    p.block_heads == 64,
-                "SparseMqa: block_heads %d is not 0 (chosen), 16, 32 or 64", p.block_heads);
-  DCP_CHECK_ARG(p.kernel >= 0 && p.kernel <= 2, "SparseMqa: kernel %d is not 0, 1 or 2",
-                p.kernel);
+  DCP_CHECK_ARG(
+      p.block_heads == 0 || p.block_heads == 16 || p.block_heads == 32 || p.block_heads == 64,
+      "SparseMqa: block_heads %d is not 0 (chosen), 16, 32 or 64", p.block_heads);
+  DCP_CHECK_ARG(p.kernel >= 0 && p.kernel <= 2, "SparseMqa: kernel %d is not 0, 1 or 2", p.kernel);
   DCP_CHECK_ARG(p.sm90_schedule >= 0 && p.sm90_schedule <= 2,
                 "SparseMqa: sm90_schedule %d is not 0 (default), 1 (lockstep) or 2 (one-way)",
                 p.sm90_schedule);
+  DCP_CHECK_ARG(p.sm90_ctas >= 0, "SparseMqa: sm90_ctas %d < 0", p.sm90_ctas);
   if (p.num_tokens == 0 || p.num_heads == 0) return absl::OkStatus();
   DCP_CHECK_ARG(p.q != nullptr && p.out != nullptr && p.lse != nullptr,
                 "SparseMqa: q, out and lse must not be null");
@@ -88,8 +96,8 @@ absl::Status Check(const SparseMqaParams& p) {
     DCP_CHECK_ARG(p.indices != nullptr, "SparseMqa: indices must not be null when topk > 0");
     DCP_CHECK_ARG(p.num_slots == 0 || p.kv_cache != nullptr,
                   "SparseMqa: kv_cache must not be null");
-    DCP_CHECK_ARG(p.indices_token_stride >= p.topk,
-                  "SparseMqa: indices_token_stride %d < topk %d", p.indices_token_stride, p.topk);
+    DCP_CHECK_ARG(p.indices_token_stride >= p.topk, "SparseMqa: indices_token_stride %d < topk %d",
+                  p.indices_token_stride, p.topk);
   }
   DCP_CHECK_ARG(Aligned16(p.q) && p.q_token_stride % 8 == 0 && p.q_head_stride % 8 == 0,
                 "SparseMqa (CUDA): q must be 16-byte aligned with strides that are multiples of 8 "
@@ -203,6 +211,7 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   split.block_heads = kernel == 2 ? tiling.block_heads : kBlockHeads;
   split.prefetch_pairs = PrefetchPairs();
   split.rescale_slack = RescaleSlack();
+  if (kernel == 2) split.persistent_ctas = PersistentCtas(params);
   if (splits > 1) {
     DCP_CHECK_ARG(Aligned16(params.workspace), "SparseMqa: workspace must be 16-byte aligned");
     const int64_t rows = int64_t(splits) * params.num_tokens * params.num_heads;

@@ -78,7 +78,8 @@ __global__ void __launch_bounds__(256, 1)
   // The head blocks of one token are adjacent in launch order, so they gather the same rows at
   // about the same time and the second gather hits L2.
   const SparseMqaWork work =
-      GetSparseMqaWork(p, split, Config::kBlockHeads, Config::kBlockKeys, /*block_align=*/1);
+      GetSparseMqaWork(p, split, Config::kBlockHeads, Config::kBlockKeys, /*block_align=*/1,
+                       int64_t(blockIdx.x));
   const int token = work.token;
   const int head0 = work.head0;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;

@@ -67,11 +67,14 @@ __device__ __forceinline__ void Sm90Fp8ConvertTile(uint32_t buffer, int f, bool 
   }
 }
 
-template <class Config>
+// One work item's pairs (pairs_done: the CTA's pairs before it, for the mbarrier phases);
+// load_q() is called once the first pair's L0 and R1 are issued (the Q tile: the kernel's).
+template <class Config, class LoadQ>
 __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
     const SparseMqaParams& p, const SparseMqaWork& work, int first_block, int num_pairs,
-    const uint32_t (&k_base)[2], uint32_t index_base, uint32_t ready_bar, uint32_t free_bar,
-    const int32_t (&first_slots)[2][4], int prefetch_pairs) {
+    int pairs_done, const uint32_t (&k_base)[2], uint32_t index_base, uint32_t ready_bar,
+    uint32_t free_bar, const int32_t (&first_slots)[2][4], bool use_first_slots, int prefetch_pairs,
+    LoadQ&& load_q) {
   using namespace sm90;
   constexpr int kTileBytes = Config::kTileBytes;
   const int t = threadIdx.x % 128;
@@ -134,9 +137,9 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
   // Every half only gathered (ready = landed): the consumers dequantize.
   for (int pair = 0; pair < num_pairs; ++pair) {
     const int b0 = first_block + 2 * pair, b1 = b0 + 1;
-    const int free_parity = (pair & 1) ^ 1;
-    load_rows(0, b0, pair == 0);
-    load_rows(1, b1, pair == 0);
+    const int free_parity = ((pairs_done + pair) & 1) ^ 1;
+    load_rows(0, b0, use_first_slots && pair == 0);
+    load_rows(1, b1, use_first_slots && pair == 0);
     MbarrierWait(free_bar + 8 * kL0, free_parity);
     issue(0, 0, false);
     copy_indices(0, b0);
@@ -145,6 +148,7 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
     issue(1, 2, true);
     copy_indices(1, b1);
     CpAsyncMbarrierArrive(ready_bar + 8 * kR1);
+    if (pair == 0) load_q();
     MbarrierWait(free_bar + 8 * kR0, free_parity);
     issue(0, 2, true);
     CpAsyncMbarrierArrive(ready_bar + 8 * kR0);
@@ -153,7 +157,6 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
     CpAsyncMbarrierArrive(ready_bar + 8 * kL1);
     if (prefetch_pairs > 0) prefetch_pair(pair + prefetch_pairs);
   }
-  CpAsyncWaitAll();
 }
 
 }  // namespace dcp::cuda

@@ -2,8 +2,13 @@
 // fp8_ds_mla rows in sparse_mqa_sm90_fp8.cuh) do alike, per thread t of the producer warpgroup.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
+#include "attention/attention_params.h"
+#include "attention/cuda/mma_sm80.cuh"
+#include "attention/cuda/sparse_mqa_work.cuh"
 #include "attention/cuda/wgmma_sm90.cuh"
 
 namespace dcp::cuda {
@@ -32,6 +37,23 @@ __device__ __forceinline__ void Sm90PrefetchPairRows(const uint8_t* kv, int64_t 
   if (ahead >= num_pairs || key >= key_end) return;
   const int64_t slot = __ldg(token_indices + key);
   if (slot >= 0 && slot < num_slots) sm90::PrefetchL2Bulk(kv + slot * row_stride_bytes, row_bytes);
+}
+
+// The Q tile of `work` (64 rows x 576 columns as 9 swizzled 64 x 64 tiles at q_base): rows
+// [0, work.heads) from q, the rest zero-filled (no read), 16-byte cp.async, 36 a thread of the
+// producer warpgroup. The caller tracks them with one cp.async mbarrier arrival.
+template <class Config>
+__device__ __forceinline__ void Sm90CopyQTile(uint32_t q_base, const SparseMqaParams& p,
+                                              const SparseMqaWork& work, int t) {
+  constexpr int kChunks = Config::kTiles * 8;  // 16-byte chunks of a row
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q) + int64_t(work.token) * p.q_token_stride +
+                  int64_t(work.head0) * p.q_head_stride;
+  for (int i = t; i < 64 * kChunks; i += 128) {
+    const int row = i / kChunks, chunk = i - row * kChunks;
+    const bool valid = row < work.heads;
+    CpAsync16(q_base + (chunk / 8) * Config::kTileBytes + sm90::TileChunk(row, chunk % 8),
+              valid ? q + int64_t(row) * p.q_head_stride + chunk * 8 : q, valid);
+  }
 }
 
 }  // namespace dcp::cuda

@@ -17,23 +17,23 @@ struct SparseMqaSm90Config {
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kBufferBytes;  // K0, then K1
   static constexpr int kP1Offset = 3 * kBufferBytes;
-  static constexpr int kIndexOffset = kP1Offset + kTileBytes;       // int32 [2][64]
-  static constexpr int kMaxOffset = kIndexOffset + 2 * 64 * 4;      // float [2][64]
-  static constexpr int kSumOffset = kMaxOffset + 2 * 64 * 4;        // float [2][64]
-  static constexpr int kBarrierOffset = kSumOffset + 2 * 64 * 4;    // uint64 ready[4], free[4]
-  static constexpr int kSmemBytes = kBarrierOffset + 8 * 8 + 1024;  // + alignment slack
+  static constexpr int kIndexOffset = kP1Offset + kTileBytes;   // int32 [2][64]
+  static constexpr int kMaxOffset = kIndexOffset + 2 * 64 * 4;  // float [2][64]
+  static constexpr int kSumOffset = kMaxOffset + 2 * 64 * 4;    // float [2][64]
+  // uint64 ready[4], free[4] (the half buffers), then q_ready, q_free (the Q tile)
+  static constexpr int kBarrierOffset = kSumOffset + 2 * 64 * 4;
+  static constexpr int kSmemBytes = kBarrierOffset + 10 * 8 + 1024;  // + alignment slack
   static_assert(kHeadDim == 576 && kVDim == 512, "the tile plan above is for 576 / 512");
   static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM must fit");
 };
 
 // The four half buffers (mbarrier indices): L = tiles 0-3, R = tiles 4-8 of K0 / K1.
 enum Sm90Half : int { kL0 = 0, kR0 = 1, kL1 = 2, kR1 = 3 };
-// Named barriers of the two consumer warpgroups (256 threads); 0 is __syncthreads.
+// Named barriers of the two consumer warpgroups (256 threads); 0 is __syncthreads, 1 unused.
 // kBarConvert + wg: one consumer WG's 128 threads (fp8 rows: a dequantized tile is published).
 // kBarMax0 / kBarMax1 / kBarP0 / kBarP1: the one-way schedule's hand-offs (one WG arrives, the
 // other waits).
 enum Sm90Barrier : int {
-  kBarQ = 1,
   kBarMax = 2,
   kBarP = 3,
   kBarSum = 4,

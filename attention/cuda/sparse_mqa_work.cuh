@@ -1,14 +1,16 @@
-// What one CTA of a sparse MQA kernel does, shared by the mma.sync (sm_80) and wgmma (sm_90a)
+// What one work item of a sparse MQA kernel is, shared by the mma.sync (sm_80) and wgmma (sm_90a)
 // kernels: which token, which block of heads (64, or 16 / 32 for the wgmma kernel:
 // SparseMqaSplit::block_heads), which range of the token's key list, and where its output goes
 // (the final out/lse, or a split partial that MergeSplits combines).
 //
-// Grid: num_tokens x num_splits x head_blocks, head block fastest (the head blocks of one
+// Items: num_tokens x num_splits x head_blocks, head block fastest (the head blocks of one
 // (token, split) gather the same rows at about the same time: the second gather hits L2), then
 // split. A token with `count` keys has ceil(count / 64) blocks; split s takes blocks
 // [s * per, (s + 1) * per) with per = ceil(blocks / num_splits) rounded up to `block_align`
 // (a pair for the wgmma kernel), so a short list leaves the last splits empty (out 0,
-// lse -inf: the merge gives them weight 0).
+// lse -inf: the merge gives them weight 0). A CTA does item blockIdx.x, and with a grid smaller
+// than the items (the wgmma kernel's SparseMqaSplit::persistent_ctas) also blockIdx.x +
+// gridDim.x, + 2 gridDim.x, ...
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,10 @@ struct SparseMqaSplit {
   // The wgmma kernel's running max moves only when a block's max passes it by more than this
   // (log2 units; 0 = whenever it grows): P stays <= 2^slack and most pairs skip rescaling O.
   float rescale_slack = 8.f;
+  // The wgmma kernel's grid: 0 = one CTA per item; n > 0 = min(n, items) CTAs, each walking
+  // items blockIdx.x, + gridDim.x, ...: the next item's first gathers and Q tile load under the
+  // current item's last PV and epilogue (SparseMqaParams::sm90_ctas).
+  int persistent_ctas = 0;
   float* part_out = nullptr;
   float* part_lse = nullptr;
 };
@@ -37,21 +43,30 @@ struct SparseMqaWork {
   int key_begin, key_end;  // [key_begin, key_end) of the token's list; key_end <= count
   float* out;              // row of head0 (head stride out_head_stride)
   int64_t out_head_stride;
-  float* lse;              // entry of head0 (heads contiguous)
+  float* lse;  // entry of head0 (heads contiguous)
 };
 
+// The number of work items (tokens x splits x head blocks).
+__host__ __device__ __forceinline__ int64_t SparseMqaItems(const SparseMqaParams& p, int num_splits,
+                                                           int block_heads) {
+  return int64_t(p.num_tokens) * num_splits * ((p.num_heads + block_heads - 1) / block_heads);
+}
+
+// Work item `item` (< SparseMqaItems). Index: the arithmetic's type (the wgmma kernel walks
+// items in 32 bits, its launcher keeps them below 2^31; the mma.sync kernel's one item is
+// blockIdx.x in 64 bits, the code its registers were tuned with).
+template <class Index>
 __device__ __forceinline__ SparseMqaWork GetSparseMqaWork(const SparseMqaParams& p,
                                                           const SparseMqaSplit& split,
                                                           int block_heads, int block_keys,
-                                                          int block_align) {
+                                                          int block_align, Index item) {
   SparseMqaWork w;
   const int head_blocks = (p.num_heads + block_heads - 1) / block_heads;
-  const int64_t cta = blockIdx.x;
-  w.head0 = static_cast<int>(cta % head_blocks) * block_heads;
+  w.head0 = static_cast<int>(item % Index(head_blocks)) * block_heads;
   w.heads = min(block_heads, p.num_heads - w.head0);
-  const int64_t token_split = cta / head_blocks;
-  w.split = static_cast<int>(token_split % split.num_splits);
-  w.token = static_cast<int>(token_split / split.num_splits);
+  const Index token_split = item / Index(head_blocks);
+  w.split = static_cast<int>(token_split % Index(split.num_splits));
+  w.token = static_cast<int>(token_split / Index(split.num_splits));
   int count = p.topk;
   if (p.valid_counts != nullptr) count = min(max(p.valid_counts[w.token], 0), p.topk);
   const int blocks = (count + block_keys - 1) / block_keys;

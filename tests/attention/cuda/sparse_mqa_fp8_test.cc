@@ -32,6 +32,7 @@ struct Fp8Case {
   bool integer = false;  // integer q, kv_c (exactly quantized) and k_pe, scale 1: exact logits
   int empty_tokens = 0;  // leading tokens whose rows are all -1
   int num_splits = 0;    // > 1: split-KV forced, with a workspace (0: the launcher's choice)
+  int ctas = 0;          // SparseMqaParams::sm90_ctas (> 0: CTAs walking several items)
   // Rows scaled by 1e6 (tile scales ~1e4, past 2^8) and 1e-30 (scales ~1e-32): the
   // dequantization's extremes. Logits then reach ~1e5, where bf16 inputs cannot match a float64
   // softmax, so such a case checks only the exact equality with the bf16 rows.
@@ -147,6 +148,7 @@ class SparseMqaFp8CudaTest : public GpuTest {
     SparseMqaParams p = Params(c, d, q.get(), cache.get(), indices.get(), out.get(), lse.get());
     p.num_splits = c.num_splits;
     p.kernel = kernel;
+    p.sm90_ctas = c.ctas;
     const int64_t split_bytes = cuda::SparseMqaWorkspaceBytes(p, std::max(c.num_splits, 1));
     DeviceArray<uint8_t> workspace(size_t(std::max<int64_t>(split_bytes, 16)));
     if (split_bytes > 0) p.workspace = workspace.get(), p.workspace_bytes = split_bytes;
@@ -304,6 +306,23 @@ TEST_F(SparseMqaFp8CudaTest, SplitKvMatchesTheBf16Kernel) {
     SCOPED_TRACE(splits);
     c.num_splits = splits;
     RunAndCheck(c);
+  }
+}
+
+// fp8 rows with a grid smaller than the work items (each CTA's producer gathers the next item
+// under the current one): ragged blocks, tokens without keys, splits, a partial head block.
+TEST_F(SparseMqaFp8CudaTest, PersistentCtasMatchTheBf16Kernel) {
+  for (int ctas : {1, 3}) {
+    Fp8Case c;
+    c.tokens = 6, c.heads = 20, c.topk = 200, c.slots = 300, c.skip_fraction = 0.1;
+    c.empty_tokens = 2, c.ctas = ctas;
+    SCOPED_TRACE(std::to_string(ctas) + " ctas");
+    RunAndCheck(c);
+    if (HasFailure()) return;
+    c.tokens = 1, c.heads = 64, c.topk = 2048, c.slots = 2100, c.empty_tokens = 0;
+    c.num_splits = 16;
+    RunAndCheck(c);
+    if (HasFailure()) return;
   }
 }
 

@@ -6,6 +6,8 @@
 // it, and the mma.sync kernel), with the heuristic's split count and forced splits; compacted
 // rows with per-token valid counts (0, 1, 63, 64, 65, 2047, 2048 mixed); the two kernels are
 // also compared with each other.
+#include "attention/cuda/sparse_mqa.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -15,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "attention/cuda/sparse_mqa.h"
 #include "attention/cuda/topk_to_slots.h"
 #include "gtest/gtest.h"
 #include "tests/common/gpu_test_util.h"
@@ -48,6 +49,9 @@ struct MqaCase {
   // The wgmma kernel's consumer schedules to run (SparseMqaParams::sm90_schedule), each with
   // every block_heads and split count.
   std::vector<int> schedules = {0};
+  // The wgmma kernel's grid caps to run (SparseMqaParams::sm90_ctas; 0: one CTA per item), each
+  // with every schedule, block_heads and split count.
+  std::vector<int> ctas = {0};
   // Non-zero: logits that climb block by block. Every query's rope part (columns 512-575) is 1
   // and the rope part of the row at position k of a token's list is rope_ramp * (k / 64), so a
   // 64-key block scores about 6.66 * rope_ramp (log2 units) above the one before it (with
@@ -63,6 +67,7 @@ struct Variant {
   int splits = 0;       // SparseMqaParams::num_splits
   int block_heads = 0;  // SparseMqaParams::block_heads
   int schedule = 0;     // SparseMqaParams::sm90_schedule
+  int ctas = 0;         // SparseMqaParams::sm90_ctas
 };
 
 struct MqaData {
@@ -148,7 +153,12 @@ std::vector<Variant> Variants(const MqaCase& c) {
       if (kernel != 2 && schedule != c.schedules.front()) continue;
       for (int block_heads : c.block_heads) {
         if (kernel != 2 && block_heads != 0) continue;
-        for (int splits : c.splits) variants.push_back({kernel, splits, block_heads, schedule});
+        for (int ctas : c.ctas) {
+          if (kernel != 2 && ctas != c.ctas.front()) continue;
+          for (int splits : c.splits) {
+            variants.push_back({kernel, splits, block_heads, schedule, kernel == 2 ? ctas : 0});
+          }
+        }
       }
     }
   }
@@ -257,11 +267,12 @@ class SparseMqaCudaTest : public GpuTest {
     for (const Variant& v : Variants(c)) {
       SCOPED_TRACE(::testing::Message()
                    << "kernel " << v.kernel << " splits " << v.splits << " block_heads "
-                   << v.block_heads << " schedule " << v.schedule);
+                   << v.block_heads << " schedule " << v.schedule << " ctas " << v.ctas);
       p.kernel = v.kernel;
       p.num_splits = v.splits;
       p.block_heads = v.block_heads;
       p.sm90_schedule = v.schedule;
+      p.sm90_ctas = v.ctas;
       out.Poison();
       lse.Poison();
       const absl::Status status = cuda::SparseMqa(p, nullptr);
@@ -517,6 +528,31 @@ TEST_F(SparseMqaCudaTest, OneWayScheduleMatchesTheReference) {
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(::testing::Message() << "case " << i);
     cases[i].schedules = {1, 2};
+    RunAndCheck(cases[i]);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// A grid smaller than the work items (SparseMqaParams::sm90_ctas): each CTA walks several
+// items, so the producer gathers an item's first pair and loads its Q tile while the consumers
+// finish the one before, across items without keys (count 0, empty splits), ragged counts,
+// partial head blocks and both schedules.
+TEST_F(SparseMqaCudaTest, PersistentCtasMatchTheReference) {
+  std::vector<MqaCase> cases(4);
+  cases[0].tokens = 9, cases[0].heads = 48, cases[0].topk = 300, cases[0].slots = 2000;
+  cases[0].counts = {0, 1, 64, 65, 300, 130, 0, 127, 129}, cases[0].splits = {1, 2, 7};
+  cases[0].block_heads = {0, 16, 32, 64}, cases[0].skip_fraction = 0.1;
+  cases[1].tokens = 5, cases[1].heads = 128, cases[1].topk = 2048, cases[1].slots = 6000;
+  cases[1].counts = {2048, 63, 2047, 0, 1000}, cases[1].splits = {0, 1, 3};
+  cases[1].check_rows = 128;
+  cases[2].tokens = 1, cases[2].heads = 64, cases[2].topk = 2048, cases[2].slots = 3000;
+  cases[2].rope_ramp = 0.45f, cases[2].splits = {1, 5};  // a climbing max, several items a CTA
+  cases[3].tokens = 6, cases[3].heads = 16, cases[3].topk = 256, cases[3].slots = 1024;
+  cases[3].q_low = -4.f, cases[3].q_high = 4.f, cases[3].scale = 0.5f;  // huge logits
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "case " << i);
+    cases[i].schedules = {1, 2};
+    cases[i].ctas = {1, 3, 7};
     RunAndCheck(cases[i]);
     if (HasFatalFailure()) return;
   }
@@ -801,6 +837,11 @@ TEST_F(SparseMqaCudaTest, RejectsUncompiledSizesAndDtypes) {
   status = cuda::SparseMqa(p, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("sm90_schedule 3"), std::string::npos) << status;
+  p.sm90_schedule = 0;
+  p.sm90_ctas = -1;
+  status = cuda::SparseMqa(p, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("sm90_ctas -1"), std::string::npos) << status;
 }
 
 }  // namespace
