@@ -138,16 +138,11 @@ struct SparseMqaParams {
   // CUDA only. 0: the best kernel of the device (sm_90: warp-specialised wgmma); 1: the
   // mma.sync kernel (sm_80+); 2: the wgmma kernel (Unimplemented where not compiled / not sm_90).
   int kernel = 0;
-  // CUDA only, the wgmma kernel on bf16 rows: how its two consumer warpgroups hand off maxima
-  // and P. 0: the default (1, unless DCP_SPARSE_MQA_SCHEDULE=one_way is in the environment, for
-  // measurements); 1: lockstep (both wait for both maxima, then for both P); 2: one-way
-  // (docs/sparse_mqa_sm90.md, "The one-way schedule"). fp8_ds_mla rows always run 1.
-  int sm90_schedule = 0;
-  // CUDA only, the wgmma kernel: its grid. 0: the default (one CTA per work item, i.e. per token
-  // x head block x split, unless DCP_SPARSE_MQA_PERSISTENT=1 is in the environment: then at
-  // most one CTA per SM, for measurements); n > 0: at most n CTAs, each walking the items
-  // blockIdx.x, + gridDim.x, ... (the next item's first gathers and Q tile load under the
-  // current one's last PV and epilogue).
+  // CUDA only, the wgmma kernel: its grid. n > 0: at most n CTAs, each walking the work items
+  // (token x head block x split) blockIdx.x, + gridDim.x, ...: the next item's first gathers
+  // and Q tile load under the current one's last PV and epilogue. 0: the default, at most one
+  // CTA per SM (one CTA per item when DCP_SPARSE_MQA_PERSISTENT=0 is in the environment, for
+  // measurements).
   int sm90_ctas = 0;
 };
 

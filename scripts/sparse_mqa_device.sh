@@ -27,7 +27,7 @@
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
 # "build test bench variants engine nopdl sanitize"; ncu, ncu_sections, ncu_engine, worker and
 # trace are extra), DCP_VARIANTS (stage variants: ';'-separated environments to bench under,
-# default the wgmma kernel's persistent CTAs), DCP_TEST_FILTER,
+# default the wgmma kernel with one CTA per work item), DCP_TEST_FILTER,
 # DCP_BENCH_ARGS (appended), DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k), DCP_TRACE_ROWS (kernel
 # rows of stage trace, ';'-separated).
 set -uo pipefail
@@ -153,7 +153,7 @@ if has_stage bench && [ "$hung" -eq 0 ]; then run_kernels kernels DCP_BENCH_RUN=
 # (e.g. "DCP_SPARSE_MQA_PREFETCH_PAIRS=0;DCP_SPARSE_MQA_PREFETCH_PAIRS=2"), to compare knobs
 # in one call; the rows of the default run above are the baseline.
 if has_stage variants && [ "$hung" -eq 0 ]; then
-  IFS=';' read -r -a variants <<<"${DCP_VARIANTS:-DCP_SPARSE_MQA_PERSISTENT=1}"
+  IFS=';' read -r -a variants <<<"${DCP_VARIANTS:-DCP_SPARSE_MQA_PERSISTENT=0}"
   for i in "${!variants[@]}"; do
     note "variant $i: ${variants[$i]}"
     # shellcheck disable=SC2086  # one environment assignment per word
@@ -193,29 +193,11 @@ if has_stage sanitize && [ "$hung" -eq 0 ]; then
   done
   # The narrow head blocks (16 and 32 heads a CTA) under memcheck: 128 heads, decode tokens.
   sanitize memcheck "$test_exe" 'SparseMqaCudaTest.NarrowHeadBlocksOfDecodeTokens' 90
-  # The one-way schedule (the default of these cases when the environment asks for it).
-  for tool in memcheck racecheck; do
-    DCP_SPARSE_MQA_SCHEDULE=one_way sanitize "$tool" "$test_exe" "$small" 60
-  done
   # CTAs walking several work items (SparseMqaParams::sm90_ctas), both row formats.
   for tool in memcheck racecheck; do
     sanitize "$tool" "$test_exe" 'SparseMqaCudaTest.PersistentCtas*' 150
     sanitize "$tool" "$fp8_exe" 'SparseMqaFp8CudaTest.PersistentCtas*' 90
   done
-  # Whether racecheck models a bar.arrive -> bar.sync hand-off (the one-way schedule's):
-  # scripts/probes/named_barrier_racecheck.cu, modes arrive/sync, sync/sync, no barrier.
-  if nvcc -arch=sm_90a -o "$build/named_barrier_racecheck" \
-      scripts/probes/named_barrier_racecheck.cu >"$out/probe.log" 2>&1; then
-    for mode in 0 1 2; do
-      timeout 60 compute-sanitizer --tool racecheck "$build/named_barrier_racecheck" "$mode" \
-          >"$out/one.log" 2>&1
-      note "racecheck probe mode $mode: exit $? $(grep -E 'wrong values' "$out/one.log") $(grep -E 'RACECHECK SUMMARY' "$out/one.log")"
-      cat "$out/one.log" >>"$out/sanitize.log"
-    done
-    rm -f "$out/one.log"
-  else
-    note "racecheck probe: build FAILED"
-  fi
 fi
 
 # The wgmma kernel's phase timeline (a profiling build, its own build folder).

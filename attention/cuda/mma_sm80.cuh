@@ -58,10 +58,6 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&pair);
 }
-// The two bf16 of PackBf16's word back to float (lo in x).
-__device__ __forceinline__ float2 UnpackBf16(uint32_t word) {
-  return make_float2(__uint_as_float(word << 16), __uint_as_float(word & 0xffff0000u));
-}
 
 // Byte offset of the 16-byte chunk `chunk` of row `row` in a row-major tile of kChunks chunks
 // per row (kChunks % 8 == 0). The chunk index is XORed with row % 8, so the 8 rows that one

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <string_view>
 
 #include "attention/cuda/merge_states.h"
 #include "attention/cuda/sparse_mqa.h"
@@ -25,18 +24,6 @@ int NumSms() {
 
 int BlockAlign(int kernel) { return kernel == 2 ? 2 : 1; }
 
-// Whether the wgmma kernel runs its one-way schedule (SparseMqaParams::sm90_schedule; the
-// default reads DCP_SPARSE_MQA_SCHEDULE once).
-bool OneWaySchedule(const SparseMqaParams& p) {
-  if (p.kv_format != KvCacheDType::kBF16) return false;
-  if (p.sm90_schedule != 0) return p.sm90_schedule == 2;
-  static const bool one_way = [] {
-    const char* value = std::getenv("DCP_SPARSE_MQA_SCHEDULE");
-    return value != nullptr && std::string_view(value) == "one_way";
-  }();
-  return one_way;
-}
-
 // A measurement knob: the number in environment variable `name`, clamped to [low, high]
 // (NaN: low), or `fallback` when it is unset or empty. Each caller reads it once.
 double KnobFromEnvironment(const char* name, double fallback, double low, double high) {
@@ -55,10 +42,11 @@ int PrefetchPairs() {
 }
 
 // The wgmma kernel's grid cap (SparseMqaParams::sm90_ctas): the argument, else the SM count
-// when DCP_SPARSE_MQA_PERSISTENT=1, else 0 (one CTA per work item).
+// (one CTA an SM walks the work items; where there are no more items than SMs the grid is the
+// same), or 0 (one CTA per item) when DCP_SPARSE_MQA_PERSISTENT=0 (for measurements).
 int PersistentCtas(const SparseMqaParams& p) {
   if (p.sm90_ctas > 0) return p.sm90_ctas;
-  static const bool persistent = KnobFromEnvironment("DCP_SPARSE_MQA_PERSISTENT", 0, 0, 1) > 0;
+  static const bool persistent = KnobFromEnvironment("DCP_SPARSE_MQA_PERSISTENT", 1, 0, 1) > 0;
   return persistent ? NumSms() : 0;
 }
 
@@ -84,9 +72,6 @@ absl::Status Check(const SparseMqaParams& p) {
       p.block_heads == 0 || p.block_heads == 16 || p.block_heads == 32 || p.block_heads == 64,
       "SparseMqa: block_heads %d is not 0 (chosen), 16, 32 or 64", p.block_heads);
   DCP_CHECK_ARG(p.kernel >= 0 && p.kernel <= 2, "SparseMqa: kernel %d is not 0, 1 or 2", p.kernel);
-  DCP_CHECK_ARG(p.sm90_schedule >= 0 && p.sm90_schedule <= 2,
-                "SparseMqa: sm90_schedule %d is not 0 (default), 1 (lockstep) or 2 (one-way)",
-                p.sm90_schedule);
   DCP_CHECK_ARG(p.sm90_ctas >= 0, "SparseMqa: sm90_ctas %d < 0", p.sm90_ctas);
   if (p.num_tokens == 0 || p.num_heads == 0) return absl::OkStatus();
   DCP_CHECK_ARG(p.q != nullptr && p.out != nullptr && p.lse != nullptr,
@@ -221,9 +206,6 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   if (kernel == 2 && params.kv_format == KvCacheDType::kFp8DsMla) {
     DCP_RETURN_IF_ERROR(
         (LaunchSparseMqaSm90<576, 512, KvCacheDType::kFp8DsMla>(params, split, stream)));
-  } else if (kernel == 2 && OneWaySchedule(params)) {
-    DCP_RETURN_IF_ERROR(
-        (LaunchSparseMqaSm90<576, 512, KvCacheDType::kBF16, 1>(params, split, stream)));
   } else if (kernel == 2) {
     DCP_RETURN_IF_ERROR((LaunchSparseMqaSm90<576, 512>(params, split, stream)));
   } else if (params.kv_format == KvCacheDType::kFp8DsMla) {

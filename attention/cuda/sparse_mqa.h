@@ -57,8 +57,7 @@ int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& params, int splits);
 template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16>
 absl::Status LaunchSparseMqa(const SparseMqaParams& params, const SparseMqaSplit& split,
                              cudaStream_t stream);
-// kSchedule (wgmma, bf16 rows): 0 lockstep, 1 one-way (SparseMqaParams::sm90_schedule 1 / 2).
-template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16, int kSchedule = 0>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16>
 absl::Status LaunchSparseMqaSm90(const SparseMqaParams& params, const SparseMqaSplit& split,
                                  cudaStream_t stream);
 // Whether the wgmma kernel was compiled for the current device (sm_90a code in the binary).

@@ -6,10 +6,10 @@
 // in pairs of 64-key blocks (b0, b1). A CTA does one item, or with a grid smaller than the items
 // (SparseMqaSplit::persistent_ctas) items blockIdx.x, + gridDim.x, ...: the mbarrier phases run
 // on across items, and the producer gathers the next item's first halves and loads its Q tile
-// (once the consumers free it, q_free, after their last pair) under the current item's last PV
-// and epilogue. 384 threads in three warpgroups:
-//   WG2, the producer (setmaxnreg 56 registers): loads the Q tile (after the first pair's L0
-//     and R1; q_ready), gathers the 576-wide bf16 rows of both blocks
+// (once the consumers free it, q_free, after their last pair; the first item's Q tile the
+// consumers load) under the current item's last PV and epilogue. 384 threads in three
+// warpgroups:
+//   WG2, the producer (setmaxnreg 56 registers): gathers the 576-wide bf16 rows of both blocks
 //     with 16-byte cp.async (L2 256-byte prefetch, zero fill for skipped rows, no read) into
 //     two K buffers of 9 swizzled 64 x 64 tiles, and the blocks' indices (for the masks), each
 //     buffer in two halves with their own mbarriers: L = tiles 0-3 (value columns 0-255),
@@ -59,9 +59,7 @@
 
 namespace dcp::cuda {
 
-// kSchedule: 0 the lockstep consumers (above), 1 the one-way schedule (bf16 rows only; see
-// the consumer loop).
-template <int kHeadDim, int kVDim, KvCacheDType kFormat, int kSchedule = 0>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat>
 __global__ void __launch_bounds__(384, 1)
     SparseMqaSm90Kernel(const SparseMqaParams p, const SparseMqaSplit split) {
 #if SPARSE_MQA_SM90_ENABLED
@@ -145,15 +143,17 @@ __global__ void __launch_bounds__(384, 1)
   // whole grid with griddepcontrol.wait, so only its launch and scheduling overlap this one.
   TriggerDependents();
 
-  // The producer loads the Q tile of an item with pairs once its first pair's L0 and R1 are
-  // issued, after the consumers freed the previous item's (q_free: after their last pair, so
-  // the load runs under their epilogue while the next item's first halves land).
-  int q_loads = 0;  // producer: Q tiles loaded so far (the q mbarriers' phases)
-  auto load_q = [&](const SparseMqaWork& work) __attribute__((always_inline)) {
-    MbarrierWait(q_free_bar, (q_loads & 1) ^ 1);
+  // The Q tile of a CTA's first item is loaded by the consumers, beside the producer's first
+  // gathers (a decode CTA has one item: its latency). The producer loads it for the later
+  // items with pairs, once their first pair's L0 and R1 are issued and the consumers have
+  // freed the previous tile (q_free: after an item's last pair), so the load runs under their
+  // epilogue while the next item's first halves land; the consumers wait for q_ready.
+  int q_users = 0;  // producer: the items with pairs before this one (q_free's phases)
+  auto load_q = [&](const SparseMqaWork& work, bool first_item) __attribute__((always_inline)) {
+    if (first_item) return;
+    if (q_users > 0) MbarrierWait(q_free_bar, (q_users - 1) & 1);
     Sm90CopyQTile<Config>(q_base, p, work, t);
     CpAsyncMbarrierArrive(q_ready_bar);
-    ++q_loads;
   };
   if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
     if (warpgroup == 2) {
@@ -164,10 +164,12 @@ __global__ void __launch_bounds__(384, 1)
         SparseMqaWork work;
         int first_block, num_pairs;
         item_of(item, work, first_block, num_pairs);
-        SparseMqaSm90Fp8Producer<Config>(
-            p, work, first_block, num_pairs, pairs_done, k_base, index_base, ready_bar, free_bar,
-            first_slots, item == blockIdx.x, split.prefetch_pairs, [&] { load_q(work); });
+        const bool first_item = item == blockIdx.x;
+        SparseMqaSm90Fp8Producer<Config>(p, work, first_block, num_pairs, pairs_done, k_base,
+                                         index_base, ready_bar, free_bar, first_slots, first_item,
+                                         split.prefetch_pairs, [&] { load_q(work, first_item); });
         pairs_done += num_pairs;
+        q_users += num_pairs > 0;
       }
       CpAsyncWaitAll();
       return;
@@ -243,7 +245,7 @@ __global__ void __launch_bounds__(384, 1)
         copy_indices(1, b1);
         CpAsyncMbarrierArrive(ready_bar + 8 * kR1);
         DCP_SM90_TRACE(traced, trace::kProducerBase + 5 * pair + 2);
-        if (pair == 0) load_q(work);
+        if (pair == 0) load_q(work, first_item);
         MbarrierWait(free_bar + 8 * kR0, free_parity);
         copy_tiles(0, kLeftTiles, kTiles);
         CpAsyncMbarrierArrive(ready_bar + 8 * kR0);
@@ -257,6 +259,7 @@ __global__ void __launch_bounds__(384, 1)
         if (split.prefetch_pairs > 0) prefetch_pair(pair + split.prefetch_pairs);
       }
       pairs_done += num_pairs;
+      q_users += num_pairs > 0;
     }  // items
     CpAsyncWaitAll();
     return;
@@ -278,16 +281,39 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t value_tile = (wg == 0 ? 0 : kLeftTiles) * kTileBytes;  // this WG's V columns
 
   int pairs_done = 0;  // pairs of the earlier items (the half mbarriers' phases)
-  int q_uses = 0;      // Q tiles used so far (the q mbarriers' phases)
+  int q_loads = 0;     // Q tiles the producer loaded for this CTA so far (q_ready's phases)
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     SparseMqaWork work;
     int first_block, num_pairs;
     item_of(item, work, first_block, num_pairs);
     const bool first_item = item == blockIdx.x;
     (void)first_item;
-    // The Q tile (the producer's; rows past work.heads are zeros). Made visible to wgmma by the
-    // proxy fence after the first half's wait.
-    if (num_pairs > 0) MbarrierWait(q_ready_bar, q_uses & 1);
+    // The Q tile: 64 rows x 72 chunks; rows past work.heads (a head block of 16 or 32, or past
+    // num_heads) are zeros. The first item's loaded here over the 256 consumer threads, a later
+    // one's by the producer (made visible to wgmma by the proxy fence after the first half).
+    if (num_pairs > 0 && first_item) {
+      const auto* q = static_cast<const __nv_bfloat16*>(p.q) +
+                      int64_t(work.token) * p.q_token_stride +
+                      int64_t(work.head0) * p.q_head_stride;
+      const int ct = threadIdx.x;  // 0..255
+      for (int i = ct; i < work.heads * kTiles * 8; i += 256) {
+        const int row = i / (kTiles * 8), chunk = i % (kTiles * 8);
+        CpAsync16(q_base + (chunk / 8) * kTileBytes + TileChunk(row, chunk % 8),
+                  q + int64_t(row) * p.q_head_stride + chunk * 8, true);
+      }
+      for (int i = work.heads * kTiles * 8 + ct; i < 64 * kTiles * 8; i += 256) {
+        const int row = i / (kTiles * 8), chunk = i % (kTiles * 8);
+        StShared128(q_base + (chunk / 8) * kTileBytes + TileChunk(row, chunk % 8),
+                    make_uint4(0, 0, 0, 0));
+      }
+      CpAsyncCommit();
+      CpAsyncWait<0>();
+      FenceProxyAsync();
+      NamedBarrierSync(kBarQ, 256);
+    } else if (num_pairs > 0) {
+      MbarrierWait(q_ready_bar, q_loads & 1);
+      ++q_loads;
+    }
     DCP_SM90_TRACE(first_item && threadIdx.x == 0, trace::kQReady);
 
     float o[128];
@@ -295,352 +321,158 @@ __global__ void __launch_bounds__(384, 1)
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
 
-    if constexpr (kSchedule == 1) {
-      // The one-way schedule (bf16 rows): WG0 never waits for WG1's scores, and issues the next
-      // pair's QK under its cross PV (the order of FlashMLA's sm90 sparse prefill; our code).
-      // WG0: m0 = its running max moved by block b0 (slack rule), published; O0 += P0 V0[:, :256]
-      //      at once (frees L0); then m1 (>= m0) from WG1: P0 rescaled by 2^(m0 - m1) into the
-      //      P0 tile for WG1 (from its bf16 fragments), O0 and l0 rescaled alike; O0 += P1 V1[:,
-      //      :256] (SS); the next QK on L0 under it, L1 freed when the cross PV retires, then the
-      //      QK's R0 tiles.
-      // WG1: S1 = Q K1^T; m1 = m0 moved by block b1 (slack rule), published; O1 += P1 V1[:, 256:]
-      //      (RS); P1 stored for WG0; O1 += P0 V0[:, 256:] (SS) once P0 is there; frees R1, R0.
-      // Named barriers, one side arrives and the other waits (each arrives again only after the
-      // other side passed the previous one): kBarMax0 (m0), kBarMax1 (m1), kBarP0, kBarP1.
-      // S (+)= Q K^T over tiles [i0, i0 + count) of this WG's order (WG0 0-3, 8, 4-7; WG1 4-7, 8,
-      // 0-3, as the lockstep schedule), after waiting for the half that holds them.
+    for (int pair = 0; pair < num_pairs; ++pair) {
+      const int ready_parity = (pairs_done + pair) & 1;
+      const int block = first_block + 2 * pair + wg;
+      // This WG's trace mark of an event of this pair (a profiling build only).
+      const bool traced = first_item && t == 0 && pair < trace::kPairs;
+      const int pair_mark = trace::kPairBase + (wg * trace::kPairs + pair) * trace::kPairMarks;
+      (void)traced;
+      (void)pair_mark;
+
+      // S = Q K^T over the 9 tiles, starting with the half that lands first.
       float s[32];
-      auto issue_qk = [&](int half, int parity, int i0, int count, int pair_for_trace,
-                          bool wait = true) __attribute__((always_inline)) {
-        if (wait) MbarrierWait(ready_bar + 8 * half, parity);
-        DCP_SM90_TRACE(wait && t == 0 && pair_for_trace < trace::kPairs,
-                       trace::kPairBase +
-                           (wg * trace::kPairs + pair_for_trace) * trace::kPairMarks +
-                           (i0 == 0 ? trace::kFirstHalf : trace::kSecondHalf));
+      const uint64_t q_desc = Opaque(MakeDesc(q_base, 16, 1024));
+      const uint64_t k_desc = Opaque(MakeDesc(own_k, 16, 1024));
+      if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
+        // fp8 rows: four steps, one fp8 tile f each (WG0 f = 0, 1 | 2, 3; WG1 f = 2, 3 |
+        // 0, 1): wait for the half on its first tile, dequantize f in place (bf16 tiles 2 f,
+        // 2 f + 1), publish it to this WG's wgmma (fence + 128-thread barrier), issue those
+        // tiles' wgmmas without waiting for them: the next step's conversion runs while they
+        // execute. The rope tile 8 after the first half (WG0: once R0 has landed). Tile order
+        // WG0 0-3, 8, 4-7, WG1 4-7, 8, 0-3, as for bf16 rows (the tests compare both bit for
+        // bit). Straight-line code for both WGs.
+        float scales[4][2];
+        const int first_f = wg == 0 ? 0 : 2;
+        MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
+        DCP_SM90_TRACE(traced, pair_mark + trace::kFirstHalf);
+#pragma unroll
+        for (int step = 0; step < 4; ++step) {
+          const int f = (first_f + step) % 4;
+          Sm90Fp8ConvertTile(own_k, f, step % 2 == 0, scales);
+          FenceProxyAsync();
+          NamedBarrierSync(kBarConvert + wg, 128);
+          WgmmaFence();
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int tile = 2 * f + i;
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+              const uint32_t k_step = (tile * kTileBytes + ks * 32) >> 4;
+              WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step,
+                               (step > 0 || i > 0 || ks > 0) ? 1 : 0);
+            }
+          }
+          WgmmaCommit();
+          if (step == 1) {
+            MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
+            DCP_SM90_TRACE(traced, pair_mark + trace::kSecondHalf);
+            FenceProxyAsync();
+            WgmmaFence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) {
+              const uint32_t k_step = ((kTiles - 1) * kTileBytes + ks * 32) >> 4;
+              WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step, 1);
+            }
+            WgmmaCommit();
+          }
+        }
+      } else {
+        // WG0 walks tiles 0-3, 8, 4-7 and WG1 4-7, 8, 0-3: the rope tile fifth for both, as in
+        // the fp8 path, which must sum in the same order (its tests are bit-exact against this
+        // one). The same straight-line code for both WGs (a branch between wgmmas serialises
+        // them): WG0 waits for R0 before the rope tile, WG1 for L1 one tile earlier than it must.
+        MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
+        DCP_SM90_TRACE(traced, pair_mark + trace::kFirstHalf);
         FenceProxyAsync();
         WgmmaFence();
-        const uint64_t q_desc = Opaque(MakeDesc(q_base, 16, 1024));
-        const uint64_t own_desc = Opaque(MakeDesc(own_k, 16, 1024));
 #pragma unroll
-        for (int i = i0; i < i0 + count; ++i) {
+        for (int i = 0; i < kTiles; ++i) {
+          if (i == kLeftTiles) {
+            WgmmaCommit();
+            MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
+            DCP_SM90_TRACE(traced, pair_mark + trace::kSecondHalf);
+            FenceProxyAsync();
+            WgmmaFence();
+          }
           const int tile = i < kLeftTiles    ? first_tile + i
                            : i == kLeftTiles ? kTiles - 1
                                              : (first_tile ^ kLeftTiles) + i - kLeftTiles - 1;
 #pragma unroll
           for (int ks = 0; ks < 4; ++ks) {
-            const uint32_t step = (tile * kTileBytes + ks * 32) >> 4;
-            WgmmaM64N64K16SS(s, q_desc + step, own_desc + step, (i > 0 || ks > 0) ? 1 : 0);
+            const uint32_t step = (tile * kTileBytes + ks * 32) >> 4;  // descriptor address units
+            WgmmaM64N64K16SS(s, q_desc + step, k_desc + step, (i > 0 || ks > 0) ? 1 : 0);
           }
         }
         WgmmaCommit();
-      };
-      // P = 2^(S - m_use) as bf16 A fragments; l += its row sums (fp32).
-      uint32_t a[4][4];
-      auto softmax = [&](const float(&m_use)[2]) __attribute__((always_inline)) {
+      }
+      WgmmaWait<0>();
+      FenceOperands(s);
+      DCP_SM90_TRACE(traced, pair_mark + trace::kScores);
+
+      // Mask and scale into log2 units; row maxima of this block.
+      float block_max[2];
+      Sm90MaskScores(s, s_index + wg * 64, block, work.key_end, p.num_slots, scale_log2, c,
+                     block_max);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          s[4 * j] = exp2f(s[4 * j] - m_use[0]);
-          s[4 * j + 1] = exp2f(s[4 * j + 1] - m_use[0]);
-          s[4 * j + 2] = exp2f(s[4 * j + 2] - m_use[1]);
-          s[4 * j + 3] = exp2f(s[4 * j + 3] - m_use[1]);
-          l[0] += s[4 * j] + s[4 * j + 1];
-          l[1] += s[4 * j + 2] + s[4 * j + 3];
-          a[j / 2][(j % 2) * 2] = PackBf16(s[4 * j], s[4 * j + 1]);
-          a[j / 2][(j % 2) * 2 + 1] = PackBf16(s[4 * j + 2], s[4 * j + 3]);
-        }
-      };
-      // This WG's P as a K-major swizzled tile [64 rows][64 keys] for the other WG.
-      auto store_p = [&](int j, uint32_t top, uint32_t bottom) __attribute__((always_inline)) {
+      for (int r = 0; r < 2; ++r) {
+        if (c == 0) s_max[wg * 64 + rows[r]] = block_max[r];
+      }
+      NamedBarrierSync(kBarMax, 256);
+      DCP_SM90_TRACE(traced, pair_mark + trace::kMaxShared);
+
+      // The same running max in both WGs. It moves only when a block's max passes it by more
+      // than split.rescale_slack (log2 units; 0: whenever it grows), so P = 2^(s - m) <= 2^slack
+      // and O and l are rescaled only on those pairs: O / l and the LSE do not depend on the
+      // reference the sums were taken against, only their rounding does.
+      float m_use[2], alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float m_block = fmaxf(s_max[rows[r]], s_max[64 + rows[r]]);
+        const float m_new = m_block > m[r] + split.rescale_slack ? m_block : m[r];
+        m_use[r] = m_new == kNegInf ? 0.f : m_new;  // all masked so far: keep exp2 finite
+        alpha[r] = exp2f(m[r] - m_use[r]);
+        m[r] = m_new;
+        l[r] *= alpha[r];
+      }
+      Sm90RescaleRows(o, alpha);
+      uint32_t a[4][4];  // P as the A fragments of the 4 k-steps of 16 keys
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float p00 = exp2f(s[4 * j] - m_use[0]), p01 = exp2f(s[4 * j + 1] - m_use[0]);
+        const float p10 = exp2f(s[4 * j + 2] - m_use[1]), p11 = exp2f(s[4 * j + 3] - m_use[1]);
+        l[0] += p00 + p01;
+        l[1] += p10 + p11;
+        const uint32_t top = PackBf16(p00, p01), bottom = PackBf16(p10, p11);
+        a[j / 2][(j % 2) * 2] = top;
+        a[j / 2][(j % 2) * 2 + 1] = bottom;
+        // The other WG reads P as a K-major swizzled tile [64 rows][64 keys].
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(own_p + TileChunk(rows[0], j) + 4 * c),
                      "r"(top));
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(own_p + TileChunk(rows[1], j) + 4 * c),
                      "r"(bottom));
-      };
-
-      if (wg == 0) {
-        if (num_pairs > 0) {
-          issue_qk(kL0, pairs_done & 1, 0, kLeftTiles, 0);
-          issue_qk(kR0, pairs_done & 1, kLeftTiles, kTiles - kLeftTiles, 0);
-          WgmmaWait<0>();
-        }
-        for (int pair = 0; pair < num_pairs; ++pair) {
-          const bool traced = first_item && t == 0 && pair < trace::kPairs;
-          const int pair_mark = trace::kPairBase + pair * trace::kPairMarks;  // WG0's marks
-          (void)traced;
-          (void)pair_mark;
-          FenceOperands(s);
-          DCP_SM90_TRACE(traced, pair_mark + trace::kScores);
-          float block_max[2], m0[2], m0_use[2], factor[2];
-          Sm90MaskScores(s, s_index, first_block + 2 * pair, work.key_end, p.num_slots, scale_log2,
-                         c, block_max);
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            m0[r] = block_max[r] > m[r] + split.rescale_slack ? block_max[r] : m[r];
-            m0_use[r] = m0[r] == kNegInf ? 0.f : m0[r];  // all masked so far: keep exp2 finite
-            factor[r] = exp2f(m[r] - m0_use[r]);
-            l[r] *= factor[r];
-            if (c == 0) s_max[rows[r]] = m0[r];
-          }
-          NamedBarrierArrive(kBarMax0, 256);
-          Sm90RescaleRows(o, factor);
-          softmax(m0_use);
-          WgmmaFence();
-          Sm90IssueOwnPv(o, a, own_k + value_tile);
-          WgmmaCommit();
-          WgmmaWait<0>();
-          FenceOperands(o);
-          MbarrierArrive(free_bar + 8 * kL0);
-          // WG1's max, m1 >= m0: P0, O0 and l0 move to it.
-          NamedBarrierSync(kBarMax1, 256);
-          DCP_SM90_TRACE(traced, pair_mark + trace::kMaxShared);
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const float m1 = s_max[64 + rows[r]];
-            factor[r] = m0[r] == kNegInf ? 0.f : exp2f(m0[r] - m1);  // m0 finite: m1 finite too
-            l[r] *= factor[r];
-            m[r] = m1;
-          }
-          // P0 for WG1: the bf16 fragments themselves when m1 == m0, else rescaled (from bf16:
-          // keeping the fp32 P alive across the PV would not fit the registers).
-          const bool same_max = factor[0] == 1.f && factor[1] == 1.f;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            uint32_t top = a[j / 2][(j % 2) * 2], bottom = a[j / 2][(j % 2) * 2 + 1];
-            if (!same_max) {
-              const float2 t2 = UnpackBf16(top), b2 = UnpackBf16(bottom);
-              top = PackBf16(t2.x * factor[0], t2.y * factor[0]);
-              bottom = PackBf16(b2.x * factor[1], b2.y * factor[1]);
-            }
-            store_p(j, top, bottom);
-          }
-          FenceProxyAsync();
-          NamedBarrierArrive(kBarP0, 256);
-          Sm90RescaleRows(o, factor);
-          NamedBarrierSync(kBarP1, 256);
-          DCP_SM90_TRACE(traced, pair_mark + trace::kPShared);
-          WgmmaFence();
-          Sm90IssueCrossPv(o, other_p, other_k + value_tile);
-          WgmmaCommit();
-          // The next pair's S0 under the cross PV: L0 was freed above, R0 frees when WG1's cross
-          // PV retires. After the last pair the same wgmmas run on the stale tiles without
-          // waiting (their scores are never used): no branch while the cross PV is in flight.
-          const bool has_next = pair + 1 < num_pairs;
-          issue_qk(kL0, (pairs_done + pair + 1) & 1, 0, kLeftTiles, pair + 1, has_next);
-          WgmmaWait<1>();
-          FenceOperands(o);
-          MbarrierArrive(free_bar + 8 * kL1);
-          issue_qk(kR0, (pairs_done + pair + 1) & 1, kLeftTiles, kTiles - kLeftTiles, pair + 1,
-                   has_next);
-          WgmmaWait<0>();
-          DCP_SM90_TRACE(traced, pair_mark + trace::kPvDone);
-        }
-      } else {
-        for (int pair = 0; pair < num_pairs; ++pair) {
-          const int parity = (pairs_done + pair) & 1;
-          const bool traced = first_item && t == 0 && pair < trace::kPairs;
-          const int pair_mark = trace::kPairBase + (trace::kPairs + pair) * trace::kPairMarks;
-          (void)traced;
-          (void)pair_mark;
-          issue_qk(kR1, parity, 0, kLeftTiles + 1, pair);  // tiles 4-7 and the rope tile
-          issue_qk(kL1, parity, kLeftTiles + 1, kTiles - kLeftTiles - 1, pair);
-          WgmmaWait<0>();
-          FenceOperands(s);
-          DCP_SM90_TRACE(traced, pair_mark + trace::kScores);
-          float block_max[2], m1_use[2], factor[2];
-          Sm90MaskScores(s, s_index + 64, first_block + 2 * pair + 1, work.key_end, p.num_slots,
-                         scale_log2, c, block_max);
-          NamedBarrierSync(kBarMax0, 256);
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const float m0 = s_max[rows[r]];  // >= m[r], the previous pair's m1
-            const float m1 = block_max[r] > m0 + split.rescale_slack ? block_max[r] : m0;
-            m1_use[r] = m1 == kNegInf ? 0.f : m1;
-            factor[r] = exp2f(m[r] - m1_use[r]);
-            l[r] *= factor[r];
-            m[r] = m1;
-            if (c == 0) s_max[64 + rows[r]] = m1;
-          }
-          NamedBarrierArrive(kBarMax1, 256);
-          DCP_SM90_TRACE(traced, pair_mark + trace::kMaxShared);
-          Sm90RescaleRows(o, factor);
-          softmax(m1_use);
-          WgmmaFence();
-          Sm90IssueOwnPv(o, a, own_k + value_tile);
-          WgmmaCommit();
-#pragma unroll
-          for (int j = 0; j < 8; ++j) store_p(j, a[j / 2][(j % 2) * 2], a[j / 2][(j % 2) * 2 + 1]);
-          FenceProxyAsync();
-          NamedBarrierSync(kBarP0, 256);
-          DCP_SM90_TRACE(traced, pair_mark + trace::kPShared);
-          WgmmaFence();
-          Sm90IssueCrossPv(o, other_p, other_k + value_tile);
-          WgmmaCommit();
-          NamedBarrierArrive(kBarP1, 256);
-          WgmmaWait<1>();
-          MbarrierArrive(free_bar + 8 * kR1);
-          WgmmaWait<0>();
-          FenceOperands(o);
-          DCP_SM90_TRACE(traced, pair_mark + trace::kPvDone);
-          MbarrierArrive(free_bar + 8 * kR0);
-        }
       }
-    } else {
-      for (int pair = 0; pair < num_pairs; ++pair) {
-        const int ready_parity = (pairs_done + pair) & 1;
-        const int block = first_block + 2 * pair + wg;
-        // This WG's trace mark of an event of this pair (a profiling build only).
-        const bool traced = first_item && t == 0 && pair < trace::kPairs;
-        const int pair_mark = trace::kPairBase + (wg * trace::kPairs + pair) * trace::kPairMarks;
-        (void)traced;
-        (void)pair_mark;
+      // O += P_own V_own[:, half] (RS): it needs only this WG's P, so it is issued before the
+      // hand-off of P and runs while the other WG finishes its P.
+      WgmmaFence();
+      Sm90IssueOwnPv(o, a, own_k + value_tile);
+      WgmmaCommit();
+      FenceProxyAsync();
+      NamedBarrierSync(kBarP, 256);
+      DCP_SM90_TRACE(traced, pair_mark + trace::kPShared);
 
-        // S = Q K^T over the 9 tiles, starting with the half that lands first.
-        float s[32];
-        const uint64_t q_desc = Opaque(MakeDesc(q_base, 16, 1024));
-        const uint64_t k_desc = Opaque(MakeDesc(own_k, 16, 1024));
-        if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
-          // fp8 rows: four steps, one fp8 tile f each (WG0 f = 0, 1 | 2, 3; WG1 f = 2, 3 |
-          // 0, 1): wait for the half on its first tile, dequantize f in place (bf16 tiles 2 f,
-          // 2 f + 1), publish it to this WG's wgmma (fence + 128-thread barrier), issue those
-          // tiles' wgmmas without waiting for them: the next step's conversion runs while they
-          // execute. The rope tile 8 after the first half (WG0: once R0 has landed). Tile order
-          // WG0 0-3, 8, 4-7, WG1 4-7, 8, 0-3, as for bf16 rows (the tests compare both bit for
-          // bit). Straight-line code for both WGs.
-          float scales[4][2];
-          const int first_f = wg == 0 ? 0 : 2;
-          MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
-          DCP_SM90_TRACE(traced, pair_mark + trace::kFirstHalf);
-#pragma unroll
-          for (int step = 0; step < 4; ++step) {
-            const int f = (first_f + step) % 4;
-            Sm90Fp8ConvertTile(own_k, f, step % 2 == 0, scales);
-            FenceProxyAsync();
-            NamedBarrierSync(kBarConvert + wg, 128);
-            WgmmaFence();
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const int tile = 2 * f + i;
-#pragma unroll
-              for (int ks = 0; ks < 4; ++ks) {
-                const uint32_t k_step = (tile * kTileBytes + ks * 32) >> 4;
-                WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step,
-                                 (step > 0 || i > 0 || ks > 0) ? 1 : 0);
-              }
-            }
-            WgmmaCommit();
-            if (step == 1) {
-              MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
-              DCP_SM90_TRACE(traced, pair_mark + trace::kSecondHalf);
-              FenceProxyAsync();
-              WgmmaFence();
-#pragma unroll
-              for (int ks = 0; ks < 4; ++ks) {
-                const uint32_t k_step = ((kTiles - 1) * kTileBytes + ks * 32) >> 4;
-                WgmmaM64N64K16SS(s, q_desc + k_step, k_desc + k_step, 1);
-              }
-              WgmmaCommit();
-            }
-          }
-        } else {
-          // WG0 walks tiles 0-3, 8, 4-7 and WG1 4-7, 8, 0-3: the rope tile fifth for both, as in
-          // the fp8 path, which must sum in the same order (its tests are bit-exact against this
-          // one). The same straight-line code for both WGs (a branch between wgmmas serialises
-          // them): WG0 waits for R0 before the rope tile, WG1 for L1 one tile earlier than it must.
-          MbarrierWait(ready_bar + 8 * own_first_half, ready_parity);
-          DCP_SM90_TRACE(traced, pair_mark + trace::kFirstHalf);
-          FenceProxyAsync();
-          WgmmaFence();
-#pragma unroll
-          for (int i = 0; i < kTiles; ++i) {
-            if (i == kLeftTiles) {
-              WgmmaCommit();
-              MbarrierWait(ready_bar + 8 * own_second_half, ready_parity);
-              DCP_SM90_TRACE(traced, pair_mark + trace::kSecondHalf);
-              FenceProxyAsync();
-              WgmmaFence();
-            }
-            const int tile = i < kLeftTiles    ? first_tile + i
-                             : i == kLeftTiles ? kTiles - 1
-                                               : (first_tile ^ kLeftTiles) + i - kLeftTiles - 1;
-#pragma unroll
-            for (int ks = 0; ks < 4; ++ks) {
-              const uint32_t step = (tile * kTileBytes + ks * 32) >> 4;  // descriptor address units
-              WgmmaM64N64K16SS(s, q_desc + step, k_desc + step, (i > 0 || ks > 0) ? 1 : 0);
-            }
-          }
-          WgmmaCommit();
-        }
-        WgmmaWait<0>();
-        FenceOperands(s);
-        DCP_SM90_TRACE(traced, pair_mark + trace::kScores);
-
-        // Mask and scale into log2 units; row maxima of this block.
-        float block_max[2];
-        Sm90MaskScores(s, s_index + wg * 64, block, work.key_end, p.num_slots, scale_log2, c,
-                       block_max);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          if (c == 0) s_max[wg * 64 + rows[r]] = block_max[r];
-        }
-        NamedBarrierSync(kBarMax, 256);
-        DCP_SM90_TRACE(traced, pair_mark + trace::kMaxShared);
-
-        // The same running max in both WGs. It moves only when a block's max passes it by more
-        // than split.rescale_slack (log2 units; 0: whenever it grows), so P = 2^(s - m) <= 2^slack
-        // and O and l are rescaled only on those pairs: O / l and the LSE do not depend on the
-        // reference the sums were taken against, only their rounding does.
-        float m_use[2], alpha[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const float m_block = fmaxf(s_max[rows[r]], s_max[64 + rows[r]]);
-          const float m_new = m_block > m[r] + split.rescale_slack ? m_block : m[r];
-          m_use[r] = m_new == kNegInf ? 0.f : m_new;  // all masked so far: keep exp2 finite
-          alpha[r] = exp2f(m[r] - m_use[r]);
-          m[r] = m_new;
-          l[r] *= alpha[r];
-        }
-        Sm90RescaleRows(o, alpha);
-        uint32_t a[4][4];  // P as the A fragments of the 4 k-steps of 16 keys
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float p00 = exp2f(s[4 * j] - m_use[0]), p01 = exp2f(s[4 * j + 1] - m_use[0]);
-          const float p10 = exp2f(s[4 * j + 2] - m_use[1]), p11 = exp2f(s[4 * j + 3] - m_use[1]);
-          l[0] += p00 + p01;
-          l[1] += p10 + p11;
-          const uint32_t top = PackBf16(p00, p01), bottom = PackBf16(p10, p11);
-          a[j / 2][(j % 2) * 2] = top;
-          a[j / 2][(j % 2) * 2 + 1] = bottom;
-          // The other WG reads P as a K-major swizzled tile [64 rows][64 keys].
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(own_p + TileChunk(rows[0], j) + 4 * c),
-                       "r"(top));
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(own_p + TileChunk(rows[1], j) + 4 * c),
-                       "r"(bottom));
-        }
-        // O += P_own V_own[:, half] (RS): it needs only this WG's P, so it is issued before the
-        // hand-off of P and runs while the other WG finishes its P.
-        WgmmaFence();
-        Sm90IssueOwnPv(o, a, own_k + value_tile);
-        WgmmaCommit();
-        FenceProxyAsync();
-        NamedBarrierSync(kBarP, 256);
-        DCP_SM90_TRACE(traced, pair_mark + trace::kPShared);
-
-        // Then O += P_other V_other[:, half] (SS).
-        Sm90IssueCrossPv(o, other_p, other_k + value_tile);
-        WgmmaCommit();
-        WgmmaWait<1>();
-        MbarrierArrive(free_bar + 8 * (wg == 0 ? kL0 : kR1));
-        WgmmaWait<0>();
-        FenceOperands(o);
-        DCP_SM90_TRACE(traced, pair_mark + trace::kPvDone);
-        MbarrierArrive(free_bar + 8 * (wg == 0 ? kL1 : kR0));
-      }
-    }  // kSchedule 0
-    // Every wgmma of this item has retired (each pair ends waiting for them): Q may be reloaded.
-    if (num_pairs > 0) {
-      MbarrierArrive(q_free_bar);
-      ++q_uses;
+      // Then O += P_other V_other[:, half] (SS).
+      Sm90IssueCrossPv(o, other_p, other_k + value_tile);
+      WgmmaCommit();
+      WgmmaWait<1>();
+      MbarrierArrive(free_bar + 8 * (wg == 0 ? kL0 : kR1));
+      WgmmaWait<0>();
+      FenceOperands(o);
+      DCP_SM90_TRACE(traced, pair_mark + trace::kPvDone);
+      MbarrierArrive(free_bar + 8 * (wg == 0 ? kL1 : kR0));
     }
+    // Every wgmma of this item has retired (each pair ends waiting for them): Q may be reloaded.
+    if (num_pairs > 0) MbarrierArrive(q_free_bar);
     pairs_done += num_pairs;
 
     // Row sums of both WGs (each summed P of its own blocks), then normalise and store.
@@ -690,13 +522,11 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-template <int kHeadDim, int kVDim, KvCacheDType kFormat, int kSchedule>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat>
 absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit& split,
                                  cudaStream_t stream) {
   using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
-  static_assert(kSchedule == 0 || kFormat == KvCacheDType::kBF16,
-                "the one-way schedule reads bf16 rows only");
-  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, kSchedule>;
+  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat>;
   // Once per device: the attribute call costs host time on every decode step otherwise.
   static std::atomic<uint64_t> configured{0};
   int device = 0;

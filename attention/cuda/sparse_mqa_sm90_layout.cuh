@@ -29,19 +29,14 @@ struct SparseMqaSm90Config {
 
 // The four half buffers (mbarrier indices): L = tiles 0-3, R = tiles 4-8 of K0 / K1.
 enum Sm90Half : int { kL0 = 0, kR0 = 1, kL1 = 2, kR1 = 3 };
-// Named barriers of the two consumer warpgroups (256 threads); 0 is __syncthreads, 1 unused.
+// Named barriers of the two consumer warpgroups (256 threads); 0 is __syncthreads.
 // kBarConvert + wg: one consumer WG's 128 threads (fp8 rows: a dequantized tile is published).
-// kBarMax0 / kBarMax1 / kBarP0 / kBarP1: the one-way schedule's hand-offs (one WG arrives, the
-// other waits).
 enum Sm90Barrier : int {
+  kBarQ = 1,
   kBarMax = 2,
   kBarP = 3,
   kBarSum = 4,
   kBarConvert = 5,  // and 6
-  kBarMax0 = 7,
-  kBarMax1 = 8,
-  kBarP0 = 9,
-  kBarP1 = 10,
 };
 
 }  // namespace dcp::cuda

@@ -1,5 +1,5 @@
 // Score, output-row and P V helpers of the sm_90a sparse MQA kernel's consumers
-// (sparse_mqa_sm90_kernel.cuh), used by both of its schedules.
+// (sparse_mqa_sm90_kernel.cuh).
 #pragma once
 
 #include <cmath>

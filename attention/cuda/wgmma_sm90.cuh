@@ -125,10 +125,6 @@ __device__ __forceinline__ void MbarrierWait(uint32_t bar, int parity) {
 __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-// Arrives on a named barrier without waiting (the other `threads - arrivals` wait on it).
-__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 template <int kRegisters>
 __device__ __forceinline__ void RegistersIncrease() {

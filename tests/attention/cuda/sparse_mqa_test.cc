@@ -46,11 +46,8 @@ struct MqaCase {
   // The wgmma kernel's heads per CTA to run (SparseMqaParams::block_heads; 0: the heuristic's),
   // each with every split count; the mma.sync kernel runs 0 only.
   std::vector<int> block_heads = {0};
-  // The wgmma kernel's consumer schedules to run (SparseMqaParams::sm90_schedule), each with
-  // every block_heads and split count.
-  std::vector<int> schedules = {0};
-  // The wgmma kernel's grid caps to run (SparseMqaParams::sm90_ctas; 0: one CTA per item), each
-  // with every schedule, block_heads and split count.
+  // The wgmma kernel's grid caps to run (SparseMqaParams::sm90_ctas; 0: the default), each
+  // with every block_heads and split count.
   std::vector<int> ctas = {0};
   // Non-zero: logits that climb block by block. Every query's rope part (columns 512-575) is 1
   // and the rope part of the row at position k of a token's list is rope_ramp * (k / 64), so a
@@ -66,7 +63,6 @@ struct Variant {
   int kernel = 0;       // SparseMqaParams::kernel
   int splits = 0;       // SparseMqaParams::num_splits
   int block_heads = 0;  // SparseMqaParams::block_heads
-  int schedule = 0;     // SparseMqaParams::sm90_schedule
   int ctas = 0;         // SparseMqaParams::sm90_ctas
 };
 
@@ -149,15 +145,12 @@ std::vector<Variant> Variants(const MqaCase& c) {
   }
   std::vector<Variant> variants;
   for (int kernel : kernels) {
-    for (int schedule : c.schedules) {
-      if (kernel != 2 && schedule != c.schedules.front()) continue;
-      for (int block_heads : c.block_heads) {
-        if (kernel != 2 && block_heads != 0) continue;
-        for (int ctas : c.ctas) {
-          if (kernel != 2 && ctas != c.ctas.front()) continue;
-          for (int splits : c.splits) {
-            variants.push_back({kernel, splits, block_heads, schedule, kernel == 2 ? ctas : 0});
-          }
+    for (int block_heads : c.block_heads) {
+      if (kernel != 2 && block_heads != 0) continue;
+      for (int ctas : c.ctas) {
+        if (kernel != 2 && ctas != c.ctas.front()) continue;
+        for (int splits : c.splits) {
+          variants.push_back({kernel, splits, block_heads, kernel == 2 ? ctas : 0});
         }
       }
     }
@@ -267,11 +260,10 @@ class SparseMqaCudaTest : public GpuTest {
     for (const Variant& v : Variants(c)) {
       SCOPED_TRACE(::testing::Message()
                    << "kernel " << v.kernel << " splits " << v.splits << " block_heads "
-                   << v.block_heads << " schedule " << v.schedule << " ctas " << v.ctas);
+                   << v.block_heads << " ctas " << v.ctas);
       p.kernel = v.kernel;
       p.num_splits = v.splits;
       p.block_heads = v.block_heads;
-      p.sm90_schedule = v.schedule;
       p.sm90_ctas = v.ctas;
       out.Poison();
       lse.Poison();
@@ -505,38 +497,10 @@ TEST_F(SparseMqaCudaTest, RunningMaxClimbingThroughTheKeys) {
   }
 }
 
-// The wgmma kernel's one-way schedule (sm90_schedule 2) beside the lockstep one (1), both
-// against float64 and each other: empty, short and odd-block lists with split and unsplit
-// CTAs, narrow head blocks, skipped and out-of-range indices, huge logits, a climbing max, and
-// one CTA walking 16 pairs.
-TEST_F(SparseMqaCudaTest, OneWayScheduleMatchesTheReference) {
-  std::vector<MqaCase> cases(6);
-  cases[0].tokens = 3, cases[0].heads = 16, cases[0].topk = 300, cases[0].slots = 1000;
-  cases[0].counts = {0, 130, 300}, cases[0].splits = {0, 1, 2, 7};
-  cases[1].tokens = 5, cases[1].heads = 128, cases[1].topk = 2048, cases[1].slots = 6000;
-  cases[1].counts = {1, 63, 65, 2047, 2048}, cases[1].splits = {0, 1, 3};
-  cases[1].block_heads = {0, 32}, cases[1].check_rows = 96;
-  cases[2].tokens = 7, cases[2].heads = 48, cases[2].topk = 200, cases[2].slots = 3000;
-  cases[2].skip_fraction = 0.25, cases[2].out_of_range_fraction = 0.05;
-  cases[3].tokens = 4, cases[3].heads = 16, cases[3].topk = 256, cases[3].slots = 1024;
-  cases[3].q_low = -4.f, cases[3].q_high = 4.f, cases[3].scale = 0.5f;  // huge positive logits
-  cases[4].tokens = 1, cases[4].heads = 64, cases[4].topk = 2048, cases[4].slots = 3000;
-  cases[4].rope_ramp = 0.45f, cases[4].splits = {1, 0};  // a climbing max over 16 pairs
-  cases[5].tokens = 3, cases[5].heads = 16, cases[5].topk = 192, cases[5].slots = 600;
-  cases[5].q_low = -1.f, cases[5].q_high = -0.5f, cases[5].kv_low = 0.5f, cases[5].kv_high = 1.f;
-  cases[5].scale = 0.25f;  // huge negative logits
-  for (size_t i = 0; i < cases.size(); ++i) {
-    SCOPED_TRACE(::testing::Message() << "case " << i);
-    cases[i].schedules = {1, 2};
-    RunAndCheck(cases[i]);
-    if (HasFatalFailure()) return;
-  }
-}
-
 // A grid smaller than the work items (SparseMqaParams::sm90_ctas): each CTA walks several
 // items, so the producer gathers an item's first pair and loads its Q tile while the consumers
-// finish the one before, across items without keys (count 0, empty splits), ragged counts,
-// partial head blocks and both schedules.
+// finish the one before, across items without keys (count 0, empty splits), ragged counts and
+// partial head blocks.
 TEST_F(SparseMqaCudaTest, PersistentCtasMatchTheReference) {
   std::vector<MqaCase> cases(4);
   cases[0].tokens = 9, cases[0].heads = 48, cases[0].topk = 300, cases[0].slots = 2000;
@@ -551,7 +515,6 @@ TEST_F(SparseMqaCudaTest, PersistentCtasMatchTheReference) {
   cases[3].q_low = -4.f, cases[3].q_high = 4.f, cases[3].scale = 0.5f;  // huge logits
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE(::testing::Message() << "case " << i);
-    cases[i].schedules = {1, 2};
     cases[i].ctas = {1, 3, 7};
     RunAndCheck(cases[i]);
     if (HasFatalFailure()) return;
@@ -833,11 +796,6 @@ TEST_F(SparseMqaCudaTest, RejectsUncompiledSizesAndDtypes) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("block_heads 48"), std::string::npos) << status;
   p.block_heads = 0;
-  p.sm90_schedule = 3;
-  status = cuda::SparseMqa(p, nullptr);
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("sm90_schedule 3"), std::string::npos) << status;
-  p.sm90_schedule = 0;
   p.sm90_ctas = -1;
   status = cuda::SparseMqa(p, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
