@@ -140,8 +140,8 @@ struct SparseMqaParams {
   int kernel = 0;
   // CUDA only, the wgmma kernel: its grid. n > 0: at most n CTAs, each walking the work items
   // (token x head block x split) blockIdx.x, + gridDim.x, ...: the next item's first gathers
-  // and Q tile load under the current one's last PV and epilogue. 0: the default, at most one
-  // CTA per SM (one CTA per item when DCP_SPARSE_MQA_PERSISTENT=0 is in the environment, for
+  // and Q tile load under the current one's last PV and epilogue. 0: the default, one CTA per
+  // item (at most one CTA per SM when DCP_SPARSE_MQA_PERSISTENT=1 is in the environment, for
   // measurements).
   int sm90_ctas = 0;
 };

@@ -27,7 +27,7 @@
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
 # "build test bench variants engine nopdl sanitize"; ncu, ncu_sections, ncu_engine, worker and
 # trace are extra), DCP_VARIANTS (stage variants: ';'-separated environments to bench under,
-# default the wgmma kernel with one CTA per work item), DCP_TEST_FILTER,
+# default the wgmma kernel's persistent CTAs), DCP_TEST_FILTER,
 # DCP_BENCH_ARGS (appended), DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k), DCP_TRACE_ROWS (kernel
 # rows of stage trace, ';'-separated).
 set -uo pipefail
@@ -153,7 +153,7 @@ if has_stage bench && [ "$hung" -eq 0 ]; then run_kernels kernels DCP_BENCH_RUN=
 # (e.g. "DCP_SPARSE_MQA_PREFETCH_PAIRS=0;DCP_SPARSE_MQA_PREFETCH_PAIRS=2"), to compare knobs
 # in one call; the rows of the default run above are the baseline.
 if has_stage variants && [ "$hung" -eq 0 ]; then
-  IFS=';' read -r -a variants <<<"${DCP_VARIANTS:-DCP_SPARSE_MQA_PERSISTENT=0}"
+  IFS=';' read -r -a variants <<<"${DCP_VARIANTS:-DCP_SPARSE_MQA_PERSISTENT=1}"
   for i in "${!variants[@]}"; do
     note "variant $i: ${variants[$i]}"
     # shellcheck disable=SC2086  # one environment assignment per word

@@ -41,12 +41,13 @@ int PrefetchPairs() {
   return pairs;
 }
 
-// The wgmma kernel's grid cap (SparseMqaParams::sm90_ctas): the argument, else the SM count
-// (one CTA an SM walks the work items; where there are no more items than SMs the grid is the
-// same), or 0 (one CTA per item) when DCP_SPARSE_MQA_PERSISTENT=0 (for measurements).
+// The wgmma kernel's grid cap (SparseMqaParams::sm90_ctas): the argument, else 0 (one CTA per
+// work item: the hardware hands items to whichever SM frees first, which keeps the kernel fast
+// beside other kernels holding some SMs; the persistent grid measured no faster on bf16 rows),
+// or the SM count when DCP_SPARSE_MQA_PERSISTENT=1 (for measurements).
 int PersistentCtas(const SparseMqaParams& p) {
   if (p.sm90_ctas > 0) return p.sm90_ctas;
-  static const bool persistent = KnobFromEnvironment("DCP_SPARSE_MQA_PERSISTENT", 1, 0, 1) > 0;
+  static const bool persistent = KnobFromEnvironment("DCP_SPARSE_MQA_PERSISTENT", 0, 0, 1) > 0;
   return persistent ? NumSms() : 0;
 }
 
