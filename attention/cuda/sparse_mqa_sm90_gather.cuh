@@ -40,15 +40,16 @@ __device__ __forceinline__ void Sm90PrefetchPairRows(const uint8_t* kv, int64_t 
 }
 
 // The Q tile of `work` (64 rows x 576 columns as 9 swizzled 64 x 64 tiles at q_base): rows
-// [0, work.heads) from q, the rest zero-filled (no read), 16-byte cp.async, 36 a thread of the
-// producer warpgroup. The caller tracks them with one cp.async mbarrier arrival.
-template <class Config>
+// [0, work.heads) from q, the rest zero-filled (no read), 16-byte cp.async over kThreads
+// threads (t in [0, kThreads)): the producer warpgroup (128, tracked by one cp.async mbarrier
+// arrival) or both consumer warpgroups (256, the first item's tile: commit and wait).
+template <class Config, int kThreads>
 __device__ __forceinline__ void Sm90CopyQTile(uint32_t q_base, const SparseMqaParams& p,
                                               const SparseMqaWork& work, int t) {
   constexpr int kChunks = Config::kTiles * 8;  // 16-byte chunks of a row
   const auto* q = static_cast<const __nv_bfloat16*>(p.q) + int64_t(work.token) * p.q_token_stride +
                   int64_t(work.head0) * p.q_head_stride;
-  for (int i = t; i < 64 * kChunks; i += 128) {
+  for (int i = t; i < 64 * kChunks; i += kThreads) {
     const int row = i / kChunks, chunk = i - row * kChunks;
     const bool valid = row < work.heads;
     CpAsync16(q_base + (chunk / 8) * Config::kTileBytes + sm90::TileChunk(row, chunk % 8),

@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(384, 1)
   auto load_q = [&](const SparseMqaWork& work, bool first_item) __attribute__((always_inline)) {
     if (first_item) return;
     if (q_users > 0) MbarrierWait(q_free_bar, (q_users - 1) & 1);
-    Sm90CopyQTile<Config>(q_base, p, work, t);
+    Sm90CopyQTile<Config, 128>(q_base, p, work, t);
     CpAsyncMbarrierArrive(q_ready_bar);
   };
   if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
@@ -292,20 +292,7 @@ __global__ void __launch_bounds__(384, 1)
     // num_heads) are zeros. The first item's loaded here over the 256 consumer threads, a later
     // one's by the producer (made visible to wgmma by the proxy fence after the first half).
     if (num_pairs > 0 && first_item) {
-      const auto* q = static_cast<const __nv_bfloat16*>(p.q) +
-                      int64_t(work.token) * p.q_token_stride +
-                      int64_t(work.head0) * p.q_head_stride;
-      const int ct = threadIdx.x;  // 0..255
-      for (int i = ct; i < work.heads * kTiles * 8; i += 256) {
-        const int row = i / (kTiles * 8), chunk = i % (kTiles * 8);
-        CpAsync16(q_base + (chunk / 8) * kTileBytes + TileChunk(row, chunk % 8),
-                  q + int64_t(row) * p.q_head_stride + chunk * 8, true);
-      }
-      for (int i = work.heads * kTiles * 8 + ct; i < 64 * kTiles * 8; i += 256) {
-        const int row = i / (kTiles * 8), chunk = i % (kTiles * 8);
-        StShared128(q_base + (chunk / 8) * kTileBytes + TileChunk(row, chunk % 8),
-                    make_uint4(0, 0, 0, 0));
-      }
+      Sm90CopyQTile<Config, 256>(q_base, p, work, threadIdx.x);
       CpAsyncCommit();
       CpAsyncWait<0>();
       FenceProxyAsync();
@@ -465,6 +452,7 @@ __global__ void __launch_bounds__(384, 1)
       Sm90IssueCrossPv(o, other_p, other_k + value_tile);
       WgmmaCommit();
       WgmmaWait<1>();
+      FenceOperands(a);  // the own PV read them until here
       MbarrierArrive(free_bar + 8 * (wg == 0 ? kL0 : kR1));
       WgmmaWait<0>();
       FenceOperands(o);

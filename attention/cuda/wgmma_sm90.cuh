@@ -62,6 +62,17 @@ __device__ __forceinline__ void FenceOperands(float (&values)[kCount]) {
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(values[i])::"memory");
 }
 
+// The same for A fragments held in registers by an RS wgmma: called after the wait that
+// retires it, so that the registers are not reused while the wgmma may still read them.
+template <int kSteps>
+__device__ __forceinline__ void FenceOperands(uint32_t (&values)[kSteps][4]) {
+#pragma unroll
+  for (int i = 0; i < kSteps; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(values[i][j])::"memory");
+  }
+}
+
 // clang-format off
 // d (+)= A B for one m64n64k16 step, A and B K-major in shared memory (descriptors).
 __device__ __forceinline__ void WgmmaM64N64K16SS(float (&d)[32], uint64_t desc_a, uint64_t desc_b,

@@ -56,6 +56,10 @@ struct MqaCase {
   // moved on others (SparseMqaSplit::rescale_slack). One token, or the rows of tokens that
   // share a slot take the last token's ramp.
   float rope_ramp = 0.f;
+  // Non-empty: added to that rope value, block_rope[(k / 64) % size] for the row at position k
+  // (6.66 log2 units of score per unit, as above): jumps between the two blocks of a pair, which
+  // the wgmma kernel's two consumer warpgroups score against references of their own.
+  std::vector<float> block_rope;
 };
 
 // One way of running the kernel on a case.
@@ -104,7 +108,7 @@ MqaData MakeData(const MqaCase& c, std::mt19937_64& rng) {
       d.indices[size_t(t) * d.indices_stride + k] = value;
     }
   }
-  if (c.rope_ramp != 0.f) {
+  if (c.rope_ramp != 0.f || !c.block_rope.empty()) {
     for (int t = 0; t < c.tokens; ++t) {
       for (int h = 0; h < c.heads; ++h) {
         bf16* q_rope = d.q.data() + size_t(t) * d.q_token_stride + size_t(h) * c.q_head_stride;
@@ -113,7 +117,8 @@ MqaData MakeData(const MqaCase& c, std::mt19937_64& rng) {
       for (int k = 0; k < c.topk; ++k) {
         const int32_t slot = d.indices[size_t(t) * d.indices_stride + k];
         if (slot < 0 || slot >= c.slots) continue;
-        const bf16 ramp = float_to_bf16(c.rope_ramp * float(k / 64));
+        const float jump = c.block_rope.empty() ? 0.f : c.block_rope[(k / 64) % c.block_rope.size()];
+        const bf16 ramp = float_to_bf16(c.rope_ramp * float(k / 64) + jump);
         for (int i = kVDim; i < kHeadDim; ++i) d.kv[size_t(slot) * kHeadDim + i] = ramp;
       }
     }
@@ -492,6 +497,32 @@ TEST_F(SparseMqaCudaTest, RunningMaxClimbingThroughTheKeys) {
     c.skip_fraction = 0.02;
     c.rope_ramp = ramp;
     c.splits = {1, 0, 3};
+    RunAndCheck(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The two blocks of a pair scored far apart (80-240 log2 units): the wgmma kernel's two
+// consumer warpgroups score one block each, so the max jumps between them, one way and the
+// other, beside blocks that are all masked for one warpgroup (counts 1, 64, 65, 127) and jumps
+// inside a split.
+TEST_F(SparseMqaCudaTest, LogitJumpsBetweenTheBlocksOfAPair) {
+  const std::vector<std::vector<float>> patterns = {
+      {0.f, 12.f, 0.f, 0.f, 0.f, 24.f, 36.f, 0.f},  // WG1 ahead, twice; then WG0 far ahead
+      {-12.f, 0.f, 24.f, -12.f},                    // WG0 ahead by 36 units of rope
+      {0.f, -30.f, 0.f, 30.f, -30.f, 0.f}};
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "pattern " << i);
+    MqaCase c;
+    c.tokens = 6;
+    c.heads = 64;
+    c.topk = 1024;
+    c.slots = 8000;
+    c.skip_fraction = 0.02;
+    c.block_rope = patterns[i];
+    c.counts = {1024, 1, 64, 65, 127, 700};
+    c.splits = {1, 0, 3};
+    c.block_heads = {0, 32};
     RunAndCheck(c);
     if (HasFatalFailure()) return;
   }
