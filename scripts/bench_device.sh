@@ -24,7 +24,9 @@
 # peers.csv, routes_speedup.png and peers_dense_mha.png beside them.
 # Environment: DCP_BUILD_DIR, DCP_BENCH_DEVICE (default cuda; cpu tries the plumbing here),
 # DCP_BENCH_STEPS (default "routes kernels collectives peers
-# plots"), DCP_BENCH_DEADLINE (seconds from start, default 560), DCP_ROUTES_ARGS,
+# plots"), DCP_BENCH_DEADLINE (seconds from start, default 560), DCP_OUTPUT_DTYPE (the routes
+# and kernels modes' --output_dtype, default bf16), DCP_ROUTES_HEADS (default 16,32,64,128),
+# DCP_ROUTES_ARGS,
 # DCP_KERNELS_ARGS, DCP_COLLECTIVES_ARGS, DCP_PEERS_ARGS (extra arguments, appended).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -106,17 +108,20 @@ run_bench() {
   (( code == 0 )) || failed=1
 }
 
-# 2-4. dcp_bench.
+# 2-4. dcp_bench. The layer's and the dense kernel's out in bf16 by default: torch's peers
+# (SDPA, the route composition) hand on bf16, so that is the like-for-like comparison.
+out_dtype="${DCP_OUTPUT_DTYPE:-bf16}"
 if has_step routes; then
   # shellcheck disable=SC2086
-  run_bench routes "$(budget 200 190)" 1 --mode routes --model deepseek_v32 --heads 16,32,64,128 \
+  run_bench routes "$(budget 200 190)" 1 --mode routes --model deepseek_v32 \
+      --heads "${DCP_ROUTES_HEADS:-16,32,64,128}" --output_dtype "$out_dtype" \
       --max_tokens 16384 -w 1 -n 3 --csv "$work/routes.csv" ${DCP_ROUTES_ARGS:-}
   [ -f "$work/routes_crossover.csv" ] && tee -a "$summary" <"$work/routes_crossover.csv"
 fi
 if has_step kernels; then
   # shellcheck disable=SC2086
   run_bench kernels "$(budget 80 120)" 1 --mode kernels --model deepseek_v32 --heads 16,32,64,128 \
-      -w 2 -n 10 -b 1M -e 256M -f 4 --csv "$work/kernels.csv" ${DCP_KERNELS_ARGS:-}
+      --output_dtype "$out_dtype" -w 2 -n 10 -b 1M -e 256M -f 4 --csv "$work/kernels.csv" ${DCP_KERNELS_ARGS:-}
 fi
 if has_step collectives; then
   # shellcheck disable=SC2086

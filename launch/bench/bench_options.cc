@@ -194,7 +194,8 @@ const std::vector<Flag>& Flags() {
       {nullptr, "combine", "ag_rs|a2a", "sparse-MQA combine of the routes mode (default ag_rs)",
        ChoiceFlag("combine", &BenchOptions::combine, {"ag_rs", "a2a"})},
       {nullptr, "output_dtype", "f32|bf16",
-       "the layer's out dtype in the routes and engine modes (default f32)",
+       "the layer's out dtype in the routes and engine modes, and the dense MHA rows' out in the "
+       "kernels mode (default f32)",
        ChoiceFlag("output_dtype", &BenchOptions::output_dtype, {"f32", "bf16"})},
       {nullptr, "kernel_world", "W",
        "world size assumed by DcpCorrect/DcpCombine in the kernels mode (default 8)",

@@ -296,7 +296,9 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
   }
 
   // Dense MHA, bottom-right causal: the query tokens of each request over all its keys; one
-  // row per --prefill_backend entry (the device's implementation chosen for it).
+  // row per --prefill_backend entry (the device's implementation chosen for it). The output in
+  // --output_dtype (bf16: as torch's SDPA, the peer of these rows, writes it).
+  const DType out_dtype = o.OutputDType();
   for (const std::string& backend : o.prefill_backends) {
     if (backend == "none") continue;
     std::string row_name = backend == "auto" ? "dense_mha" : "dense_mha_" + backend;
@@ -315,7 +317,8 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
         DCP_ASSIGN_OR_RETURN(q, device.Allocate(size_t(t) * heads * qk * element));
         DCP_ASSIGN_OR_RETURN(k, device.Allocate(size_t(keys) * heads * qk * element));
         DCP_ASSIGN_OR_RETURN(v, device.Allocate(size_t(keys) * heads * dv * element));
-        DCP_ASSIGN_OR_RETURN(out, device.Allocate(size_t(t) * heads * dv * 4));
+        DCP_ASSIGN_OR_RETURN(out,
+                             device.Allocate(size_t(t) * heads * dv * dtype_size(out_dtype)));
         DCP_ASSIGN_OR_RETURN(lse, device.Allocate(size_t(t) * heads * 4));
         DCP_ASSIGN_OR_RETURN(d_cu_q, UploadInts(device, cu_q));
         DCP_ASSIGN_OR_RETURN(d_cu_k, UploadInts(device, cu_k));
@@ -327,7 +330,7 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
       }();
       DenseMhaParams p;
       p.q = q.data(), p.k = k.data(), p.v = v.data();
-      p.out = out.as<float>(), p.lse = lse.as<float>();
+      p.out = out.data(), p.out_dtype = out_dtype, p.lse = lse.as<float>();
       p.cu_seqlens_q = d_cu_q.as<int32_t>(), p.cu_seqlens_k = d_cu_k.as<int32_t>();
       p.host_cu_seqlens_q = cu_q.data(), p.host_cu_seqlens_k = cu_k.data();  // as the worker
       p.dtype = dtype;
