@@ -76,17 +76,17 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
     DCP_RETURN_IF_ERROR(Upload(device_, local_slots_, local_slots).status());
     DCP_RETURN_IF_ERROR(Upload(device_, reorganize_index_, reorganize).status());
     DCP_RETURN_IF_ERROR(Upload(device_, cu_seqlens_k_, cu_k).status());
-    // -inf for every (token, head): constant, uploaded again only when a step needs more.
-    if (empty_lse_count_ < lse_count) {
-      const std::vector<float> empty(lse_count, -std::numeric_limits<float>::infinity());
-      DCP_RETURN_IF_ERROR(Upload(device_, empty_lse_, empty).status());
-      empty_lse_count_ = lse_count;
-    }
-    for (ScratchBuffer* b : {&out_new_, &out_context_, &out_chunk_}) {
+    // The first chunk writes the context's (out, lse) itself; a chunk after it writes its own
+    // and is merged in.
+    for (ScratchBuffer* b : {&out_new_, &out_context_}) {
       DCP_RETURN_IF_ERROR(b->Reserve(device_, out_count * 4).status());
     }
-    for (ScratchBuffer* b : {&lse_new_, &lse_context_, &lse_chunk_}) {
+    for (ScratchBuffer* b : {&lse_new_, &lse_context_}) {
       DCP_RETURN_IF_ERROR(b->Reserve(device_, lse_count * 4).status());
+    }
+    if (chunks_.size() > 1) {
+      DCP_RETURN_IF_ERROR(out_chunk_.Reserve(device_, out_count * 4).status());
+      DCP_RETURN_IF_ERROR(lse_chunk_.Reserve(device_, lse_count * 4).status());
     }
     DCP_RETURN_IF_ERROR(
         chunk_rows_.Reserve(device_, size_t(max_chunk_keys_) * width * element).status());
@@ -252,36 +252,42 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
   if (stats) stats->flops += causal_flops_;
   if (!has_context) return absl::OkStatus();
 
-  // Context, chunk by chunk, merged into (out_ctx, lse_ctx), which starts empty.
+  // Context, chunk by chunk: the first chunk's (out, lse) is the context's so far (a merge
+  // into an empty state would copy it), each later one is merged into it.
   DCP_ASSIGN_OR_RETURN(void* out_ctx_data, out_context_.Get(out_count * 4));
   DCP_ASSIGN_OR_RETURN(void* lse_ctx_data, lse_context_.Get(lse_count * 4));
-  DCP_ASSIGN_OR_RETURN(void* out_chunk_data, out_chunk_.Get(out_count * 4));
-  DCP_ASSIGN_OR_RETURN(void* lse_chunk_data, lse_chunk_.Get(lse_count * 4));
   DCP_ASSIGN_OR_RETURN(void* kv,
                        kv_chunk_.Get(size_t(max_chunk_keys_) * hl * kv_width * element));
   auto* out_ctx = static_cast<float*>(out_ctx_data);
   auto* lse_ctx = static_cast<float*>(lse_ctx_data);
-  auto* out_chunk = static_cast<float*>(out_chunk_data);
-  auto* lse_chunk = static_cast<float*>(lse_chunk_data);
-  DCP_RETURN_IF_ERROR(device_.Memset(out_ctx, 0, out_count * 4));
-  DCP_RETURN_IF_ERROR(device_.Copy(lse_ctx, empty_lse_.data(), lse_count * 4));
+  float *out_chunk = nullptr, *lse_chunk = nullptr;
+  if (chunks_.size() > 1) {
+    DCP_ASSIGN_OR_RETURN(void* out_chunk_data, out_chunk_.Get(out_count * 4));
+    DCP_ASSIGN_OR_RETURN(void* lse_chunk_data, lse_chunk_.Get(lse_count * 4));
+    out_chunk = static_cast<float*>(out_chunk_data);
+    lse_chunk = static_cast<float*>(lse_chunk_data);
+  }
 
-  for (const ChunkSteps& chunk : chunks_) {
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const ChunkSteps& chunk = chunks_[c];
+    const bool first = c == 0;
     DCP_RETURN_IF_ERROR(ChunkKeys(cache, chunk, kv, stats));
     // Every prefill's queries against its keys in this chunk (none: out 0, lse -inf).
     timer.Restart();
     DenseMhaParams context = base;
     context.k = kv;
     context.v = v_of(kv);
-    context.out = out_chunk;
-    context.lse = lse_chunk;
+    context.out = first ? out_ctx : out_chunk;
+    context.lse = first ? lse_ctx : lse_chunk;
     context.cu_seqlens_k = cu_seqlens_k_.as<int32_t>() + chunk.cu_k_offset;
     context.host_cu_seqlens_k = cu_k_host_.data() + chunk.cu_k_offset;
     context.max_seqlen_k = chunk.max_keys;
     context.causal = false;
     DCP_RETURN_IF_ERROR(device_.DenseMha(context));
-    DCP_RETURN_IF_ERROR(device_.MergeStates({out_ctx, lse_ctx, out_chunk, lse_chunk, out_ctx,
-                                             lse_ctx, static_cast<int>(tp), hl, dv}));
+    if (!first) {
+      DCP_RETURN_IF_ERROR(device_.MergeStates({out_ctx, lse_ctx, out_chunk, lse_chunk, out_ctx,
+                                               lse_ctx, static_cast<int>(tp), hl, dv}));
+    }
     timer.End(&ForwardStats::attention_s);
     if (stats) stats->flops += chunk.flops;
   }

@@ -78,8 +78,7 @@ class DenseRoute {
   std::vector<ChunkSteps> chunks_;
   // Host copies of the cu_seqlens arrays (the kernels check them without a copy back).
   std::vector<int32_t> cu_q_host_, cu_k_host_;
-  ScratchBuffer cu_seqlens_q_, local_slots_, reorganize_index_, cu_seqlens_k_, empty_lse_;
-  size_t empty_lse_count_ = 0;  // -inf values held by empty_lse_
+  ScratchBuffer cu_seqlens_q_, local_slots_, reorganize_index_, cu_seqlens_k_;
   ScratchBuffer q_, kv_new_;
   ScratchBuffer out_new_, lse_new_, out_context_, lse_context_, out_chunk_, lse_chunk_;
   ScratchBuffer chunk_rows_, kv_chunk_;
