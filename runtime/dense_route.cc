@@ -72,6 +72,20 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
     chunks_.push_back(steps);
   }
   const size_t out_count = size_t(tp) * hl * dv, lse_count = size_t(tp) * hl;
+  // The whole context in one chunk: each prefill's rows [context | new] (see dense_route.h).
+  fused_ = chunks_.size() == 1;
+  if (fused_) {
+    DCP_RETURN_IF_ERROR(PrepareFused(plan.chunks.front(), reorganize, cu_k));
+    DCP_RETURN_IF_ERROR(Upload(device_, local_slots_, local_slots).status());
+    DCP_RETURN_IF_ERROR(Upload(device_, reorganize_index_, reorganize).status());
+    DCP_RETURN_IF_ERROR(Upload(device_, cu_seqlens_k_, cu_k).status());
+    const int64_t rows = chunks_.front().num_keys + tp;
+    DCP_RETURN_IF_ERROR(chunk_rows_.Reserve(device_, size_t(rows) * width * element).status());
+    DCP_RETURN_IF_ERROR(
+        kv_chunk_.Reserve(device_, size_t(rows) * hl * kv_width * element).status());
+    DCP_RETURN_IF_ERROR(q_.Reserve(device_, size_t(tp) * hl * qk * element).status());
+    return projections_.Prepare(rows);
+  }
   if (!chunks_.empty()) {
     DCP_RETURN_IF_ERROR(Upload(device_, local_slots_, local_slots).status());
     DCP_RETURN_IF_ERROR(Upload(device_, reorganize_index_, reorganize).status());
@@ -98,8 +112,50 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
   return projections_.Prepare(std::max(tp, max_chunk_keys_));
 }
 
+absl::Status DenseRoute::PrepareFused(const ContextChunk& chunk, std::vector<int32_t>& reorganize,
+                                      std::vector<int32_t>& cu_k) {
+  const int64_t tp = num_tokens_;
+  const std::vector<int32_t>& cu_q = cu_q_host_;
+  // Prefill p's context length (its keys in the one chunk: positions [0, context)) and its
+  // first row in the [context | new] layout.
+  std::vector<int64_t> context(num_prefills_, 0);
+  for (const ChunkSegment& segment : chunk.segments) {
+    context[segment.request] = std::max(context[segment.request], segment.end);
+  }
+  std::vector<int32_t> fused_cu(num_prefills_ + 1, 0);
+  max_fused_keys_ = 0;
+  for (int p = 0; p < num_prefills_; ++p) {
+    const int64_t keys = context[p] + (cu_q[p + 1] - cu_q[p]);
+    fused_cu[p + 1] = static_cast<int32_t>(fused_cu[p] + keys);
+    max_fused_keys_ = std::max<int>(max_fused_keys_, static_cast<int>(keys));
+  }
+  if (int64_t{fused_cu.back()} != chunk.num_keys + tp) {
+    return DCP_ERROR(Internal, "DenseRoute: the one chunk holds %d keys for %d contexts",
+                     chunk.num_keys, fused_cu.back() - tp);
+  }
+  // The reorganize map over [context | new] rows: a context key where the chunk's map put it,
+  // -1 (a zero row, overwritten by the scatter of the fresh rows) where a new token goes.
+  std::vector<int32_t> fused(static_cast<size_t>(fused_cu.back()), -1);
+  for (const ChunkSegment& segment : chunk.segments) {
+    for (int64_t g = segment.begin; g < segment.end; ++g) {
+      fused[fused_cu[segment.request] + g] = reorganize[segment.key_offset + g - segment.begin];
+    }
+  }
+  std::vector<int32_t> new_rows(static_cast<size_t>(tp));
+  for (int p = 0; p < num_prefills_; ++p) {
+    for (int32_t i = cu_q[p]; i < cu_q[p + 1]; ++i) {
+      new_rows[i] = static_cast<int32_t>(fused_cu[p] + context[p] + (i - cu_q[p]));
+    }
+  }
+  DCP_RETURN_IF_ERROR(Upload(device_, new_rows_index_, new_rows).status());
+  reorganize = std::move(fused);
+  cu_k = std::move(fused_cu);
+  return absl::OkStatus();
+}
+
 absl::Status DenseRoute::ChunkKeys(const KvCacheView& cache, const ChunkSteps& chunk, void* kv,
-                                   StepStats* stats) {
+                                   StepStats* stats, const void* new_rows,
+                                   absl::Span<const RowCopy> also) {
   const int world = comm_.world_size(), hl = projections_.heads();
   const int width = model_.latent_width();
   const DType storage = device_.storage_dtype();
@@ -131,15 +187,17 @@ absl::Status DenseRoute::ChunkKeys(const KvCacheView& cache, const ChunkSteps& c
     comm_timer.End(&ForwardStats::all_gather_comm_s);
     if (stats) stats->all_gather_bytes += local_rows * moved_bytes * world;
   }
-  // Reorganize into per-request rows in global order (fp8: dequantized to the storage dtype).
-  DCP_ASSIGN_OR_RETURN(void* rows, chunk_rows_.Get(size_t(chunk.num_keys) * width * element));
+  // Reorganize into per-request rows in global order (fp8: dequantized to the storage dtype);
+  // one chunk: [context | new] per prefill, the new rows zero until the scatter below.
+  const int64_t num_rows = fused_ ? chunk.num_keys + num_tokens_ : chunk.num_keys;
+  DCP_ASSIGN_OR_RETURN(void* rows, chunk_rows_.Get(size_t(num_rows) * width * element));
   if (fp8) {
     Fp8DsMlaGatherParams p;
     p.cache = static_cast<const uint8_t*>(static_cast<const void*>(gathered_region));
     p.index = reorganize_index_.as<int32_t>() + chunk.index_offset;
     p.dst = rows;
     p.dst_dtype = storage;
-    p.num_rows = chunk.num_keys;
+    p.num_rows = num_rows;
     p.num_src_rows = local_rows * world;
     p.cache_row_bytes = fp8_ds_mla::kRowBytes;
     p.dst_row_stride = width;
@@ -147,19 +205,79 @@ absl::Status DenseRoute::ChunkKeys(const KvCacheView& cache, const ChunkSteps& c
   } else {
     DCP_RETURN_IF_ERROR(device_.GatherRows({gathered_region,
                                             reorganize_index_.as<int32_t>() + chunk.index_offset,
-                                            rows, storage, chunk.num_keys, local_rows * world,
+                                            rows, storage, num_rows, local_rows * world,
                                             width, width, width}));
+  }
+  if (new_rows != nullptr) {  // the new tokens' fresh latent rows after their context
+    DCP_RETURN_IF_ERROR(device_.ScatterRows({new_rows, new_rows_index_.as<int32_t>(), rows,
+                                             storage, num_tokens_, num_rows, width, width,
+                                             width}));
   }
   timer.End(&ForwardStats::gather_s);
 
   timer.Restart();
-  DCP_RETURN_IF_ERROR(projections_.UpProject(rows, chunk.num_keys, kv));
+  DCP_RETURN_IF_ERROR(projections_.UpProject(rows, num_rows, kv, also));
   timer.End(&ForwardStats::up_projection_s);
   if (stats) {
     stats->num_context_rows += chunk.num_keys;
-    stats->flops += 2.0 * double(chunk.num_keys) * hl * model_.kv_lora_rank *
+    stats->flops += 2.0 * double(num_rows) * hl * model_.kv_lora_rank *
                     (model_.qk_nope_head_dim + model_.v_head_dim);
   }
+  return absl::OkStatus();
+}
+
+DenseMhaParams DenseRoute::QueryParams(const void* q) const {
+  const ModelDims& m = model_;
+  const int hl = projections_.heads(), qk = m.qk_head_dim(), dv = m.v_head_dim;
+  const int kv_width = MlaProjections::KvWidth(m);
+  DenseMhaParams p;
+  p.q = q;
+  p.dtype = device_.storage_dtype();
+  p.num_seqs = num_prefills_;
+  p.num_heads = hl;
+  p.qk_dim = qk;
+  p.v_dim = dv;
+  p.max_seqlen_q = max_query_len_;
+  p.q_token_stride = int64_t{hl} * qk;
+  p.q_head_stride = qk;
+  p.k_token_stride = int64_t{hl} * kv_width;
+  p.k_head_stride = kv_width;
+  p.v_token_stride = int64_t{hl} * kv_width;
+  p.v_head_stride = kv_width;
+  p.out_token_stride = int64_t{hl} * dv;
+  p.out_head_stride = dv;
+  p.lse_token_stride = hl;
+  p.scale = scale_;
+  p.cu_seqlens_q = cu_seqlens_q_.as<int32_t>();
+  p.host_cu_seqlens_q = cu_q_host_.data();
+  return p;
+}
+
+absl::Status DenseRoute::RunFused(const KvCacheView& cache, const DenseRouteInputs& in,
+                                  const RouteOutputs& outputs, void* q,
+                                  absl::Span<const RowCopy> query_copies, StepStats* stats) {
+  const int hl = projections_.heads(), qk = model_.qk_head_dim();
+  const int kv_width = MlaProjections::KvWidth(model_);
+  const size_t element = dtype_size(device_.storage_dtype());
+  const ChunkSteps& chunk = chunks_.front();
+  const int64_t rows = chunk.num_keys + num_tokens_;
+  // Every prefill's keys [context | new], up-projected with the queries' assembly beside.
+  DCP_ASSIGN_OR_RETURN(void* kv, kv_chunk_.Get(size_t(rows) * hl * kv_width * element));
+  DCP_RETURN_IF_ERROR(ChunkKeys(cache, chunk, kv, stats, in.kv_new, query_copies));
+  PhaseTimer timer(stats);
+  DenseMhaParams attention = QueryParams(q);
+  attention.k = kv;
+  attention.v = static_cast<std::byte*>(kv) + size_t(qk) * element;
+  attention.out = outputs.out;
+  attention.out_dtype = outputs.out_dtype;
+  attention.lse = outputs.lse;
+  attention.cu_seqlens_k = cu_seqlens_k_.as<int32_t>();
+  attention.host_cu_seqlens_k = cu_k_host_.data();
+  attention.max_seqlen_k = max_fused_keys_;
+  attention.causal = true;  // bottom-right: the new tokens come after their context
+  DCP_RETURN_IF_ERROR(device_.DenseMha(attention));
+  timer.End(&ForwardStats::attention_s);
+  if (stats) stats->flops += causal_flops_ + chunk.flops;
   return absl::OkStatus();
 }
 
@@ -192,6 +310,7 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
   q_nope_copy.src_row_stride = dn;
   q_nope_copy.dst_row_stride = qk;
   const RowCopy query_copies[] = {q_rope_copy, q_nope_copy};
+  if (fused_) return RunFused(cache, in, outputs, q, query_copies, stats);
   // The new tokens' K/V from their latent rows: kv [tp, Hl, Dr + Dn + Dv].
   DCP_ASSIGN_OR_RETURN(void* kv_new, kv_new_.Get(size_t(tp) * hl * kv_width * element));
   DCP_RETURN_IF_ERROR(projections_.UpProject(in.kv_new, tp, kv_new, query_copies));
@@ -202,26 +321,7 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
     return static_cast<std::byte*>(kv) + size_t(qk) * element;
   };
 
-  DenseMhaParams base;
-  base.q = q;
-  base.dtype = storage;
-  base.num_seqs = num_prefills_;
-  base.num_heads = hl;
-  base.qk_dim = qk;
-  base.v_dim = dv;
-  base.max_seqlen_q = max_query_len_;
-  base.q_token_stride = int64_t{hl} * qk;
-  base.q_head_stride = qk;
-  base.k_token_stride = int64_t{hl} * kv_width;
-  base.k_head_stride = kv_width;
-  base.v_token_stride = int64_t{hl} * kv_width;
-  base.v_head_stride = kv_width;
-  base.out_token_stride = int64_t{hl} * dv;
-  base.out_head_stride = dv;
-  base.lse_token_stride = hl;
-  base.scale = scale_;
-  base.cu_seqlens_q = cu_seqlens_q_.as<int32_t>();
-  base.host_cu_seqlens_q = cu_q_host_.data();
+  DenseMhaParams base = QueryParams(q);
 
   const bool has_context = !chunks_.empty();
   const size_t out_count = size_t(tp) * hl * dv, lse_count = size_t(tp) * hl;

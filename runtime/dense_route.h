@@ -2,6 +2,10 @@
 // attend causally to themselves; the cached context streams through the chunked-prefill
 // workspace chunk by chunk (gather this rank's rows, all-gather, reorganize into global order,
 // up-project, non-causal attention), each chunk merged by LSE, and the two halves merged last.
+// When the whole context is one chunk (the common case) the reorganize leaves each prefill
+// room for its new tokens' fresh latent rows right after its context, one up-projection makes
+// every prefill's keys [context | new] contiguous, and one bottom-right causal DenseMha writes
+// the caller's out and lse: no second attention launch, no LSE merge, no fp32 states.
 //
 // Prepare (host, once per step) computes every chunk's index arrays and uploads them, and sizes
 // the buffers; Run (per layer) only launches kernels and collectives.
@@ -11,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "collectives/communicator.h"
 #include "core/kv_layout.h"
 #include "runtime/config.h"
@@ -22,6 +27,7 @@
 #include "runtime/route_outputs.h"
 #include "runtime/scratch.h"
 #include "runtime/step.h"
+#include "workspace/chunk_plan.h"
 
 namespace dcp {
 
@@ -58,9 +64,21 @@ class DenseRoute {
     double flops = 0;
   };
   // Keys of one context chunk, up-projected: kv [num_keys, Hl, Dr + Dn + Dv] (UpProject's
-  // layout).
+  // layout). One chunk (fused_): kv [num_keys + Tp, ...], every prefill's context keys then its
+  // new tokens' keys from new_rows (the fresh latent rows), and UpProject also does `also`.
   absl::Status ChunkKeys(const KvCacheView& cache, const ChunkSteps& chunk, void* kv,
-                         StepStats* stats);
+                         StepStats* stats, const void* new_rows = nullptr,
+                         absl::Span<const RowCopy> also = {});
+  // The one-chunk case's maps (Prepare): `reorganize` and `cu_k`, the chunk's, become the
+  // [context | new] ones; the new tokens' rows go to new_rows_index_.
+  absl::Status PrepareFused(const ContextChunk& chunk, std::vector<int32_t>& reorganize,
+                            std::vector<int32_t>& cu_k);
+  // DenseMha's parameters of the prefills' queries q (strides of q, the kv buffers and out).
+  DenseMhaParams QueryParams(const void* q) const;
+  // One attention launch over [context | new] for the one-chunk case (see the top).
+  absl::Status RunFused(const KvCacheView& cache, const DenseRouteInputs& in,
+                        const RouteOutputs& outputs, void* q,
+                        absl::Span<const RowCopy> query_copies, StepStats* stats);
 
   Device& device_;
   Communicator& comm_;
@@ -76,6 +94,12 @@ class DenseRoute {
   int64_t local_rows_ = 0, max_chunk_keys_ = 0;
   double causal_flops_ = 0;
   std::vector<ChunkSteps> chunks_;
+  // One chunk: its reorganize map covers [num_keys + Tp] rows (-1, a zero row, where the new
+  // tokens go), new_rows_index_ places the Tp fresh rows, cu_seqlens_k_ is per prefill
+  // [context | new], max_fused_keys_ the longest.
+  bool fused_ = false;
+  int max_fused_keys_ = 0;
+  ScratchBuffer new_rows_index_;
   // Host copies of the cu_seqlens arrays (the kernels check them without a copy back).
   std::vector<int32_t> cu_q_host_, cu_k_host_;
   ScratchBuffer cu_seqlens_q_, local_slots_, reorganize_index_, cu_seqlens_k_;
