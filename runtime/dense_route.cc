@@ -2,12 +2,27 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 
 #include "core/status.h"
 #include "workspace/chunk_plan.h"
 
 namespace dcp {
+namespace {
+
+// DCP_DENSE_CHUNKED=1: the one-chunk case takes the chunked path too (new tokens and context
+// apart, merged by LSE), for comparisons and as the equivalence tests' second path.
+bool ForceChunkedPath() {
+  static const bool forced = [] {
+    const char* value = std::getenv("DCP_DENSE_CHUNKED");
+    return value != nullptr && std::string_view(value) == "1";
+  }();
+  return forced;
+}
+
+}  // namespace
 
 absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
   const int hl = projections_.heads(), qk = model_.qk_head_dim(), dv = model_.v_head_dim;
@@ -73,7 +88,7 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
   }
   const size_t out_count = size_t(tp) * hl * dv, lse_count = size_t(tp) * hl;
   // The whole context in one chunk: each prefill's rows [context | new] (see dense_route.h).
-  fused_ = chunks_.size() == 1;
+  fused_ = chunks_.size() == 1 && !ForceChunkedPath();
   if (fused_) {
     DCP_RETURN_IF_ERROR(PrepareFused(plan.chunks.front(), reorganize, cu_k));
     DCP_RETURN_IF_ERROR(Upload(device_, local_slots_, local_slots).status());
