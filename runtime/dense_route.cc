@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
-#include <limits>
 #include <string_view>
 
 #include "core/status.h"
@@ -89,11 +88,13 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
   const size_t out_count = size_t(tp) * hl * dv, lse_count = size_t(tp) * hl;
   // The whole context in one chunk: each prefill's rows [context | new] (see dense_route.h).
   fused_ = chunks_.size() == 1 && !ForceChunkedPath();
-  if (fused_) {
-    DCP_RETURN_IF_ERROR(PrepareFused(plan.chunks.front(), reorganize, cu_k));
+  if (fused_) DCP_RETURN_IF_ERROR(PrepareFused(plan.chunks.front(), reorganize, cu_k));
+  if (!chunks_.empty()) {
     DCP_RETURN_IF_ERROR(Upload(device_, local_slots_, local_slots).status());
     DCP_RETURN_IF_ERROR(Upload(device_, reorganize_index_, reorganize).status());
     DCP_RETURN_IF_ERROR(Upload(device_, cu_seqlens_k_, cu_k).status());
+  }
+  if (fused_) {
     const int64_t rows = chunks_.front().num_keys + tp;
     DCP_RETURN_IF_ERROR(chunk_rows_.Reserve(device_, size_t(rows) * width * element).status());
     DCP_RETURN_IF_ERROR(
@@ -102,9 +103,6 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
     return projections_.Prepare(rows);
   }
   if (!chunks_.empty()) {
-    DCP_RETURN_IF_ERROR(Upload(device_, local_slots_, local_slots).status());
-    DCP_RETURN_IF_ERROR(Upload(device_, reorganize_index_, reorganize).status());
-    DCP_RETURN_IF_ERROR(Upload(device_, cu_seqlens_k_, cu_k).status());
     // The first chunk writes the context's (out, lse) itself; a chunk after it writes its own
     // and is merged in.
     for (ScratchBuffer* b : {&out_new_, &out_context_}) {
@@ -305,7 +303,6 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
   const size_t element = dtype_size(storage);
   const int64_t tp = num_tokens_;
   if (tp == 0) return absl::OkStatus();
-  PhaseTimer timer(stats);
 
   // Queries [tp, Hl, Dr + Dn] = [q_rope | q_nope] of the prefill tokens: the head dims in the
   // order of UpProject's keys [k_pe | k_nope] (a dot product does not care about the order).
@@ -326,6 +323,7 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
   q_nope_copy.dst_row_stride = qk;
   const RowCopy query_copies[] = {q_rope_copy, q_nope_copy};
   if (fused_) return RunFused(cache, in, outputs, q, query_copies, stats);
+  PhaseTimer timer(stats);
   // The new tokens' K/V from their latent rows: kv [tp, Hl, Dr + Dn + Dv].
   DCP_ASSIGN_OR_RETURN(void* kv_new, kv_new_.Get(size_t(tp) * hl * kv_width * element));
   DCP_RETURN_IF_ERROR(projections_.UpProject(in.kv_new, tp, kv_new, query_copies));

@@ -58,7 +58,7 @@ struct MqaCase {
   float rope_ramp = 0.f;
   // Non-empty: added to that rope value, block_rope[(k / 64) % size] for the row at position k
   // (6.66 log2 units of score per unit, as above): jumps between the two blocks of a pair, which
-  // the wgmma kernel's two consumer warpgroups score against references of their own.
+  // the wgmma kernel's two consumer warpgroups score one each.
   std::vector<float> block_rope;
 };
 
