@@ -122,6 +122,11 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
   }
   DCP_RETURN_IF_ERROR(q_.Reserve(device_, size_t(tp) * hl * qk * element).status());
   DCP_RETURN_IF_ERROR(kv_new_.Reserve(device_, size_t(tp) * hl * kv_width * element).status());
+  // The GEMM algorithm of every up-projection this step runs (a no-op for a size class seen).
+  DCP_RETURN_IF_ERROR(projections_.TuneUpProject(tp));
+  for (const ChunkSteps& chunk : chunks_) {
+    DCP_RETURN_IF_ERROR(projections_.TuneUpProject(chunk.num_keys));
+  }
   return projections_.Prepare(std::max(tp, max_chunk_keys_));
 }
 

@@ -93,6 +93,14 @@ class Device {
                                size_t count) = 0;
 
   virtual absl::Status Gemm(const GemmParams& params) = 0;
+  // At plan time (host; may wait for the device and allocate, once per shape class): lets the
+  // device choose its algorithm for later Gemm calls of this shape (params' pointers are
+  // ignored). CUDA ranks time cuBLASLt's candidates (attention/cuda/gemm_tuner.h); the CPU
+  // has nothing to choose.
+  virtual absl::Status PrepareGemm(const GemmParams& params) {
+    (void)params;
+    return absl::OkStatus();
+  }
   // Whether Gemm takes this mix of dtypes at this shape and alignment (the CPU takes every
   // F32/BF16 mix; CUDA takes A F32 with B BF16, and an A merged from split partials
   // (GemmParams::merge_a), only on its small-M kernel). Sizes are not

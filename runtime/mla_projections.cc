@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <vector>
@@ -13,7 +14,25 @@ namespace dcp {
 absl::Status MlaProjections::Prepare(int64_t max_rows) {
   DCP_CHECK_ARG(max_rows >= 0, "UpProject rows %d must be >= 0", max_rows);
   broadcast_rows_ = std::max(broadcast_rows_, max_rows * heads_);
-  return absl::OkStatus();
+  return TuneUpProject(max_rows);
+}
+
+absl::Status MlaProjections::TuneUpProject(int64_t rows) {
+  if (rows <= 0) return absl::OkStatus();
+  return device_.PrepareGemm(UpProjectGemm(nullptr, rows, nullptr));
+}
+
+GemmParams MlaProjections::UpProjectGemm(const void* rows, int64_t n, void* kv) const {
+  const int dn = model_.qk_nope_head_dim, dr = model_.qk_rope_head_dim, dv = model_.v_head_dim;
+  const int kv_width = KvWidth(model_);
+  // kv[:, :, Dr:]. For TuneUpProject kv is null and nope the bare offset: the tuner reads only
+  // an address's alignment, and kv itself is a scratch allocation (256-byte aligned).
+  void* nope = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(kv) +
+                                       uintptr_t(dr) * dtype_size(storage_));
+  // [k_nope | v][t][h] = w_kv_b[h] kv_c[t]: per head [n, R] x [R, Dn + Dv] (w_kv_b[h] stored
+  // [Dn + Dv, R]), one batched GEMM into kv[t][h][Dr:].
+  return HeadGemmParams({rows, model_.latent_width(), 0, w_kv_b_, true, nope, storage_,
+                         int64_t{heads_} * kv_width, kv_width, n, dn + dv, model_.kv_lora_rank});
 }
 
 GemmParams MlaProjections::HeadGemmParams(const HeadGemmArgs& g) const {
@@ -75,10 +94,7 @@ absl::Status MlaProjections::UpProject(const void* rows, int64_t n, void* kv,
                 "UpProject: %d extra copies, at most %d", also.size(),
                 CopyRowsParams::kMaxCopies - 1);
   if (w_kv_b_ != nullptr) {
-    // [k_nope | v][t][h] = w_kv_b[h] kv_c[t]: per head [n, R] x [R, Dn + Dv] (w_kv_b[h] stored
-    // [Dn + Dv, R]), one batched GEMM.
-    DCP_RETURN_IF_ERROR(
-        HeadGemm({rows, width, 0, w_kv_b_, true, nope, storage_, ldc, kv_width, n, dn + dv, r}));
+    DCP_RETURN_IF_ERROR(device_.Gemm(UpProjectGemm(rows, n, kv)));
   } else {
     // k_nope[t][h] = w_uk[h] @ kv_c[t]: per head [n, R] x [R, Dn] (w_uk[h] stored [Dn, R]).
     DCP_RETURN_IF_ERROR(

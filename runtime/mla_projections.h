@@ -24,8 +24,13 @@ class MlaProjections {
   MlaProjections(Device& device, const ModelDims& model, int heads)
       : device_(device), model_(model), heads_(heads), storage_(device.storage_dtype()) {}
 
-  // At plan time: UpProject will see at most `max_rows` rows.
+  // At plan time: UpProject will see at most `max_rows` rows (and the device chooses the GEMM
+  // algorithm for that many, TuneUpProject).
   absl::Status Prepare(int64_t max_rows);
+  // At plan time: lets the device choose its algorithm for an UpProject of `rows` rows
+  // (Device::PrepareGemm; the one-GEMM form of a bound w_kv_b, which every in-tree caller
+  // binds). Once per shape class; may wait for the device the first time.
+  absl::Status TuneUpProject(int64_t rows);
   // The layer's weights: w_uk [Hl, Dn, R], w_uv [Hl, R, Dv], storage dtype, on the device;
   // w_kv_b (optional, may be null) the same weights as vLLM's kv_b_proj holds them (see
   // CombineKvB): UpProject then runs one GEMM instead of two.
@@ -89,6 +94,8 @@ class MlaProjections {
     int64_t m;
     int n, k;
   };
+  // UpProject's one GEMM (w_kv_b bound): [rows, R] x [R, Dn + Dv] per head into kv[:, :, Dr:].
+  GemmParams UpProjectGemm(const void* rows, int64_t n, void* kv) const;
   // `side`: a byte copy done by the same call (GemmParams::SideCopy); none by default.
   absl::Status HeadGemm(const HeadGemmArgs& args, const GemmParams::SideCopy& side = {});
   GemmParams HeadGemmParams(const HeadGemmArgs& args) const;

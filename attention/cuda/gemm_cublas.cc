@@ -6,6 +6,7 @@
 
 #include "attention/cuda/cublas_status.h"
 #include "attention/cuda/gemm_small_m.h"
+#include "attention/cuda/gemm_tuner.h"
 #include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
@@ -92,7 +93,7 @@ SmallMKernel SmallMKernelFor(const GemmParams& p) {
 
 bool SmallMGemmEnabled() { return SmallMChoice() != SmallMKernel::kNone; }
 
-const char* GemmKernelName(const GemmParams& p) {
+const char* GemmKernelName(const GemmParams& p, const GemmTuner* tuner) {
   switch (SmallMKernelFor(p)) {
     case SmallMKernel::kTensorCore:
       return "small_m_tc";
@@ -101,7 +102,7 @@ const char* GemmKernelName(const GemmParams& p) {
     case SmallMKernel::kNone:
       break;
   }
-  return "cublas";
+  return tuner != nullptr && tuner->Takes(p) ? "cublaslt" : "cublas";
 }
 
 namespace {
@@ -116,7 +117,8 @@ bool GemmSupports(const GemmParams& p) {
   return p.a_dtype == DType::kF32 && p.b_dtype == DType::kBF16 && TakesSmallM(p);
 }
 
-absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream) {
+absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream,
+                  GemmTuner* tuner) {
   DCP_RETURN_IF_ERROR(CheckParams(p));
   switch (SmallMKernelFor(p)) {
     case SmallMKernel::kTensorCore:
@@ -126,7 +128,15 @@ absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t strea
     case SmallMKernel::kNone:
       break;
   }
-  return GemmCublas(handle, p, stream);
+  if (tuner == nullptr || !tuner->Takes(p) || p.a_dtype != p.b_dtype) {
+    return GemmCublas(handle, p, stream);
+  }
+  DCP_RETURN_IF_ERROR(SideCopyAsync(p.side, stream));
+  DCP_ASSIGN_OR_RETURN(const bool ran, tuner->TryRun(p, stream));
+  if (ran) return absl::OkStatus();
+  GemmParams rest = p;  // the side copy is done
+  rest.side = {};
+  return GemmCublas(handle, rest, stream);
 }
 
 absl::Status GemmCublas(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream) {

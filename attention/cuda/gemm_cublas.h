@@ -14,14 +14,18 @@
 
 namespace dcp::cuda {
 
+class GemmTuner;
+
 // `handle` must be bound to `stream` by the caller (cublasSetStream) or is bound here.
 // Shapes a small-M kernel takes (gemm_small_m.h: BF16 weights, m <= kSmallMGemmDispatchMaxM
 // rows per batch entry: the 1-token decode projections) run there, in one launch with the side
 // copy and no cuBLAS call; everything else goes to cuBLAS, the side copy then a copy of its
 // own. The environment picks the small-M kernel, read once per process: DCP_SMALL_M_GEMM=simt
 // (the default: CUDA cores, m <= kSmallMGemmDispatchMaxM), tc (tensor cores, m <=
-// kSmallMTcGemmMaxM) or off (DCP_NO_SMALL_M_GEMM=1 too): switches for measuring.
-absl::Status Gemm(cublasHandle_t handle, const GemmParams& params, cudaStream_t stream);
+// kSmallMTcGemmMaxM) or off (DCP_NO_SMALL_M_GEMM=1 too): switches for measuring. With a
+// `tuner` (gemm_tuner.h), a shape class it has tuned runs the cuBLASLt algorithm it chose.
+absl::Status Gemm(cublasHandle_t handle, const GemmParams& params, cudaStream_t stream,
+                  GemmTuner* tuner = nullptr);
 
 // Always cuBLAS (the peer the small-M kernel is measured against).
 absl::Status GemmCublas(cublasHandle_t handle, const GemmParams& params, cudaStream_t stream);
@@ -30,8 +34,9 @@ absl::Status GemmCublas(cublasHandle_t handle, const GemmParams& params, cudaStr
 // DCP_NO_SMALL_M_GEMM set).
 bool SmallMGemmEnabled();
 
-// The kernel Gemm takes for these params: "small_m", "small_m_tc" or "cublas" (tests, logs).
-const char* GemmKernelName(const GemmParams& params);
+// The kernel Gemm takes for these params: "small_m", "small_m_tc", "cublaslt" (the tuner's
+// choice) or "cublas" (tests, logs).
+const char* GemmKernelName(const GemmParams& params, const GemmTuner* tuner = nullptr);
 
 // Whether Gemm takes these dtypes: A and B of one dtype always; A F32 with B BF16 (o_lat
 // straight from the attention's fp32 output, no conversion launch) only where the small-M

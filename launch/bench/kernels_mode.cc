@@ -478,8 +478,26 @@ absl::Status KernelBench::MeasureAttention(const BatchShape& shape, int heads) {
       p.ldb = dv, p.stride_b = int64_t{r} * dv;
       p.ldc = int64_t{heads} * dv, p.stride_c = dv;
     }
+    if (name != "gemm_up_kv") {
+      DCP_RETURN_IF_ERROR(Measure(
+          row, prepared, nullptr, [&] { return device.Gemm(p); }, nullptr));
+      continue;
+    }
+    // The up-projection as the dense route runs it (its class tuned at plan time:
+    // Device::PrepareGemm), and beside it cuBLAS's default algorithm on CUDA ranks.
+    const absl::Status tuned = prepared.ok() ? device.PrepareGemm(p) : prepared;
     DCP_RETURN_IF_ERROR(Measure(
-        row, prepared, nullptr, [&] { return device.Gemm(p); }, nullptr));
+        row, tuned, nullptr, [&] { return device.Gemm(p); }, nullptr));
+#if DCP_WITH_CUDA
+    if (auto* cuda_device = dynamic_cast<CudaDevice*>(&device); cuda_device != nullptr) {
+      KernelRow fallback = row;
+      fallback.kernel = "gemm_up_kv_default";
+      DCP_RETURN_IF_ERROR(Measure(
+          fallback, prepared, nullptr,
+          [&] { return cuda::GemmCublas(cuda_device->cublas(), p, cuda_device->stream()); },
+          nullptr));
+    }
+#endif
   }
 
   // The dense route's one copy launch (Device::CopyRows): q [T, H, Dr + Dn] = [q_rope | q_nope]

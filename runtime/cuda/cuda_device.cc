@@ -60,6 +60,7 @@ CudaDevice::~CudaDevice() {
   }
   if (topk_host_record_ != nullptr) cudaFreeHost(topk_host_record_);
   if (mqa_workspace_ != nullptr) cudaFree(mqa_workspace_);
+  gemm_tuner_.reset();  // uses the cuBLAS handle
   cublasDestroy(cublas_);
   cudaStreamDestroy(own_stream_);
 }

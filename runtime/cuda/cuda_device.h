@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "attention/cuda/cudnn/cudnn_sdpa.h"
+#include "attention/cuda/gemm_tuner.h"
 
 #include "absl/status/statusor.h"
 #include "runtime/cuda/pinned_staging.h"
@@ -75,6 +76,8 @@ class CudaDevice final : public Device {
                        size_t count) override;
 
   absl::Status Gemm(const GemmParams& params) override;
+  // Tunes the shape class on the bound stream (waits for it): cuda::GemmTuner.
+  absl::Status PrepareGemm(const GemmParams& params) override;
   bool GemmSupports(const GemmParams& params) const override;
   absl::Status DenseMha(const DenseMhaParams& params) override;
   absl::Status SparseMqa(const SparseMqaParams& params) override;
@@ -108,6 +111,7 @@ class CudaDevice final : public Device {
  private:
   CudaDevice(int ordinal, cudaStream_t stream, cublasHandle_t cublas)
       : ordinal_(ordinal), own_stream_(stream), stream_(stream), cublas_(cublas),
+        gemm_tuner_(std::make_unique<cuda::GemmTuner>(cublas, cuda::GemmTuner::FromEnvironment())),
         sync_uploads_(SyncUploadsRequested()) {}
   static bool SyncUploadsRequested();
   // Makes this device current for the calling thread (cheap when it already is).
@@ -118,6 +122,7 @@ class CudaDevice final : public Device {
   std::vector<cudaEvent_t> marks_;  // RecordMark's events, by slot
   cudaStream_t stream_;      // where calls enqueue: own_stream_ or the caller's (SetStream)
   cublasHandle_t cublas_;
+  std::unique_ptr<cuda::GemmTuner> gemm_tuner_;  // PrepareGemm's choices, used by Gemm
   void* topk_record_ = nullptr;  // device scratch of the top-k check, allocated on first use
   void* topk_host_record_ = nullptr;   // pinned copy of it (BeginValidateTopk), first use
   cudaEvent_t topk_verdict_ = nullptr;  // behind that copy; recorded by BeginValidateTopk

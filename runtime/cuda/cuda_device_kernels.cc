@@ -8,6 +8,7 @@
 #include "attention/cuda/cudnn/dense_backend_table.h"
 #include "attention/cuda/dense_mha.h"
 #include "attention/cuda/gemm_cublas.h"
+#include "attention/cuda/gemm_tuner.h"
 #include "attention/cuda/merge_states.h"
 #include "attention/cuda/sparse_mqa.h"
 #include "attention/cuda/topk_to_slots.h"
@@ -89,7 +90,12 @@ absl::Status CudaDevice::Convert(void* dst, DType dst_dtype, const void* src, DT
 
 absl::Status CudaDevice::Gemm(const GemmParams& params) {
   DCP_RETURN_IF_ERROR(Activate());
-  return cuda::Gemm(cublas_, params, stream_);
+  return cuda::Gemm(cublas_, params, stream_, gemm_tuner_.get());
+}
+
+absl::Status CudaDevice::PrepareGemm(const GemmParams& params) {
+  DCP_RETURN_IF_ERROR(Activate());
+  return gemm_tuner_->Tune(params, stream_);
 }
 
 bool CudaDevice::GemmSupports(const GemmParams& params) const {
