@@ -79,7 +79,12 @@ struct TuneSession {
                                 cudaStream_t stream) {
     void* base = nullptr;
     const int64_t total = bytes + offset;
-    DCP_CUDA_CHECK(cudaMalloc(&base, size_t(total)));
+    const cudaError_t allocated = cudaMalloc(&base, size_t(total));
+    if (allocated == cudaErrorMemoryAllocation) {  // the caller keeps the default
+      cudaGetLastError();
+      return nullptr;
+    }
+    DCP_CUDA_CHECK(allocated);
     buffers.push_back(base);
     // One MiB of random values from the host, doubled on the device until the buffer is full.
     const int64_t pattern = std::min<int64_t>(total, int64_t{1} << 20);
@@ -230,10 +235,18 @@ int GemmTuner::lt_classes() const {
       std::count_if(classes_.begin(), classes_.end(), [](const auto& c) { return c.second->lt; }));
 }
 
-absl::Status GemmTuner::EnsureWorkspace() {
+absl::StatusOr<bool> GemmTuner::EnsureWorkspace() {
   if (lt_ == nullptr) DCP_CUBLAS_CHECK(cublasLtCreate(&lt_));
-  if (workspace_ == nullptr) DCP_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
-  return absl::OkStatus();
+  if (workspace_ == nullptr) {
+    const cudaError_t allocated = cudaMalloc(&workspace_, kWorkspaceBytes);
+    if (allocated == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      workspace_ = nullptr;
+      return false;
+    }
+    DCP_CUDA_CHECK(allocated);
+  }
+  return true;
 }
 
 absl::Status GemmTuner::Tune(const GemmParams& shape, cudaStream_t stream) {
@@ -247,7 +260,11 @@ absl::Status GemmTuner::Tune(const GemmParams& shape, cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   DCP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) return absl::OkStatus();
-  DCP_RETURN_IF_ERROR(EnsureWorkspace());
+  DCP_ASSIGN_OR_RETURN(const bool room, EnsureWorkspace());
+  if (!room) {
+    classes_.emplace(key, std::make_unique<Choice>());
+    return absl::OkStatus();
+  }
 
   // The class's m (a power of two), fewer rows while the operands would exceed the budget.
   GemmParams p = shape;
@@ -262,6 +279,12 @@ absl::Status GemmTuner::Tune(const GemmParams& shape, cudaStream_t stream) {
   DCP_ASSIGN_OR_RETURN(void* a, session.Operand(bytes.a, offset(p.a), p.a_dtype, 1, stream));
   DCP_ASSIGN_OR_RETURN(void* b, session.Operand(bytes.b, offset(p.b), p.b_dtype, 2, stream));
   DCP_ASSIGN_OR_RETURN(void* c, session.Operand(bytes.c, offset(p.c), p.c_dtype, 3, stream));
+  if (a == nullptr || b == nullptr || c == nullptr) {
+    // No room for the timing operands (an engine's KV cache may hold nearly all the memory):
+    // the class keeps the default rather than failing the plan.
+    classes_.emplace(key, std::make_unique<Choice>());
+    return absl::OkStatus();
+  }
   p.a = a;
   p.b = b;
   p.c = c;

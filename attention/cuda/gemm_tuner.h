@@ -65,7 +65,8 @@ class GemmTuner {
   // caller may pass a null-based address such as 128 for "128 bytes past an allocation"). A
   // no-op for a class already
   // tuned, for m < kMinRows, for a merged A or mixed A/B dtypes, when disabled, and while
-  // `stream` is being captured.
+  // `stream` is being captured. Where the device has no room for the timing operands (up to
+  // kMaxTuneBytes + kWorkspaceBytes) the class keeps the default: not an error.
   absl::Status Tune(const GemmParams& p, cudaStream_t stream);
 
   // Enqueues p's GEMM (checked by the caller, which also does p's side copy; no merged A) with
@@ -89,7 +90,8 @@ class GemmTuner {
   static Key KeyOf(const GemmParams& p);
   static bool Aligned(const GemmParams& p);
   Choice* Find(const GemmParams& p) const;
-  absl::Status EnsureWorkspace();
+  // The cuBLASLt handle and workspace; false when the workspace does not fit in memory.
+  absl::StatusOr<bool> EnsureWorkspace();
 
   cublasHandle_t cublas_;
   Options options_;
