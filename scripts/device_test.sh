@@ -14,7 +14,8 @@
 # (summary, build, ctest, sanitizer, bench, dcp_run logs): the tool returns 8 at most.
 # Environment: DCP_STAGES (default "build test sanitize bench engine run"), DCP_CTEST_ARGS
 # (extra ctest arguments, e.g. "-R cuda"), DCP_JOBS (build jobs, default nproc),
-# DCP_BUILD_TARGETS (ninja targets, default all), DCP_ENGINE_BATCHES, DCP_KERNEL_BATCHES,
+# DCP_BUILD_TARGETS (ninja targets, default all), DCP_ENGINE_BATCHES, DCP_ENGINE_AB (settings
+# to run the engine bench under, one run each: "DCP_GEMM_TUNE=0 DCP_GEMM_TUNE=1"), DCP_KERNEL_BATCHES,
 # DCP_BENCH_ONLY (the kernel bench's --only: kernel name prefixes).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -138,12 +139,20 @@ if has_stage engine; then
   echo "== engine layer bench ($(elapsed))"
   bench="$build/launch/bench/dcp_bench"
   if [ -x "$bench" ]; then
-    timeout 240 mpirun -np 1 "$bench" --mode engine --device cuda --comm nccl --model deepseek_v32 \
-        --heads 16,128 --index_topk 2048 -w 3 -n 50 \
-        --batches "${DCP_ENGINE_BATCHES:-q1s4k,64q1s4k,q1s16k,4q512}" \
-        --csv "$out/engine.csv" >"$out/engine.txt" 2>&1
-    note "engine bench: exit $?"
-    grep -E "^ +[0-9a-z]+ " "$out/engine.txt" | head -20 | tee -a "$summary"
+    # DCP_ENGINE_AB: space-separated VAR=value settings, one run each in this call (an A/B of
+    # a switch, e.g. "DCP_GEMM_TUNE=0 DCP_GEMM_TUNE=1"); empty: one run as the environment is.
+    for setting in ${DCP_ENGINE_AB:-none}; do
+      tag=""
+      [ "$setting" = none ] || tag="_${setting//[^A-Za-z0-9]/_}"
+      # shellcheck disable=SC2046
+      env $([ "$setting" = none ] || echo "$setting") \
+        timeout 240 mpirun -np 1 "$bench" --mode engine --device cuda --comm nccl \
+          --model deepseek_v32 --heads 16,128 --index_topk 2048 -w 3 -n 50 \
+          --batches "${DCP_ENGINE_BATCHES:-q1s4k,64q1s4k,q1s16k,4q512}" \
+          --csv "$out/engine$tag.csv" >"$out/engine$tag.txt" 2>&1
+      note "engine bench${tag:+ ($setting)}: exit $?"
+      grep -E "^ +[0-9a-z]+ " "$out/engine$tag.txt" | head -20 | tee -a "$summary"
+    done
   else
     note "engine bench: dcp_bench not built"
   fi

@@ -381,6 +381,11 @@ absl::StatusOr<bool> GemmTuner::TryRun(const GemmParams& p, cudaStream_t stream)
   Choice* found = Find(p);
   if (found == nullptr || !Aligned(p)) return false;
   Choice& choice = *found;
+  // Layouts per exact m: a serving engine sees many m per class, so the cache starts over
+  // when full (a miss costs three descriptor creations and one host-side algorithm check).
+  if (choice.by_m.size() >= kMaxLayoutsPerClass && choice.by_m.count(p.m) == 0) {
+    choice.by_m.clear();
+  }
   std::unique_ptr<Layouts>& layouts = choice.by_m[p.m];
   if (layouts == nullptr) {
     layouts = std::make_unique<Layouts>();

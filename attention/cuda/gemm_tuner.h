@@ -45,6 +45,7 @@ class GemmTuner {
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's split-K etc.
   static constexpr int kMaxCandidates = 16;
   static constexpr float kMinGain = 0.05f;  // a cuBLASLt candidate must be 5% faster
+  static constexpr size_t kMaxLayoutsPerClass = 256;  // exact m whose layouts are kept
 
   struct Options {
     bool enabled = true;     // false: Tune does nothing (the default: DCP_GEMM_TUNE unset)
