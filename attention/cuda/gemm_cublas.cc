@@ -10,11 +10,12 @@
 #include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
-namespace {
 
-cudaDataType_t CudaType(DType dtype) {
+cudaDataType_t CublasType(DType dtype) {
   return dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
+
+namespace {
 
 absl::Status SideCopyAsync(const GemmParams::SideCopy& side, cudaStream_t stream) {
   if (side.rows == 0 || side.row_bytes == 0) return absl::OkStatus();
@@ -160,8 +161,8 @@ absl::Status GemmCublas(cublasHandle_t handle, const GemmParams& p, cudaStream_t
   const cublasOperation_t op_b = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_a = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   DCP_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      handle, op_b, op_a, p.n, p.m, p.k, &alpha, p.b, CudaType(p.b_dtype), p.ldb, p.stride_b, p.a,
-      CudaType(p.a_dtype), p.lda, p.stride_a, &beta, p.c, CudaType(p.c_dtype), p.ldc, p.stride_c,
+      handle, op_b, op_a, p.n, p.m, p.k, &alpha, p.b, CublasType(p.b_dtype), p.ldb, p.stride_b, p.a,
+      CublasType(p.a_dtype), p.lda, p.stride_a, &beta, p.c, CublasType(p.c_dtype), p.ldc, p.stride_c,
       p.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return absl::OkStatus();
 }

@@ -27,6 +27,9 @@ class GemmTuner;
 absl::Status Gemm(cublasHandle_t handle, const GemmParams& params, cudaStream_t stream,
                   GemmTuner* tuner = nullptr);
 
+// cuBLAS's data type of a GEMM operand's dtype (BF16 or F32).
+cudaDataType_t CublasType(DType dtype);
+
 // Always cuBLAS (the peer the small-M kernel is measured against).
 absl::Status GemmCublas(cublasHandle_t handle, const GemmParams& params, cudaStream_t stream);
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attention/cuda/cublas_status.h"
+#include "attention/cuda/gemm_cublas.h"
 #include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
@@ -25,10 +26,6 @@ int64_t AlignmentOf(const void* pointer, int64_t stride_bytes) {
   const uint64_t bits = (reinterpret_cast<uintptr_t>(pointer) | uint64_t(stride_bytes)) %
                         uint64_t(kMaxAlignment);
   return bits == 0 ? kMaxAlignment : int64_t(bits & (~bits + 1));
-}
-
-cudaDataType_t CudaType(DType dtype) {
-  return dtype == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
 // Elements a row-major operand spans over the batch: rows x cols with leading dimension ld.
@@ -63,11 +60,11 @@ Alignments AlignmentsOf(const GemmParams& p) {
           AlignmentOf(p.c, p.stride_c * int64_t(dtype_size(p.c_dtype)))};
 }
 
-// The events and the device memory of one timing session, released on every path.
-struct TuneSession {
+// The events and the device memory of one tuning pass, released on every path.
+struct TuningScratch {
   cudaEvent_t start = nullptr, stop = nullptr;
   std::vector<void*> buffers;
-  ~TuneSession() {
+  ~TuningScratch() {
     if (start != nullptr) cudaEventDestroy(start);
     if (stop != nullptr) cudaEventDestroy(stop);
     for (void* b : buffers) cudaFree(b);
@@ -154,7 +151,7 @@ absl::Status CreateDesc(const GemmParams& p, cublasLtMatmulDesc_t* desc) {
 
 absl::Status CreateLayout(cublasLtMatrixLayout_t* layout, DType dtype, int64_t rows, int64_t cols,
                           int64_t ld, int batch, int64_t stride) {
-  DCP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(layout, CudaType(dtype), uint64_t(rows),
+  DCP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(layout, CublasType(dtype), uint64_t(rows),
                                               uint64_t(cols), ld));
   if (batch > 1) {
     DCP_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
@@ -271,14 +268,14 @@ absl::Status GemmTuner::Tune(const GemmParams& shape, cudaStream_t stream) {
   p.m = std::get<0>(key);
   p.side = {};
   while (p.m > kMinRows && OperandBytes(p).total() > int64_t(kMaxTuneBytes)) p.m /= 2;
-  TuneSession session;
+  TuningScratch scratch;
   const Operands bytes = OperandBytes(p);
   const auto offset = [](const void* pointer) {
     return int64_t(reinterpret_cast<uintptr_t>(pointer) % uint64_t(kMaxAlignment));
   };
-  DCP_ASSIGN_OR_RETURN(void* a, session.Operand(bytes.a, offset(p.a), p.a_dtype, 1, stream));
-  DCP_ASSIGN_OR_RETURN(void* b, session.Operand(bytes.b, offset(p.b), p.b_dtype, 2, stream));
-  DCP_ASSIGN_OR_RETURN(void* c, session.Operand(bytes.c, offset(p.c), p.c_dtype, 3, stream));
+  DCP_ASSIGN_OR_RETURN(void* a, scratch.Operand(bytes.a, offset(p.a), p.a_dtype, 1, stream));
+  DCP_ASSIGN_OR_RETURN(void* b, scratch.Operand(bytes.b, offset(p.b), p.b_dtype, 2, stream));
+  DCP_ASSIGN_OR_RETURN(void* c, scratch.Operand(bytes.c, offset(p.c), p.c_dtype, 3, stream));
   if (a == nullptr || b == nullptr || c == nullptr) {
     // No room for the timing operands (an engine's KV cache may hold nearly all the memory):
     // the class keeps the default rather than failing the plan.
@@ -288,40 +285,35 @@ absl::Status GemmTuner::Tune(const GemmParams& shape, cudaStream_t stream) {
   p.a = a;
   p.b = b;
   p.c = c;
-  DCP_CUDA_CHECK(cudaEventCreate(&session.start));
-  DCP_CUDA_CHECK(cudaEventCreate(&session.stop));
+  DCP_CUDA_CHECK(cudaEventCreate(&scratch.start));
+  DCP_CUDA_CHECK(cudaEventCreate(&scratch.stop));
 
   // Microseconds a launch of `run` takes: the median of 7 launches timed one by one after 3
-  // warm-up launches. A launch that fails (a candidate the shape does not suit after all) is
-  // +inf.
+  // warm-up launches. A launch that fails (`run` returns false: a candidate the shape does not
+  // suit after all) is +inf.
   const auto time = [&](auto run) -> absl::StatusOr<float> {
     constexpr int kWarmup = 3, kTimed = 7;
     for (int i = 0; i < kWarmup; ++i) {
-      if (run() != CUBLAS_STATUS_SUCCESS) return 1e30f;
+      if (!run()) return 1e30f;
     }
     std::vector<float> us(kTimed);
     for (float& each : us) {
-      DCP_CUDA_CHECK(cudaEventRecord(session.start, stream));
-      if (run() != CUBLAS_STATUS_SUCCESS) return 1e30f;
-      DCP_CUDA_CHECK(cudaEventRecord(session.stop, stream));
-      DCP_CUDA_CHECK(cudaEventSynchronize(session.stop));
+      DCP_CUDA_CHECK(cudaEventRecord(scratch.start, stream));
+      if (!run()) return 1e30f;
+      DCP_CUDA_CHECK(cudaEventRecord(scratch.stop, stream));
+      DCP_CUDA_CHECK(cudaEventSynchronize(scratch.stop));
       float ms = 0;
-      DCP_CUDA_CHECK(cudaEventElapsedTime(&ms, session.start, session.stop));
+      DCP_CUDA_CHECK(cudaEventElapsedTime(&ms, scratch.start, scratch.stop));
       each = ms * 1e3f;
     }
     std::nth_element(us.begin(), us.begin() + kTimed / 2, us.end());
     return us[kTimed / 2];
   };
 
-  const float alpha = 1.0f, beta = 0.0f;
-  DCP_CUBLAS_CHECK(cublasSetStream(cublas_, stream));
-  DCP_ASSIGN_OR_RETURN(const float default_us, time([&] {
-    return cublasGemmStridedBatchedEx(
-        cublas_, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-        p.n, p.m, p.k, &alpha, p.b, CudaType(p.b_dtype), p.ldb, p.stride_b, p.a,
-        CudaType(p.a_dtype), p.lda, p.stride_a, &beta, p.c, CudaType(p.c_dtype), p.ldc,
-        p.stride_c, p.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  }));
+  p.alpha = 1.0f;
+  p.beta = 0.0f;
+  DCP_ASSIGN_OR_RETURN(const float default_us,
+                       time([&] { return GemmCublas(cublas_, p, stream).ok(); }));
 
   auto choice = std::make_unique<Choice>();
   DCP_RETURN_IF_ERROR(CreateDesc(p, &choice->desc));
@@ -362,9 +354,9 @@ absl::Status GemmTuner::Tune(const GemmParams& shape, cudaStream_t stream) {
       continue;
     }
     DCP_ASSIGN_OR_RETURN(const float us, time([&] {
-      return cublasLtMatmul(lt_, choice->desc, &alpha, p.b, layouts.a, p.a, layouts.b, &beta, p.c,
-                            layouts.c, p.c, layouts.c, &results[i].algo, workspace_,
-                            kWorkspaceBytes, stream);
+      return cublasLtMatmul(lt_, choice->desc, &p.alpha, p.b, layouts.a, p.a, layouts.b, &p.beta,
+                            p.c, layouts.c, p.c, layouts.c, &results[i].algo, workspace_,
+                            kWorkspaceBytes, stream) == CUBLAS_STATUS_SUCCESS;
     }));
     if (us < best_us) {
       best_us = us;
