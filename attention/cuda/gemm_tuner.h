@@ -20,6 +20,10 @@
 // TryRun returns false and the caller runs cuBLAS's default: the same result up to the
 // summation order of an fp32 accumulation.
 //
+// The choice comes from timings, so two processes (or two ranks) may choose differently for one
+// class: their results agree to the rounding of an fp32 accumulation in another order, not bit
+// for bit (a user who needs bitwise run-to-run equality keeps the tuner off).
+//
 // Opt-in while it is measured: DCP_GEMM_TUNE=1 in the environment turns the tuner on for the
 // CUDA devices of the process (otherwise Tune does nothing and every GEMM keeps the default).
 #pragma once
