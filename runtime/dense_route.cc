@@ -100,6 +100,7 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
     DCP_RETURN_IF_ERROR(
         kv_chunk_.Reserve(device_, size_t(rows) * hl * kv_width * element).status());
     DCP_RETURN_IF_ERROR(q_.Reserve(device_, size_t(tp) * hl * qk * element).status());
+    DCP_RETURN_IF_ERROR(projections_.TuneUpProject(rows));
     return projections_.Prepare(rows);
   }
   if (!chunks_.empty()) {

@@ -14,7 +14,7 @@ namespace dcp {
 absl::Status MlaProjections::Prepare(int64_t max_rows) {
   DCP_CHECK_ARG(max_rows >= 0, "UpProject rows %d must be >= 0", max_rows);
   broadcast_rows_ = std::max(broadcast_rows_, max_rows * heads_);
-  return TuneUpProject(max_rows);
+  return absl::OkStatus();
 }
 
 absl::Status MlaProjections::TuneUpProject(int64_t rows) {

@@ -24,8 +24,7 @@ class MlaProjections {
   MlaProjections(Device& device, const ModelDims& model, int heads)
       : device_(device), model_(model), heads_(heads), storage_(device.storage_dtype()) {}
 
-  // At plan time: UpProject will see at most `max_rows` rows (and the device chooses the GEMM
-  // algorithm for that many, TuneUpProject).
+  // At plan time: UpProject will see at most `max_rows` rows.
   absl::Status Prepare(int64_t max_rows);
   // At plan time: lets the device choose its algorithm for an UpProject of `rows` rows
   // (Device::PrepareGemm; the one-GEMM form of a bound w_kv_b, which every in-tree caller

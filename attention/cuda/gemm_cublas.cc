@@ -129,7 +129,7 @@ absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t strea
     case SmallMKernel::kNone:
       break;
   }
-  if (tuner == nullptr || !tuner->Takes(p) || p.a_dtype != p.b_dtype) {
+  if (tuner == nullptr || !tuner->Takes(p)) {  // no class of mixed A/B dtypes is ever tuned
     return GemmCublas(handle, p, stream);
   }
   DCP_RETURN_IF_ERROR(SideCopyAsync(p.side, stream));
