@@ -178,7 +178,7 @@ absl::Status CreateLayouts(const GemmParams& p, cublasLtMatrixLayout_t* lt_a,
 GemmTuner::Options GemmTuner::FromEnvironment() {
   Options options;
   const char* value = std::getenv("DCP_GEMM_TUNE");
-  options.enabled = value != nullptr && std::string_view(value) == "1";
+  options.enabled = value == nullptr || std::string_view(value) != "0";
   return options;
 }
 

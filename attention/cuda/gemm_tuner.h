@@ -24,8 +24,10 @@
 // class: their results agree to the rounding of an fp32 accumulation in another order, not bit
 // for bit (a user who needs bitwise run-to-run equality keeps the tuner off).
 //
-// Opt-in while it is measured: DCP_GEMM_TUNE=1 in the environment turns the tuner on for the
-// CUDA devices of the process (otherwise Tune does nothing and every GEMM keeps the default).
+// On by default (the dense route's layer measured 1-5% faster with it, every shape, H200):
+// DCP_GEMM_TUNE=0 in the environment turns it off for the CUDA devices of the process (Tune then
+// does nothing and every GEMM keeps cuBLAS's default: bitwise repeatable across processes).
+// The first plan of a new shape class waits for the timing (tens of milliseconds).
 #pragma once
 
 #include <cublasLt.h>
@@ -52,7 +54,7 @@ class GemmTuner {
   static constexpr size_t kMaxLayoutsPerClass = 256;  // exact m whose layouts are kept
 
   struct Options {
-    bool enabled = true;     // false: Tune does nothing (the default: DCP_GEMM_TUNE unset)
+    bool enabled = true;     // false: Tune does nothing (DCP_GEMM_TUNE=0)
     bool force_lt = false;   // tests: keep the fastest cuBLASLt candidate even if the default wins
   };
   // Options from the environment (DCP_GEMM_TUNE).
