@@ -17,6 +17,8 @@ namespace dcp {
 // trans_b). Batch strides of A and B may be 0 (the same matrix for every b). BLAS rules:
 // beta == 0 means C is not read (NaN in it does not survive); k == 0 gives C = beta * C;
 // m, n or batch == 0 is a no-op. C must not overlap A or B.
+struct TopkToSlotsParams;
+
 struct GemmParams {
   const void* a = nullptr;  // A of dtype a_dtype, leading dimension lda, batch stride stride_a
   const void* b = nullptr;  // B of dtype b_dtype
@@ -53,6 +55,12 @@ struct GemmParams {
     float* lse = nullptr;             // [m, batch], row stride lse_ld
     int64_t lse_ld = 0;
   } merge_a;
+  // Optional: a top-k -> slots step (TopkToSlotsParams) done by the same call, independent of
+  // the GEMM (the sparse route computes its slots with the absorb). Where the device runs it
+  // inside the GEMM's launch, beside the GEMM's blocks (Device::GemmOverlapsSlots: the CUDA
+  // small-M kernel, compacting form), the two overlap without a second stream; elsewhere it
+  // runs first, in stream order. Its outputs must not overlap A, B or C. null: none.
+  const TopkToSlotsParams* side_slots = nullptr;
 };
 
 // Dense multi-head attention over packed variable-length sequences (the prefill backend).

@@ -74,7 +74,10 @@ class CpuDevice final : public Device {
                      dtype_name(dst_dtype));
   }
 
-  absl::Status Gemm(const GemmParams& p) override { return cpu::Gemm(p); }
+  absl::Status Gemm(const GemmParams& p) override {
+    if (p.side_slots != nullptr) DCP_RETURN_IF_ERROR(cpu::TopkToSlots(*p.side_slots));
+    return cpu::Gemm(p);
+  }
   absl::Status DenseMha(const DenseMhaParams& p) override { return cpu::DenseMha(p); }
   absl::Status SparseMqa(const SparseMqaParams& p) override { return cpu::SparseMqa(p); }
   absl::Status MergeStates(const MergeStatesParams& p) override { return cpu::MergeStates(p); }

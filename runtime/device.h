@@ -108,6 +108,13 @@ class Device {
   virtual bool GemmSupports(const GemmParams& params) const {
     return params.merge_a.splits <= 1;
   }
+  // Whether Gemm runs params.side_slots (the top-k -> slots step) inside the GEMM's own launch,
+  // overlapping the two (CUDA: the 1-token decode absorb); every device takes side_slots, the
+  // others running the step first, in stream order.
+  virtual bool GemmOverlapsSlots(const GemmParams& params) const {
+    (void)params;
+    return false;
+  }
   virtual absl::Status DenseMha(const DenseMhaParams& params) = 0;
   virtual absl::Status SparseMqa(const SparseMqaParams& params) = 0;
   // Bytes of SparseMqaParams::workspace (split-KV partials) a launch of these sizes uses; 0 when

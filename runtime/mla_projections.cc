@@ -56,14 +56,12 @@ GemmParams MlaProjections::HeadGemmParams(const HeadGemmArgs& g) const {
   return p;
 }
 
-absl::Status MlaProjections::HeadGemm(const HeadGemmArgs& g, const GemmParams::SideCopy& side) {
-  GemmParams p = HeadGemmParams(g);
-  p.side = side;
-  return device_.Gemm(p);
+absl::Status MlaProjections::HeadGemm(const HeadGemmArgs& g) {
+  return device_.Gemm(HeadGemmParams(g));
 }
 
-absl::Status MlaProjections::Absorb(const void* q_nope, const void* q_rope, int64_t tx,
-                                    void* q_latent) {
+GemmParams MlaProjections::AbsorbGemm(const void* q_nope, const void* q_rope, int64_t tx,
+                                      void* q_latent) const {
   const int hl = heads_, r = model_.kv_lora_rank, dn = model_.qk_nope_head_dim;
   const int dr = model_.qk_rope_head_dim, width = model_.latent_width();
   const size_t element = dtype_size(storage_);
@@ -75,8 +73,24 @@ absl::Status MlaProjections::Absorb(const void* q_nope, const void* q_rope, int6
   rope.dst_pitch = int64_t(width) * element;
   rope.src_pitch = rope.row_bytes = int64_t(dr) * element;
   rope.rows = tx * hl;
-  return HeadGemm({q_nope, int64_t{hl} * dn, dn, w_uk_, false, q_latent, storage_,
-                   int64_t{hl} * width, width, tx, r, dn}, rope);
+  GemmParams p = HeadGemmParams({q_nope, int64_t{hl} * dn, dn, w_uk_, false, q_latent, storage_,
+                                 int64_t{hl} * width, width, tx, r, dn});
+  p.side = rope;
+  return p;
+}
+
+absl::Status MlaProjections::Absorb(const void* q_nope, const void* q_rope, int64_t tx,
+                                    void* q_latent, const TopkToSlotsParams* slots) {
+  GemmParams p = AbsorbGemm(q_nope, q_rope, tx, q_latent);
+  p.side_slots = slots;
+  return device_.Gemm(p);
+}
+
+bool MlaProjections::AbsorbOverlapsSlots(const void* q_nope, const void* q_rope, int64_t tx,
+                                         void* q_latent, const TopkToSlotsParams& slots) const {
+  GemmParams p = AbsorbGemm(q_nope, q_rope, tx, q_latent);
+  p.side_slots = &slots;
+  return device_.GemmOverlapsSlots(p);
 }
 
 absl::Status MlaProjections::UpProject(const void* rows, int64_t n, void* kv,

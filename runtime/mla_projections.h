@@ -45,9 +45,15 @@ class MlaProjections {
   static absl::StatusOr<Buffer> CombineKvB(Device& device, const ModelDims& model, int heads,
                                            const void* w_uk, const void* w_uv);
 
-  // q_nope [T, Hl, Dn], q_rope [T, Hl, Dr] -> q_latent [T, Hl, R + Dr].
-  absl::Status Absorb(const void* q_nope, const void* q_rope, int64_t num_tokens,
-                      void* q_latent);
+  // q_nope [T, Hl, Dn], q_rope [T, Hl, Dr] -> q_latent [T, Hl, R + Dr]. With `slots`, the
+  // sparse route's top-k -> slots step goes with the GEMM (GemmParams::side_slots): inside its
+  // launch where AbsorbOverlapsSlots says so, else first, in stream order.
+  absl::Status Absorb(const void* q_nope, const void* q_rope, int64_t num_tokens, void* q_latent,
+                      const TopkToSlotsParams* slots = nullptr);
+  // Whether Absorb with these arguments runs `slots` inside the GEMM's own launch, overlapping
+  // the two (Device::GemmOverlapsSlots: the CUDA ranks' one-token decode).
+  bool AbsorbOverlapsSlots(const void* q_nope, const void* q_rope, int64_t num_tokens,
+                           void* q_latent, const TopkToSlotsParams& slots) const;
   // rows [n, R + Dr] -> kv [n, Hl, Dr + Dn + Dv]: per head [k_pe | k_nope | v], the layout the
   // dense attention reads: k = kv[:, :, :Dr + Dn] (rope dims first: the queries are built as
   // [q_rope | q_nope]), v = kv[:, :, Dr + Dn:]. With w_kv_b bound, one GEMM batched over the
@@ -96,8 +102,10 @@ class MlaProjections {
   // UpProject's one GEMM (w_kv_b bound): [rows, R] x [R, Dn + Dv] per head into kv[:, :, Dr:].
   GemmParams UpProjectGemm(const void* rows, int64_t n, void* kv) const;
   // `side`: a byte copy done by the same call (GemmParams::SideCopy); none by default.
-  absl::Status HeadGemm(const HeadGemmArgs& args, const GemmParams::SideCopy& side = {});
+  absl::Status HeadGemm(const HeadGemmArgs& args);
   GemmParams HeadGemmParams(const HeadGemmArgs& args) const;
+  GemmParams AbsorbGemm(const void* q_nope, const void* q_rope, int64_t num_tokens,
+                        void* q_latent) const;
 
   Device& device_;
   ModelDims model_;

@@ -129,9 +129,10 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
 
   // Top-k positions -> this rank's valid slots, compacted per token, and their counts: the
   // kernel walks only the keys this rank holds. It depends on neither the absorb nor the
-  // all-gather below, so it runs beside them on the device's side stream (joined before the
-  // attention kernel): at one decode token it is ~6 us of latency that was on the layer's
-  // critical path.
+  // all-gather below, so it runs beside them: inside the absorb's launch where the device
+  // can (the one-token decode on CUDA ranks, eager or captured), else on the device's side
+  // stream (joined before the attention kernel). At one decode token it is ~6 us of latency
+  // that was on the layer's critical path.
   DCP_ASSIGN_OR_RETURN(void* slots_data, slots_.Get((size_t(tx) * topk_width + tx) * 4));
   auto* slots = static_cast<int32_t*>(slots_data);
   int32_t* valid_counts = slots + size_t(tx) * topk_width;
@@ -142,14 +143,19 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
                                 nullptr, static_cast<int>(tx), topk_width, num_requests_,
                                 max_blocks_, layout_.world_size, layout_.interleave, rank_,
                                 block_size_, slots, valid_counts};
-  DCP_RETURN_IF_ERROR(device_.BeginSide());
-  const absl::Status slotted = device_.TopkToSlots(slot_params);
-  DCP_RETURN_IF_ERROR(device_.EndSide());
-  DCP_RETURN_IF_ERROR(slotted);
   // Absorb: q'[t][h], [tx, Hl, R + Dr].
   const size_t q_latent_count = size_t(tx) * hl * width;
   DCP_ASSIGN_OR_RETURN(void* q_latent, q_latent_.Get(q_latent_count * element));
-  DCP_RETURN_IF_ERROR(projections_.Absorb(in.q_nope, in.q_rope, tx, q_latent));
+  const bool slots_in_absorb =
+      projections_.AbsorbOverlapsSlots(in.q_nope, in.q_rope, tx, q_latent, slot_params);
+  if (!slots_in_absorb) {
+    DCP_RETURN_IF_ERROR(device_.BeginSide());
+    const absl::Status slotted = device_.TopkToSlots(slot_params);
+    DCP_RETURN_IF_ERROR(device_.EndSide());
+    DCP_RETURN_IF_ERROR(slotted);
+  }
+  DCP_RETURN_IF_ERROR(projections_.Absorb(in.q_nope, in.q_rope, tx, q_latent,
+                                          slots_in_absorb ? &slot_params : nullptr));
   timer.End(&ForwardStats::up_projection_s);
 
   // All-gather q' along heads: [W, tx, Hl, R + Dr], block q holds rank q's heads. One rank

@@ -7,6 +7,7 @@
 #include "attention/cuda/cublas_status.h"
 #include "attention/cuda/gemm_small_m.h"
 #include "attention/cuda/gemm_tuner.h"
+#include "attention/cuda/topk_to_slots.h"
 #include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
@@ -118,9 +119,19 @@ bool GemmSupports(const GemmParams& p) {
   return p.a_dtype == DType::kF32 && p.b_dtype == DType::kBF16 && TakesSmallM(p);
 }
 
+bool GemmOverlapsSlots(const GemmParams& p) {
+  return SmallMKernelFor(p) == SmallMKernel::kSimt && SmallMGemmTakesSlots(p);
+}
+
 absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream,
                   GemmTuner* tuner) {
   DCP_RETURN_IF_ERROR(CheckParams(p));
+  if (p.side_slots != nullptr && !GemmOverlapsSlots(p)) {
+    DCP_RETURN_IF_ERROR(TopkToSlots(*p.side_slots, stream));  // first, in stream order
+    GemmParams rest = p;
+    rest.side_slots = nullptr;
+    return Gemm(handle, rest, stream, tuner);
+  }
   switch (SmallMKernelFor(p)) {
     case SmallMKernel::kTensorCore:
       return GemmSmallMTc(p, stream);
@@ -151,6 +162,7 @@ absl::Status GemmCublas(cublasHandle_t handle, const GemmParams& p, cudaStream_t
                 "Gemm (cuBLAS): an A merged from %d split partials is taken by the small-M kernel "
                 "only (m <= %d, B stored [K, N]; GemmSupports)",
                 p.merge_a.splits, kSmallMGemmDispatchMaxM);
+  if (p.side_slots != nullptr) DCP_RETURN_IF_ERROR(TopkToSlots(*p.side_slots, stream));
   DCP_RETURN_IF_ERROR(SideCopyAsync(p.side, stream));
   if (p.m == 0 || p.n == 0 || p.batch == 0) return absl::OkStatus();
   // BLAS rules, which cuBLAS follows: beta == 0 never reads C; k == 0 gives C = beta * C.

@@ -24,6 +24,7 @@ class GemmTuner;
 // (the default: CUDA cores, m <= kSmallMGemmDispatchMaxM), tc (tensor cores, m <=
 // kSmallMTcGemmMaxM) or off (DCP_NO_SMALL_M_GEMM=1 too): switches for measuring. With a
 // `tuner` (gemm_tuner.h), a shape class it has tuned runs the cuBLASLt algorithm it chose.
+// GemmParams::side_slots: see GemmOverlapsSlots.
 absl::Status Gemm(cublasHandle_t handle, const GemmParams& params, cudaStream_t stream,
                   GemmTuner* tuner = nullptr);
 
@@ -45,5 +46,10 @@ const char* GemmKernelName(const GemmParams& params, const GemmTuner* tuner = nu
 // straight from the attention's fp32 output, no conversion launch) only where the small-M
 // kernel runs (GemmKernelName is not "cublas").
 bool GemmSupports(const GemmParams& params);
+
+// Whether Gemm runs params.side_slots inside the GEMM's own launch (the small-M kernel,
+// SmallMGemmTakesSlots), overlapping the two; every entry point here takes side_slots, the
+// others running the step first as a launch of its own.
+bool GemmOverlapsSlots(const GemmParams& params);
 
 }  // namespace dcp::cuda

@@ -3,6 +3,7 @@
 
 #include "attention/cuda/gemm_small_m.h"
 #include "attention/cuda/gemm_small_m_kernel.cuh"
+#include "attention/cuda/topk_to_slots.h"
 #include "core/cuda/cuda_status.h"
 #include "core/cuda/programmatic_launch.h"
 #include "core/status.h"
@@ -35,6 +36,18 @@ int ColumnThreads(const GemmParams& p) {
     threads *= 2;
   }
   return threads;
+}
+
+// Blocks of the [K, N] kernel along a row of the grid (one per column tile).
+int KnTiles(const GemmParams& p) {
+  const int columns = ColumnThreads(p) * 8;
+  return (p.n + columns - 1) / columns;
+}
+
+// Rows of top-k -> slots blocks the launch gets for p.side_slots (one block a token).
+int SlotRows(const GemmParams& p) {
+  const int tiles = KnTiles(p);
+  return (p.side_slots->num_tokens + tiles - 1) / tiles;
 }
 
 int64_t SharedBytes(const GemmParams& p) {
@@ -102,6 +115,13 @@ bool SmallMGemmFits(const GemmParams& p) {
   return SharedBytes(p) <= kMaxSharedBytes;
 }
 
+bool SmallMGemmTakesSlots(const GemmParams& p) {
+  const TopkToSlotsParams* slots = p.side_slots;
+  return slots != nullptr && slots->valid_slots != nullptr && slots->num_tokens > 0 &&
+         slots->topk_width > 0 && !p.trans_b && p.merge_a.splits <= 1 && SmallMGemmFits(p) &&
+         int64_t{p.batch} + SlotRows(p) <= 65535;
+}
+
 absl::Status GemmSmallM(const GemmParams& p, cudaStream_t stream) {
   DCP_CHECK_ARG(SmallMGemmFits(p),
                 "GemmSmallM: params outside the small-M kernel (m %d, n %d, k %d, batch %d, "
@@ -109,6 +129,16 @@ absl::Status GemmSmallM(const GemmParams& p, cudaStream_t stream) {
                 p.m, p.n, p.k, p.batch, dtype_name(p.a_dtype), dtype_name(p.b_dtype),
                 dtype_name(p.c_dtype), p.trans_a, p.trans_b, p.ldb, p.stride_b);
   GemmSmallMArgs args = MakeSmallMArgs(p);
+  if (p.side_slots != nullptr) {
+    DCP_RETURN_IF_ERROR(CheckTopkToSlots(*p.side_slots));
+    if (SmallMGemmTakesSlots(p)) {
+      // The slots blocks leave the trigger to the GEMM's blocks (they exit when done).
+      args.slots = MakeTopkSlotArgs(*p.side_slots, /*trigger_dependents=*/false);
+      args.slot_rows = SlotRows(p);
+    } else {
+      DCP_RETURN_IF_ERROR(TopkToSlots(*p.side_slots, stream));  // first, in stream order
+    }
+  }
   if (p.merge_a.splits > 1) {
     DCP_CHECK_ARG(p.merge_a.part_lse != nullptr && p.merge_a.lse != nullptr,
                   "GemmSmallM: merge_a needs part_lse and lse");
@@ -124,7 +154,7 @@ absl::Status GemmSmallM(const GemmParams& p, cudaStream_t stream) {
   args.col_threads = ColumnThreads(p);
   const int columns = args.col_threads * 8;
   const int tiles = nk ? (p.n + kNkRows - 1) / kNkRows : (p.n + columns - 1) / columns;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.batch));
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.batch + args.slot_rows));
   const int64_t shared = SharedBytes(p);
   switch (RowTile(p.m)) {
     case 1:

@@ -17,7 +17,9 @@
 // 1 <= m <= kSmallMGemmMaxM, k >= 1, C F32 or BF16; B as stored [K, N] (trans_b false: N
 // contiguous, n % 8 == 0) or [N, K] (trans_b true: K contiguous, k % 8 == 0); B 16-byte aligned
 // with ldb and stride_b multiples of 8. A and C have no alignment needs. GemmParams::side (a byte
-// copy) is done by the same launch. cuda::Gemm (gemm_cublas.h) dispatches here when SmallMGemmFits
+// copy) is done by the same launch, and GemmParams::side_slots (the compacting top-k -> slots
+// step) by blocks of the same launch beside the GEMM's where SmallMGemmTakesSlots (the decode
+// absorb: the step and the GEMM overlap without a second stream), else first. cuda::Gemm (gemm_cublas.h) dispatches here when SmallMGemmFits
 // and m <= kSmallMGemmDispatchMaxM; call GemmSmallM directly for other m (tests, benchmarks).
 #pragma once
 
@@ -50,6 +52,11 @@ absl::Status GemmSmallMTc(const GemmParams& params, cudaStream_t stream);
 
 // Whether the small-M kernel takes these params (dtypes, shape, alignment, shared memory).
 bool SmallMGemmFits(const GemmParams& params);
+
+// Whether GemmSmallM runs params.side_slots inside its own launch, in blocks beside the GEMM's
+// (the compacting form with tokens and columns, B stored [K, N], no merged A); otherwise a
+// GEMM entry point runs the step first, as a launch of its own.
+bool SmallMGemmTakesSlots(const GemmParams& params);
 
 // Launches the small-M kernel on `stream`; InvalidArgument when !SmallMGemmFits. On sm_90 it is
 // a programmatic dependent launch: the weights are prefetched into L2 before the previous grid

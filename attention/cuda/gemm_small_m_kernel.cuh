@@ -16,6 +16,9 @@
 //   threads. Warp w owns rows n = tile * 32 + 4 w + r (r < 4); lane l reads k = 8 l + 256 i of
 //   each, chunk i + 1 loaded while chunk i is used (chunk 0 before A is ready); every (row, m)
 //   dot product is summed over the warp by shuffles.
+// Slots blocks (GemmParams::side_slots, [K, N] kernel): the grid's first slot_rows rows compact
+//   one token's top-k row each (TopkToSlotsCompactRow, after griddepcontrol.wait) and exit; the
+//   GEMM's blocks are the rows after them, so the step runs beside the weight stream.
 // Launched as a programmatic dependent (sm_90): before griddepcontrol.wait only B is touched,
 // loaded into registers or prefetched into L2 (weights are never written by the stream); A, C
 // and the side copy only after it.
@@ -28,6 +31,7 @@
 #include <cstdint>
 
 #include "attention/attention_params.h"
+#include "attention/cuda/topk_to_slots_kernel.cuh"
 #include "core/cuda/programmatic_launch.h"
 
 namespace dcp::cuda {
@@ -63,7 +67,13 @@ struct GemmSmallMArgs {
   const float* merge_part_lse;  // [splits, m, batch]
   float* merge_lse;             // [m, batch], row stride merge_lse_ld; written by block x 0
   int64_t merge_lse_ld;
+  // Top-k -> slots beside the GEMM (GemmParams::side_slots, compacting form; [K, N] kernel):
+  // the grid's first slot_rows rows of blocks are the step's, block (x, y) compacting token
+  // y * gridDim.x + x (TopkToSlotsCompactRow); the GEMM's heads are rows slot_rows.. .
+  TopkSlotArgs slots;
+  int slot_rows;
 };
+static_assert(kSmallMThreads == kCompactThreads, "a slots block is a GEMM block");
 
 // The kernels' arguments from a GemmParams: operands, dtypes, sizes, strides, scalars and the
 // side copy (both launchers, gemm_small_m.cu and gemm_small_m_tc.cu; the merge of split
@@ -132,11 +142,12 @@ __device__ __forceinline__ void StoreC(const GemmSmallMArgs& p, int64_t index, f
   }
 }
 
-// The side copy, spread over every thread of the grid.
+// The side copy, spread over every thread of the GEMM's blocks (rows slot_rows.. of the grid).
 __device__ __forceinline__ void SideCopy(const GemmSmallMArgs& p) {
   if (p.side_rows == 0) return;
-  const int64_t thread = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t threads = int64_t(gridDim.x) * gridDim.y * blockDim.x;
+  const int64_t thread =
+      (int64_t(blockIdx.y - p.slot_rows) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = int64_t(gridDim.x) * (gridDim.y - p.slot_rows) * blockDim.x;
   const int64_t unit = p.side_vector ? 16 : 1;
   const int64_t per_row = p.side_row_bytes / unit;
   for (int64_t i = thread; i < p.side_rows * per_row; i += threads) {
@@ -192,7 +203,7 @@ template <int MT>
 __device__ __forceinline__ void StageMergedA(const GemmSmallMArgs& p, int head, int64_t a_base,
                                              float* shared) {
   const float* a = static_cast<const float*>(p.a);
-  const int64_t heads = gridDim.y;
+  const int64_t heads = gridDim.y - p.slot_rows;
   const int splits = p.merge_splits, total = MT * p.k;
   for (int i0 = threadIdx.x; i0 < total; i0 += 2 * kSmallMThreads) {
     int m[2], x[2];
@@ -266,9 +277,15 @@ __global__ void __launch_bounds__(kSmallMThreads, kMergeA ? 2 : 1)
   // The merged-A variant preloads half as many weight vectors: its staging holds 2 x 16 split
   // values and LSEs, and two blocks an SM (<= 128 registers) keep the decode shapes one wave.
   constexpr int kPreload = kMergeA ? KnPreload<MT>() / 2 : KnPreload<MT>();
+  if (static_cast<int>(blockIdx.y) < p.slot_rows) {  // a top-k -> slots block
+    const int64_t token = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+    GridDependencyWait();
+    if (token < p.slots.num_tokens) TopkToSlotsCompactRow(p.slots, token);
+    return;
+  }
   extern __shared__ float4 shared_kn[];
   float* shared = reinterpret_cast<float*>(shared_kn);
-  const int head = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int head = blockIdx.y - p.slot_rows, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int col_threads = p.col_threads, columns = col_threads * 8;
   const int groups = kSmallMThreads / col_threads;  // row groups: split of K inside the block
   const int group = warp * (32 / col_threads) + lane / col_threads;

@@ -3,6 +3,7 @@
 
 #include "attention/cuda/gemm_small_m.h"
 #include "attention/cuda/gemm_small_m_tc_kernel.cuh"
+#include "attention/cuda/topk_to_slots.h"
 #include "core/cuda/cuda_status.h"
 #include "core/cuda/programmatic_launch.h"
 #include "core/status.h"
@@ -92,6 +93,7 @@ absl::Status GemmSmallMTc(const GemmParams& p, cudaStream_t stream) {
                 "batch %d, dtypes %s x %s -> %s, trans_a %d, trans_b %d, ldb %d, stride_b %d)",
                 p.m, p.n, p.k, p.batch, dtype_name(p.a_dtype), dtype_name(p.b_dtype),
                 dtype_name(p.c_dtype), p.trans_a, p.trans_b, p.ldb, p.stride_b);
+  if (p.side_slots != nullptr) DCP_RETURN_IF_ERROR(TopkToSlots(*p.side_slots, stream));
   GemmSmallMArgs args = MakeSmallMArgs(p);
   const int per_vector = args.a_f32 ? 4 : 8;  // elements in 16 bytes
   args.a_vector = Aligned(p.a, 16) && p.lda % per_vector == 0 && p.stride_a % per_vector == 0 &&

@@ -16,4 +16,8 @@ namespace dcp::cuda {
 
 absl::Status TopkToSlots(const TopkToSlotsParams& params, cudaStream_t stream);
 
+// TopkToSlots' argument checks alone (sizes, rank, pointers): OK or InvalidArgument. Callers
+// that run the step inside another launch (GemmParams::side_slots) check with it first.
+absl::Status CheckTopkToSlots(const TopkToSlotsParams& params);
+
 }  // namespace dcp::cuda

@@ -1,4 +1,6 @@
-// Thread mapping. Plain form: one thread per (token, k) entry, grid-stride; consecutive threads
+// Top-k -> slots device code (topk_to_slots.cu's kernels; the compacting row is also run by the
+// small-M GEMM's slots blocks, GemmParams::side_slots). Thread mapping. Plain form: one thread
+// per (token, k) entry, grid-stride; consecutive threads
 // take consecutive entries of a token's row, so the topk reads and slot writes are coalesced.
 // Compacting form (valid_slots given): one CTA of 256 threads per token walks its row in
 // chunks of 2048 entries, 8 a thread (below); a ballot per warp and sub-chunk and a prefix over
@@ -11,6 +13,7 @@
 
 #include <cstdint>
 
+#include "attention/attention_params.h"
 #include "core/cuda/programmatic_launch.h"
 
 namespace dcp::cuda {
@@ -26,6 +29,13 @@ struct TopkSlotArgs {
   int num_tokens, width, num_requests, max_blocks, world_size, interleave, rank, block_size;
   bool trigger_dependents;
 };
+
+inline TopkSlotArgs MakeTopkSlotArgs(const TopkToSlotsParams& p, bool trigger_dependents) {
+  return TopkSlotArgs{p.topk,       p.token_request, p.token_position, p.block_tables,
+                      p.slots,      p.valid_slots,   p.valid_counts,   p.num_tokens,
+                      p.topk_width, p.num_requests,  p.max_blocks,     p.world_size,
+                      p.interleave, p.rank,          p.block_size,     trigger_dependents};
+}
 
 __device__ __forceinline__ void TopkSlotsGridDependency(const TopkSlotArgs& a) {
   if (a.trigger_dependents) TriggerDependents();
@@ -60,16 +70,6 @@ __device__ __forceinline__ int64_t TokenOwnPosition(const TopkSlotArgs& a, int64
   return a.token_position == nullptr ? INT64_MAX : a.token_position[token];
 }
 
-__global__ void TopkToSlotsKernel(const TopkSlotArgs a) {
-  TopkSlotsGridDependency(a);
-  const int64_t total = int64_t(a.num_tokens) * a.width;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t token =
-        total <= INT32_MAX ? int64_t(uint32_t(i) / uint32_t(a.width)) : i / a.width;
-    a.slots[i] = TopkPositionSlot(a, a.token_request[token], TokenOwnPosition(a, token), a.topk[i]);
-  }
-}
 
 // The compacting form takes a token's row in chunks of kCompactThreads x kCompactPerThread
 // entries (2048: DeepSeek-V3.2's whole top-k in one): thread t holds entries base + e * 256 + t,
@@ -81,11 +81,12 @@ constexpr int kCompactThreads = 256;
 constexpr int kCompactPerThread = 8;
 constexpr int kCompactChunk = kCompactThreads * kCompactPerThread;
 
-__global__ void __launch_bounds__(kCompactThreads) TopkToSlotsCompactKernel(const TopkSlotArgs a) {
+// One token's row, compacted by a block of kCompactThreads threads (every thread calls it; it
+// ends after a barrier, so a block may call it for several tokens in turn). The caller has
+// waited for the previous grid (griddepcontrol.wait) before.
+__device__ __forceinline__ void TopkToSlotsCompactRow(const TopkSlotArgs& a, int64_t token) {
   constexpr int kWarps = kCompactThreads / 32;
   __shared__ int warp_counts[kCompactPerThread][kWarps];
-  TopkSlotsGridDependency(a);
-  const int64_t token = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const unsigned lanes_below = (1u << lane) - 1;
   const int64_t row = token * a.width;

@@ -79,6 +79,7 @@ class CudaDevice final : public Device {
   // Tunes the shape class on the bound stream (waits for it): cuda::GemmTuner.
   absl::Status PrepareGemm(const GemmParams& params) override;
   bool GemmSupports(const GemmParams& params) const override;
+  bool GemmOverlapsSlots(const GemmParams& params) const override;
   absl::Status DenseMha(const DenseMhaParams& params) override;
   absl::Status SparseMqa(const SparseMqaParams& params) override;
   int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& params) const override;

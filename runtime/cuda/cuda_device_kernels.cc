@@ -102,6 +102,10 @@ bool CudaDevice::GemmSupports(const GemmParams& params) const {
   return cuda::GemmSupports(params);
 }
 
+bool CudaDevice::GemmOverlapsSlots(const GemmParams& params) const {
+  return cuda::GemmOverlapsSlots(params);
+}
+
 absl::Status CudaDevice::DenseMha(const DenseMhaParams& params) {
   DCP_RETURN_IF_ERROR(Activate());
   DenseMhaParams p = params;

@@ -11,6 +11,7 @@
 
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "attention/cuda/gemm_cublas.h"
+#include "attention/cuda/topk_to_slots.h"
 #include "gtest/gtest.h"
 #include "tests/common/gpu_test_util.h"
 
@@ -347,6 +349,115 @@ TEST_F(GemmSmallMTest, SideCopy) {
       for (int x = 0; x < 64; ++x) sum += double(bf16_to_float(a[x])) * bf16_to_float(b[x * 8 + j]);
       EXPECT_NEAR(dc.Download()[j], sum, 1e-4 * (1 + std::abs(sum)));
     }
+  }
+}
+
+// GemmParams::side_slots: the compacting top-k -> slots step run with the GEMM, inside the
+// small-M kernel's launch (slots blocks beside the GEMM's) where it takes it, else first as a
+// launch of its own; either way the slots, the counts, the GEMM and the side copy are all
+// right. Slots are checked against an enumeration written here (world 2, rank 1, interleave 1,
+// block size 1: position 2j + 1 is rank 1's local slot j), the GEMM against float64.
+TEST_F(GemmSmallMTest, SlotsBesideTheGemm) {
+  std::mt19937_64 rng(TestSeed());
+  struct SlotsCase {
+    int tokens, m, n, k, batch;
+    bool trans_b, tensor_core, dispatch;
+    bool fused;  // SmallMGemmTakesSlots expected
+    const char* name;
+  };
+  const SlotsCase cases[] = {
+      {1, 1, 512, 128, 16, false, false, false, true, "absorb-like, one token"},
+      {1, 1, 512, 128, 16, false, false, true, true, "through cuda::Gemm"},
+      {5, 1, 64, 64, 3, false, false, false, true, "more tokens than column tiles"},
+      {3, 1, 64, 64, 3, true, false, false, false, "B stored [N, K]: slots first"},
+      {2, 4, 64, 64, 2, false, false, true, false, "cuBLAS through cuda::Gemm: slots first"},
+      {2, 2, 64, 64, 2, false, true, false, false, "tensor-core kernel: slots first"},
+  };
+  for (const SlotsCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int width = 2048;
+    std::vector<int32_t> topk, want_counts, want_valid;
+    for (int t = 0; t < c.tokens; ++t) {
+      const int wanted = std::uniform_int_distribution<int>(0, width)(rng);
+      std::vector<int32_t> row(width, -1);
+      for (int j = 0; j < wanted; ++j) row[j] = 2 * j + 1;             // rank 1's
+      for (int j = wanted; j < width; j += 2) row[j] = 2 * j;          // rank 0's: dropped
+      std::shuffle(row.begin(), row.end(), rng);
+      std::vector<int32_t> valid;
+      for (int32_t g : row) {
+        if (g >= 0 && g % 2 == 1) valid.push_back(g / 2);
+      }
+      want_counts.push_back(static_cast<int32_t>(valid.size()));
+      valid.resize(width, -1);
+      want_valid.insert(want_valid.end(), valid.begin(), valid.end());
+      topk.insert(topk.end(), row.begin(), row.end());
+    }
+    std::vector<int32_t> tables(2 * width);
+    for (int b = 0; b < 2 * width; ++b) tables[b] = b;
+    const std::vector<int32_t> request(c.tokens, 0), position(c.tokens, 2 * width);
+    // Poisoned with a value no output takes (-1, 0xFF bytes, is one of them).
+    constexpr int32_t kPoison = 0x5a5a5a5a;
+    DeviceArray<int32_t> d_topk(topk), d_req(request), d_pos(position), d_tables(tables),
+        d_valid(std::vector<int32_t>(topk.size(), kPoison)),
+        d_counts(std::vector<int32_t>(c.tokens, kPoison));
+    TopkToSlotsParams slots;
+    slots.topk = d_topk.get(), slots.token_request = d_req.get();
+    slots.token_position = d_pos.get(), slots.block_tables = d_tables.get();
+    slots.valid_slots = d_valid.get(), slots.valid_counts = d_counts.get();
+    slots.num_tokens = c.tokens, slots.topk_width = width, slots.num_requests = 1;
+    slots.max_blocks = 2 * width, slots.world_size = 2, slots.rank = 1;
+
+    // C[h] = A[h] op(B[h]), A [m, k] BF16, C [m, n] F32, and a side copy of 37 rows.
+    const std::vector<bf16> a = ToBf16(RandomFloats(rng, int64_t(c.batch) * c.m * c.k));
+    const std::vector<bf16> b = ToBf16(RandomFloats(rng, int64_t(c.batch) * c.k * c.n));
+    const int rows = 37, row_bytes = 128;
+    std::vector<uint8_t> src(size_t(rows) * row_bytes);
+    for (auto& v : src) v = static_cast<uint8_t>(rng());
+    DeviceArray<bf16> da(a), db(b);
+    DeviceArray<float> dc(size_t(c.batch) * c.m * c.n);
+    std::vector<uint8_t> poison(src.size());
+    for (size_t i = 0; i < src.size(); ++i) poison[i] = src[i] ^ 0x55;  // every byte differs
+    DeviceArray<uint8_t> dsrc(src), ddst(poison);
+    dc.Poison();
+    GemmParams p;
+    p.a = da.get(), p.b = db.get(), p.c = dc.get();
+    p.a_dtype = p.b_dtype = DType::kBF16;
+    p.c_dtype = DType::kF32;
+    p.trans_b = c.trans_b;
+    p.m = c.m, p.n = c.n, p.k = c.k, p.batch = c.batch;
+    p.lda = c.k, p.ldb = c.trans_b ? c.k : c.n, p.ldc = c.n;
+    p.stride_a = int64_t(c.m) * c.k, p.stride_b = int64_t(c.k) * c.n, p.stride_c = int64_t(c.m) * c.n;
+    p.side.dst = ddst.get(), p.side.src = dsrc.get();
+    p.side.dst_pitch = p.side.src_pitch = p.side.row_bytes = row_bytes;
+    p.side.rows = rows;
+    p.side_slots = &slots;
+    EXPECT_EQ(cuda::SmallMGemmTakesSlots(p), c.fused);
+    if (c.dispatch) EXPECT_EQ(cuda::GemmOverlapsSlots(p), c.fused);
+    const absl::Status status = c.dispatch      ? cuda::Gemm(handle_, p, nullptr)
+                                : c.tensor_core ? cuda::GemmSmallMTc(p, nullptr)
+                                                : cuda::GemmSmallM(p, nullptr);
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_EQ(d_counts.Download(), want_counts);
+    EXPECT_EQ(d_valid.Download(), want_valid);
+    EXPECT_EQ(ddst.Download(), src);
+    const std::vector<float> got = dc.Download();
+    int64_t bad = 0;
+    for (int h = 0; h < c.batch; ++h) {
+      for (int i = 0; i < c.m; ++i) {
+        for (int j = 0; j < c.n; ++j) {
+          double sum = 0;
+          for (int x = 0; x < c.k; ++x) {
+            const float bv = bf16_to_float(
+                b[size_t(h) * c.k * c.n + (c.trans_b ? size_t(j) * c.k + x : size_t(x) * c.n + j)]);
+            sum += double(bf16_to_float(a[(size_t(h) * c.m + i) * c.k + x])) * bv;
+          }
+          const float v = got[(size_t(h) * c.m + i) * c.n + j];
+          // fp32 accumulation (cuBLAS: maybe split K) over k <= 128 products of size ~1.
+          if (!(std::abs(v - sum) <= 1e-3 * (1 + std::abs(sum)))) ++bad;
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0);
   }
 }
 
