@@ -120,7 +120,9 @@ bool GemmSupports(const GemmParams& p) {
 }
 
 bool GemmOverlapsSlots(const GemmParams& p) {
-  return SmallMKernelFor(p) == SmallMKernel::kSimt && SmallMGemmTakesSlots(p);
+  // DCP_NO_SLOTS_IN_GEMM=1: the step runs as a launch of its own (A/B measurements).
+  static const bool off = std::getenv("DCP_NO_SLOTS_IN_GEMM") != nullptr;
+  return !off && SmallMKernelFor(p) == SmallMKernel::kSimt && SmallMGemmTakesSlots(p);
 }
 
 absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t stream,

@@ -49,7 +49,8 @@ bool GemmSupports(const GemmParams& params);
 
 // Whether Gemm runs params.side_slots inside the GEMM's own launch (the small-M kernel,
 // SmallMGemmTakesSlots), overlapping the two; every entry point here takes side_slots, the
-// others running the step first as a launch of its own.
+// others running the step first as a launch of its own. DCP_NO_SLOTS_IN_GEMM=1 in the
+// environment makes it false (read once per process: an A/B switch).
 bool GemmOverlapsSlots(const GemmParams& params);
 
 }  // namespace dcp::cuda
