@@ -362,16 +362,17 @@ TEST_F(GemmSmallMTest, SlotsBesideTheGemm) {
   struct SlotsCase {
     int tokens, m, n, k, batch;
     bool trans_b, tensor_core, dispatch;
-    bool fused;  // SmallMGemmTakesSlots expected
+    bool takes;     // SmallMGemmTakesSlots expected (the CUDA-core kernel would fuse them)
+    bool overlaps;  // GemmOverlapsSlots expected (cuda::Gemm's dispatch fuses them)
     const char* name;
   };
   const SlotsCase cases[] = {
-      {1, 1, 512, 128, 16, false, false, false, true, "absorb-like, one token"},
-      {1, 1, 512, 128, 16, false, false, true, true, "through cuda::Gemm"},
-      {5, 1, 64, 64, 3, false, false, false, true, "more tokens than column tiles"},
-      {3, 1, 64, 64, 3, true, false, false, false, "B stored [N, K]: slots first"},
-      {2, 4, 64, 64, 2, false, false, true, false, "cuBLAS through cuda::Gemm: slots first"},
-      {2, 2, 64, 64, 2, false, true, false, false, "tensor-core kernel: slots first"},
+      {1, 1, 512, 128, 16, false, false, false, true, true, "absorb-like, one token"},
+      {1, 1, 512, 128, 16, false, false, true, true, true, "through cuda::Gemm"},
+      {5, 1, 64, 64, 3, false, false, false, true, true, "more tokens than column tiles"},
+      {3, 1, 64, 64, 3, true, false, false, false, false, "B stored [N, K]: slots first"},
+      {2, 4, 64, 64, 2, false, false, true, true, false, "cuBLAS through cuda::Gemm: slots first"},
+      {2, 2, 64, 64, 2, false, true, false, true, false, "tensor-core kernel: slots first"},
   };
   for (const SlotsCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -431,8 +432,8 @@ TEST_F(GemmSmallMTest, SlotsBesideTheGemm) {
     p.side.dst_pitch = p.side.src_pitch = p.side.row_bytes = row_bytes;
     p.side.rows = rows;
     p.side_slots = &slots;
-    EXPECT_EQ(cuda::SmallMGemmTakesSlots(p), c.fused);
-    if (c.dispatch) EXPECT_EQ(cuda::GemmOverlapsSlots(p), c.fused);
+    EXPECT_EQ(cuda::SmallMGemmTakesSlots(p), c.takes);
+    EXPECT_EQ(cuda::GemmOverlapsSlots(p), c.overlaps);
     const absl::Status status = c.dispatch      ? cuda::Gemm(handle_, p, nullptr)
                                 : c.tensor_core ? cuda::GemmSmallMTc(p, nullptr)
                                                 : cuda::GemmSmallM(p, nullptr);
