@@ -9,24 +9,13 @@
 
 #include "attention/cuda/gemm_cublas.h"
 #include "gtest/gtest.h"
+#include "tests/attention/cuda/cublas_test.h"
 #include "tests/common/gpu_test_util.h"
 
 namespace dcp::testing {
 namespace {
 
-class GemmCublasTest : public GpuTest {
- protected:
-  void SetUp() override {
-    GpuTest::SetUp();
-    if (IsSkipped() || HasFailure()) return;
-    ASSERT_EQ(cublasCreate(&handle_), CUBLAS_STATUS_SUCCESS);
-  }
-  void TearDown() override {
-    if (handle_ != nullptr) cublasDestroy(handle_);
-    GpuTest::TearDown();
-  }
-  cublasHandle_t handle_ = nullptr;
-};
+class GemmCublasTest : public CublasTest {};
 
 template <typename T>
 std::vector<T> Store(const std::vector<float>& values) {

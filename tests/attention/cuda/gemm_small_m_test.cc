@@ -22,6 +22,7 @@
 #include "attention/cuda/gemm_cublas.h"
 #include "attention/cuda/topk_to_slots.h"
 #include "gtest/gtest.h"
+#include "tests/attention/cuda/cublas_test.h"
 #include "tests/common/gpu_test_util.h"
 
 namespace dcp::testing {
@@ -45,18 +46,8 @@ int64_t Span(int batch, int64_t stride, int rows, int64_t ld, int cols) {
   return int64_t(batch - 1) * stride + int64_t(rows - 1) * ld + cols;
 }
 
-class GemmSmallMTest : public GpuTest {
+class GemmSmallMTest : public CublasTest {
  protected:
-  void SetUp() override {
-    GpuTest::SetUp();
-    if (IsSkipped() || HasFailure()) return;
-    ASSERT_EQ(cublasCreate(&handle_), CUBLAS_STATUS_SUCCESS);
-  }
-  void TearDown() override {
-    if (handle_ != nullptr) cublasDestroy(handle_);
-    GpuTest::TearDown();
-  }
-
   void Run(std::mt19937_64& rng, const Case& c) {
     SCOPED_TRACE(c.name + ": m " + std::to_string(c.m) + " n " + std::to_string(c.n) + " k " +
                  std::to_string(c.k) + " batch " + std::to_string(c.batch) + " trans_b " +
@@ -156,8 +147,6 @@ class GemmSmallMTest : public GpuTest {
     }
     EXPECT_EQ(touched, 0) << "elements of C outside the product were written";
   }
-
-  cublasHandle_t handle_ = nullptr;
 };
 
 // A case with the given shape, each operand's pitch padded by `pad` (multiple of 8 for B).

@@ -20,6 +20,7 @@
 
 #include "attention/cuda/gemm_cublas.h"
 #include "gtest/gtest.h"
+#include "tests/attention/cuda/cublas_test.h"
 #include "tests/common/gpu_test_util.h"
 
 namespace dcp::testing {
@@ -73,18 +74,16 @@ double Load(T v) {
   else return v;
 }
 
-class GemmTunerTest : public GpuTest {
+class GemmTunerTest : public CublasTest {
  protected:
   void SetUp() override {
-    GpuTest::SetUp();
+    CublasTest::SetUp();
     if (IsSkipped() || HasFailure()) return;
-    ASSERT_EQ(cublasCreate(&handle_), CUBLAS_STATUS_SUCCESS);
     ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
   }
   void TearDown() override {
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
-    if (handle_ != nullptr) cublasDestroy(handle_);
-    GpuTest::TearDown();
+    CublasTest::TearDown();
   }
 
   // Runs C = alpha A B + beta C0 through cuda::Gemm with `tuner` for m rows, C at `c_offset`
@@ -156,7 +155,6 @@ class GemmTunerTest : public GpuTest {
     return kernel;
   }
 
-  cublasHandle_t handle_ = nullptr;
   cudaStream_t stream_ = nullptr;
 };
 
