@@ -4,9 +4,13 @@
 # CUDA-device tests (DCP_REQUIRE_GPU=1) and the worker suite on one CUDA rank, compute-sanitizer on the
 # small-M GEMM tests, then dcp_bench: the small-M GEMM against cuBLAS (--mode kernels --only
 # gemm_) and the engine layer (--mode engine) with the small-M kernel and without it
-# (DCP_NO_SMALL_M_GEMM=1, same binary). Logs and CSVs go to $OUT (8 files: the tool's limit).
-#   DCP_DECODE_STEPS="tests sanitize kernels engine" (default all), DCP_DEBS_DIR (default .debs),
-#   DCP_CUDNN_FRONTEND_INCLUDE_DIR (passed to CMake when set), DCP_WORKER_FILTER (a gtest filter)
+# (DCP_NO_SMALL_M_GEMM=1, same binary); step timeline prints the kernels of one replayed layer
+# as they ran (DCP_BENCH_TIMELINE=1) under each environment of DCP_TIMELINE_ENVS (';'-separated
+# lists of VAR=VALUE, empty for the defaults). Logs and CSVs go to $OUT (8 files: the tool's limit).
+#   DCP_DECODE_STEPS="tests sanitize kernels engine" (default; timeline on request),
+#   DCP_DEBS_DIR (default .debs),
+#   DCP_CUDNN_FRONTEND_INCLUDE_DIR (passed to CMake when set), DCP_WORKER_FILTER and
+#   DCP_ATTENTION_FILTER (gtest filters of the worker suite and of attention_cuda_test)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out="${OUT:-/tmp/engine-decode-out}"
@@ -56,7 +60,8 @@ run_test() {  # name, command...
 
 if has_step tests; then
   echo "== tests ($(elapsed))"
-  run_test "gemm (small-M, cuBLAS)" "$build/tests/attention/cuda/attention_cuda_test" --gtest_filter='Gemm*'
+  run_test "attention (${DCP_ATTENTION_FILTER:-Gemm*})" "$build/tests/attention/cuda/attention_cuda_test" \
+      --gtest_filter="${DCP_ATTENTION_FILTER:-Gemm*}"
   run_test "engine graph" "$build/tests/runtime/cuda/engine_graph_test"
   run_test "cuda device" "$build/tests/runtime/cuda/cuda_device_test"
   for np in ${DCP_WORKER_NPS:-1}; do
@@ -103,6 +108,21 @@ if has_step engine; then
     note "engine $variant: exit $? ($(elapsed))"
     grep -E "^ +[0-9a-z]+ " "$out/one_engine.txt" | head -12 | tee -a "$summary"
     { echo "=== engine $variant"; cat "$out/one_engine.txt"; } >>"$out/engine.txt"
+    rm -f "$out/one_engine.txt"
+  done
+fi
+if has_step timeline; then
+  echo "== timeline ($(elapsed))"
+  IFS=';' read -r -a envs <<<"${DCP_TIMELINE_ENVS:-}"
+  [ "${#envs[@]}" -eq 0 ] && envs=("")
+  for assignments in "${envs[@]}"; do
+    # shellcheck disable=SC2086
+    timeout 120 env DCP_BENCH_TIMELINE=1 $assignments mpirun -np 1 "$bench" --mode engine \
+        --device cuda --comm nccl --model deepseek_v32 --heads 16,128 --index_topk 2048 \
+        -w 3 -n 50 --batches "${DCP_TIMELINE_BATCHES:-q1s4k,64q1s4k}" >"$out/one_engine.txt" 2>&1
+    note "timeline [${assignments:-defaults}]: exit $? ($(elapsed))"
+    grep -E "^ +[0-9a-z]+ " "$out/one_engine.txt" | head -6 | tee -a "$summary"
+    { echo "=== timeline [${assignments:-defaults}]"; cat "$out/one_engine.txt"; } >>"$out/timeline.txt"
     rm -f "$out/one_engine.txt"
   done
 fi

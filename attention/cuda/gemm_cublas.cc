@@ -8,6 +8,7 @@
 #include "attention/cuda/gemm_small_m.h"
 #include "attention/cuda/gemm_tuner.h"
 #include "attention/cuda/topk_to_slots.h"
+#include "core/cuda/copy_2d.h"
 #include "core/cuda/cuda_status.h"
 
 namespace dcp::cuda {
@@ -18,17 +19,15 @@ cudaDataType_t CublasType(DType dtype) {
 
 namespace {
 
-absl::Status SideCopyAsync(const GemmParams::SideCopy& side, cudaStream_t stream) {
+// The side copy (GemmParams::SideCopy) as a kernel of its own (core/cuda/copy_2d.h).
+absl::Status SideCopy(const GemmParams::SideCopy& side, cudaStream_t stream) {
   if (side.rows == 0 || side.row_bytes == 0) return absl::OkStatus();
-  DCP_CHECK_ARG(side.dst != nullptr && side.src != nullptr, "Gemm: side copy with a null pointer");
   DCP_CHECK_ARG(side.rows > 0 && side.row_bytes > 0 && side.dst_pitch >= side.row_bytes &&
                     side.src_pitch >= side.row_bytes,
                 "Gemm: side copy of %d rows of %d bytes with pitches (%d, %d)", side.rows,
                 side.row_bytes, side.dst_pitch, side.src_pitch);
-  DCP_CUDA_CHECK(cudaMemcpy2DAsync(side.dst, size_t(side.dst_pitch), side.src,
-                                   size_t(side.src_pitch), size_t(side.row_bytes),
-                                   size_t(side.rows), cudaMemcpyDeviceToDevice, stream));
-  return absl::OkStatus();
+  return Copy2D(side.dst, size_t(side.dst_pitch), side.src, size_t(side.src_pitch),
+                size_t(side.row_bytes), size_t(side.rows), stream, "Gemm: side copy");
 }
 
 absl::Status CheckParams(const GemmParams& p) {
@@ -145,7 +144,7 @@ absl::Status Gemm(cublasHandle_t handle, const GemmParams& p, cudaStream_t strea
   if (tuner == nullptr || !tuner->Takes(p)) {  // no class of mixed A/B dtypes is ever tuned
     return GemmCublas(handle, p, stream);
   }
-  DCP_RETURN_IF_ERROR(SideCopyAsync(p.side, stream));
+  DCP_RETURN_IF_ERROR(SideCopy(p.side, stream));
   DCP_ASSIGN_OR_RETURN(const bool ran, tuner->TryRun(p, stream));
   if (ran) return absl::OkStatus();
   GemmParams rest = p;  // the side copy is done
@@ -165,7 +164,7 @@ absl::Status GemmCublas(cublasHandle_t handle, const GemmParams& p, cudaStream_t
                 "only (m <= %d, B stored [K, N]; GemmSupports)",
                 p.merge_a.splits, kSmallMGemmDispatchMaxM);
   if (p.side_slots != nullptr) DCP_RETURN_IF_ERROR(TopkToSlots(*p.side_slots, stream));
-  DCP_RETURN_IF_ERROR(SideCopyAsync(p.side, stream));
+  DCP_RETURN_IF_ERROR(SideCopy(p.side, stream));
   if (p.m == 0 || p.n == 0 || p.batch == 0) return absl::OkStatus();
   // BLAS rules, which cuBLAS follows: beta == 0 never reads C; k == 0 gives C = beta * C.
   DCP_CUBLAS_CHECK(cublasSetStream(handle, stream));

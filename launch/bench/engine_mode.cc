@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -199,6 +200,10 @@ absl::StatusOr<ModeResult> RunEngine(BenchEnv& env) {
       if (agreed.ok() && !times->busy_note.empty()) {
         table.AddNote(
             absl::StrCat(spec, " at ", heads, " heads: no busy time (", times->busy_note, ")"));
+      }
+      if (agreed.ok() && env.root() && !times->graph_timeline.empty()) {
+        std::fprintf(stderr, "timeline of one replayed layer, %s at %d heads:\n%s", spec.c_str(),
+                     heads, times->graph_timeline.c_str());
       }
       table.AddRow(std::move(row));
     }

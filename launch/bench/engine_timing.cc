@@ -1,6 +1,7 @@
 #include "launch/bench/engine_timing.h"
 
 #include <chrono>
+#include <cstdlib>
 
 #include "core/status.h"
 
@@ -16,6 +17,12 @@ namespace dcp::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// DCP_BENCH_TIMELINE=1: keep the replayed layers' activity records (LayerTimes::graph_timeline).
+[[maybe_unused]] bool TimelineWanted() {
+  const char* value = std::getenv("DCP_BENCH_TIMELINE");
+  return value != nullptr && value[0] != '\0' && value[0] != '0';
+}
 double Since(Clock::time_point start) {
   return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
 }
@@ -98,13 +105,19 @@ absl::StatusOr<LayerTimes> TimeLayer(
     DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
     times.graph_us = Since(start) / iters;
     if (GpuBusyTraceAvailable()) {
-      note_busy(TraceGpuBusy([&]() -> absl::Status {
-                  for (int i = 0; i < iters; ++i) DCP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-                  DCP_RETURN_IF_ERROR(watch());
-                  DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
-                  return absl::OkStatus();
-                }),
-                &times.graph_busy_us);
+      const bool timeline = TimelineWanted();
+      absl::StatusOr<GpuBusy> busy = TraceGpuBusy(
+          [&]() -> absl::Status {
+            for (int i = 0; i < iters; ++i) DCP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+            DCP_RETURN_IF_ERROR(watch());
+            DCP_CUDA_CHECK(cudaStreamSynchronize(stream));
+            return absl::OkStatus();
+          },
+          timeline);
+      if (busy.ok() && timeline && busy->records % iters == 0) {
+        times.graph_timeline = FormatTimeline(*busy, busy->records / iters);
+      }
+      note_busy(busy, &times.graph_busy_us);
     }
     cudaGraphExecDestroy(exec);
     return absl::OkStatus();

@@ -28,6 +28,9 @@ struct LayerTimes {
   double eager_busy_us = -1;
   double graph_busy_us = -1;
   std::string busy_note;  // why a busy time is -1 where a trace was possible
+  // DCP_BENCH_TIMELINE=1 (CUPTI builds): the last replayed layer's kernels, copies and memsets
+  // as they ran (FormatTimeline: name, start and end from the layer's first start).
+  std::string graph_timeline;
 };
 
 // `run(stream)` enqueues one layer on `stream`; `watch()` puts replayed work under the

@@ -275,6 +275,33 @@ absl::Status KernelBench::MeasureCeilings() {
         row, prepared, nullptr, [&] { return device.Gemm(p); }, nullptr));
     if (last_times_) gemm_tflops_ = row.flops / last_times_->total_s * 1e-12;
   }
+  // The floor of one link of a layer's kernel chain: a one-row cache write (ScatterRows, a
+  // programmatic dependent with an early trigger on sm_90, as in a decode layer) launched 16
+  // times from one CUDA graph, each waiting for the one before; time_us / 16 is what a
+  // dependent kernel that moves next to nothing costs on the GPU. CUDA ranks only.
+  if (gpu) {
+    const int width = env_.dims.latent_width();
+    const DType dtype = device.storage_dtype();
+    const std::vector<int32_t> slot = {0};
+    Buffer src, dst, index;
+    const absl::Status prepared = [&]() -> absl::Status {
+      DCP_ASSIGN_OR_RETURN(src, AllocateZeroed(device, size_t(width) * dtype_size(dtype)));
+      DCP_ASSIGN_OR_RETURN(dst, AllocateZeroed(device, size_t(width) * dtype_size(dtype)));
+      DCP_ASSIGN_OR_RETURN(index, device.Allocate(sizeof(int32_t)));
+      return device.CopyFromHost(index.data(), slot.data(), sizeof(int32_t));
+    }();
+    ScatterRowsParams p;
+    p.src = src.data(), p.dst = dst.data(), p.index = static_cast<const int32_t*>(index.data());
+    p.dtype = dtype;
+    p.num_rows = p.num_dst_rows = 1;
+    p.width = width;
+    p.src_row_stride = p.dst_row_stride = width;
+    constexpr int kLaunches = 16;
+    KernelRow row{absl::StrCat("dependent_launch_x", kLaunches), nullptr, 0, 0, 0,
+                  2.0 * kLaunches * width * dtype_size(dtype)};
+    DCP_RETURN_IF_ERROR(MeasureReplayed(row, prepared, kLaunches,
+                                        [&](int) { return device.ScatterRows(p); }));
+  }
   return absl::OkStatus();
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "attention/cuda/cublas_status.h"
+#include "core/cuda/copy_2d.h"
 #include "core/cuda/cuda_status.h"
 #include "core/logging.h"
 
@@ -153,14 +154,8 @@ absl::Status CudaDevice::Copy(void* dst, const void* src, size_t bytes) {
 absl::Status CudaDevice::Copy2D(void* dst, size_t dst_stride, const void* src, size_t src_stride,
                                 size_t row_bytes, size_t rows) {
   if (rows == 0 || row_bytes == 0) return absl::OkStatus();
-  DCP_CHECK_ARG(dst != nullptr && src != nullptr, "Copy2D: null pointer");
-  DCP_CHECK_ARG(dst_stride >= row_bytes && src_stride >= row_bytes,
-                "Copy2D: strides (%d, %d) must be >= row_bytes %d", dst_stride, src_stride,
-                row_bytes);
   DCP_RETURN_IF_ERROR(Activate());
-  DCP_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_stride, src, src_stride, row_bytes, rows,
-                                   cudaMemcpyDeviceToDevice, stream_));
-  return absl::OkStatus();
+  return cuda::Copy2D(dst, dst_stride, src, src_stride, row_bytes, rows, stream_);
 }
 
 absl::Status CudaDevice::Memset(void* dst, int value, size_t bytes) {

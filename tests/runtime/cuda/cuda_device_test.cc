@@ -95,6 +95,49 @@ TEST_F(CudaDeviceTest, MemoryAndCopies) {
   ASSERT_TRUE(device_->Synchronize().ok());
 }
 
+// Copy2D is a kernel (core/cuda/copy_2d.h): its 16-byte, 4-byte and byte units, short rows
+// with long pitches (the decode's q_pe), more units than its grid covers (the grid-stride
+// loop), against memcpy on the host; bytes between the rows stay as they were.
+TEST_F(CudaDeviceTest, Copy2DEveryUnitAndTheGridStride) {
+  std::mt19937_64 rng(TestSeed());
+  std::uniform_int_distribution<int> byte(0, 255);
+  struct Case {
+    size_t rows, row_bytes, src_pitch, dst_pitch, misalign;
+  };
+  // 8192 x 128: q_pe of 64 tokens x 128 heads; 4096 x 1024: 262144 16-byte units, more than
+  // the launch's threads; 4-byte units (pitches of 4); bytes (a misaligned pointer, odd sizes).
+  const Case cases[] = {{1, 16, 16, 16, 0},          {37, 128, 144, 1152, 0},
+                        {8192, 128, 128, 1152, 0},   {4096, 1024, 1040, 1024, 0},
+                        {33, 12, 20, 40, 0},         {37, 129, 144, 1152, 1},
+                        {5, 3, 7, 9, 3}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " bytes " << c.row_bytes
+                                      << " misalign " << c.misalign);
+    std::vector<uint8_t> src(c.rows * c.src_pitch + 16), dst(c.rows * c.dst_pitch + 16);
+    for (auto& v : src) v = static_cast<uint8_t>(byte(rng));
+    for (auto& v : dst) v = static_cast<uint8_t>(byte(rng));
+    Buffer dsrc = Upload(src), ddst = Upload(dst);
+    ASSERT_TRUE(device_
+                    ->Copy2D(ddst.as<uint8_t>() + c.misalign, c.dst_pitch,
+                             dsrc.as<uint8_t>() + c.misalign, c.src_pitch, c.row_bytes, c.rows)
+                    .ok());
+    std::vector<uint8_t> want = dst;
+    for (size_t row = 0; row < c.rows; ++row) {
+      std::memcpy(&want[row * c.dst_pitch + c.misalign], &src[row * c.src_pitch + c.misalign],
+                  c.row_bytes);
+    }
+    EXPECT_EQ(Download<uint8_t>(ddst), want);
+  }
+  Buffer a = Upload(std::vector<uint8_t>(64, 7));
+  EXPECT_TRUE(device_->Copy2D(nullptr, 16, nullptr, 16, 0, 4).ok());  // nothing to copy
+  const absl::Status null = device_->Copy2D(nullptr, 16, a.data(), 16, 16, 2);
+  EXPECT_EQ(null.code(), absl::StatusCode::kInvalidArgument) << null;
+  const absl::Status pitch = device_->Copy2D(a.data(), 8, a.data(), 16, 16, 2);
+  EXPECT_EQ(pitch.code(), absl::StatusCode::kInvalidArgument) << pitch;
+  EXPECT_NE(std::string(pitch.message()).find("pitches"), std::string::npos) << pitch;
+  EXPECT_EQ(Download<uint8_t>(a), std::vector<uint8_t>(64, 7));
+}
+
 TEST_F(CudaDeviceTest, ConvertIsBitExact) {
   std::mt19937_64 rng(TestSeed());
   std::vector<float> values = RandomFloats(rng, 1003, -1e4f, 1e4f);
