@@ -107,6 +107,12 @@ struct SparseMqaParams {
   const int32_t* indices = nullptr;  // [T, topk] slots, row stride indices_token_stride
   float* out = nullptr;            // [T, H, v_dim] o_lat, strides out_token_stride / out_head_stride
   float* lse = nullptr;            // [T, H], stride lse_token_stride; never null
+  // CUDA only, optional: o_lat as bf16 (the same element strides as out) instead of fp32 into
+  // out, which may then be null and is not written: the fp32 values rounded to nearest even,
+  // bit for bit what converting out would give. For a consumer that reads bf16 (the output
+  // projection on cuBLAS) one conversion launch fewer. CPU ranks refuse it; so does a call with
+  // deferred_merge (its partials are fp32 by contract).
+  void* out_bf16 = nullptr;
   DType dtype = DType::kF32;       // of q and kv_cache
   KvCacheDType kv_format = KvCacheDType::kBF16;  // kBF16: rows of dtype
   int num_tokens = 0, num_heads = 0, head_dim = 0, v_dim = 0, topk = 0;

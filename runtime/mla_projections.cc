@@ -169,13 +169,32 @@ absl::StatusOr<Buffer> MlaProjections::CombineKvB(Device& device, const ModelDim
   return combined;
 }
 
+bool MlaProjections::ProjectOutReadsStorage(int64_t tx) const {
+  if (storage_ == DType::kF32 || w_uv_ == nullptr) return false;
+  const int hl = heads_, r = model_.kv_lora_rank, dv = model_.v_head_dim;
+  // Shapes and dtypes only: the pointers stand in for the ones Run will pass (16-byte aligned
+  // scratch, as those are).
+  alignas(16) static float probe[4];
+  GemmParams p = HeadGemmParams({probe, int64_t{hl} * r, r, w_uv_, false, probe, DType::kF32,
+                                 int64_t{hl} * dv, dv, tx, dv, r});
+  p.a_dtype = DType::kF32;
+  return !device_.GemmSupports(p);
+}
+
 absl::Status MlaProjections::ProjectOut(const float* o_lat, void* o_lat_storage, int64_t tx,
-                                        void* out, DType out_dtype) {
+                                        void* out, DType out_dtype, bool storage_filled) {
   const int hl = heads_, r = model_.kv_lora_rank, dv = model_.v_head_dim;
   // out[t][h] = w_uv[h]^T o_lat[t][h]: per head [tx, R] x [R, Dv].
   GemmParams p = HeadGemmParams({o_lat, int64_t{hl} * r, r, w_uv_, false, out, out_dtype,
                                  int64_t{hl} * dv, dv, tx, dv, r});
   p.a_dtype = DType::kF32;
+  if (storage_filled) {
+    DCP_CHECK_ARG(o_lat_storage != nullptr && storage_ != DType::kF32,
+                  "ProjectOut: storage_filled needs a %s o_lat_storage", dtype_name(storage_));
+    p.a = o_lat_storage;
+    p.a_dtype = storage_;
+    return device_.Gemm(p);
+  }
   if (storage_ != DType::kF32 && !device_.GemmSupports(p)) {
     const size_t count = size_t(tx) * hl * r;
     DCP_CHECK_ARG(o_lat_storage != nullptr, "ProjectOut needs a %s copy of o_lat here",

@@ -69,8 +69,14 @@ class MlaProjections {
   // F32 with storage-dtype weights (Device::GemmSupports: no conversion launch), else first
   // converted into o_lat_storage ([T, Hl, R] of the storage dtype, scratch).
   // out [T, Hl, Dv] of out_dtype (F32 or BF16: the GEMM writes it).
+  // `storage_filled`: o_lat is already in o_lat_storage (written there in the storage dtype by
+  // the attention kernel, SparseMqaParams::out_bf16); o_lat is not read and may be null.
   absl::Status ProjectOut(const float* o_lat, void* o_lat_storage, int64_t num_tokens, void* out,
-                          DType out_dtype);
+                          DType out_dtype, bool storage_filled = false);
+  // Whether ProjectOut at num_tokens reads o_lat in the storage dtype (converting fp32 first):
+  // the device's GEMM does not take fp32 A there (cuBLAS, from 2 decode tokens up on CUDA
+  // ranks). Then the attention kernel can write o_lat in that dtype itself.
+  bool ProjectOutReadsStorage(int64_t num_tokens) const;
   // The same, with o_lat merged on the fly from split-KV partials (SparseMqaParams::
   // DeferredMerge: [splits, T, Hl, R] and their LSEs) and the merged LSE written to lse
   // ([T, Hl], row stride lse_ld): one launch instead of the split merge and the projection.

@@ -218,6 +218,17 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
   if (world == 1 && outputs.out_dtype == DType::kF32 && projections_.ProjectOutMergesSplits(tx)) {
     p.deferred_merge = &deferred;
   }
+  // One rank whose output projection reads bf16 o_lat (cuBLAS, from 2 tokens up on CUDA ranks):
+  // the kernel (or its split merge) writes o_lat as bf16 into the projection's input, the
+  // rounding the conversion before it would do, one launch fewer. W > 1 combines fp32.
+  void* o_lat_storage = nullptr;
+  const bool o_lat_in_storage = world == 1 && p.deferred_merge == nullptr &&
+                                storage == DType::kBF16 && projections_.ProjectOutReadsStorage(tx);
+  if (o_lat_in_storage) {
+    DCP_ASSIGN_OR_RETURN(o_lat_storage, o_lat_storage_.Get(part_count * element));
+    p.out_bf16 = o_lat_storage;
+    p.out = nullptr;
+  }
   DCP_RETURN_IF_ERROR(device_.SparseMqa(p));
   if (world > 1) {
     const size_t out_block = size_t(hl) * r * 4, lse_block = size_t(hl) * 4;
@@ -252,12 +263,11 @@ absl::Status SparseRoute::Run(const KvCacheView& cache, const SparseRouteInputs&
     if (stats) stats->flops += 2.0 * double(tx) * hl * (double(dn) * r + double(r) * dv);
     return absl::OkStatus();
   }
-  void* o_lat_storage = nullptr;
-  if (storage != DType::kF32) {
+  if (storage != DType::kF32 && o_lat_storage == nullptr) {
     DCP_ASSIGN_OR_RETURN(o_lat_storage, o_lat_storage_.Get(part_count * element));
   }
-  DCP_RETURN_IF_ERROR(
-      projections_.ProjectOut(combined, o_lat_storage, tx, outputs.out, outputs.out_dtype));
+  DCP_RETURN_IF_ERROR(projections_.ProjectOut(combined, o_lat_storage, tx, outputs.out,
+                                              outputs.out_dtype, o_lat_in_storage));
   timer.End(&ForwardStats::up_projection_s);
   if (stats) stats->flops += 2.0 * double(tx) * hl * (double(dn) * r + double(r) * dv);
   return absl::OkStatus();

@@ -163,6 +163,8 @@ void RunSparseMqa(const SparseMqaParams& p) {
 }  // namespace
 
 absl::Status SparseMqa(const SparseMqaParams& params, bool validate) {
+  DCP_CHECK_ARG(params.out_bf16 == nullptr,
+                "SparseMqa (CPU): out_bf16 is a CUDA option; CPU ranks write o_lat to out");
   DCP_RETURN_IF_ERROR(CheckSparseMqaParams(params));
   if (params.deferred_merge != nullptr) *params.deferred_merge = {};  // no split: out written
   if (params.num_tokens == 0) return absl::OkStatus();

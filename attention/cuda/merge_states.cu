@@ -66,9 +66,9 @@ absl::Status DcpCombine(const DcpCombineParams& p, cudaStream_t stream) {
 }
 
 absl::Status MergeSplits(const float* parts, const float* part_lse, int splits, int num_tokens,
-                         int num_heads, int dim, float* out, int64_t out_token_stride,
+                         int num_heads, int dim, void* out, int64_t out_token_stride,
                          int64_t out_head_stride, float* lse, int64_t lse_token_stride,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, bool out_bf16) {
   DCP_RETURN_IF_ERROR(CheckSizes("MergeSplits", num_tokens, num_heads, dim));
   DCP_CHECK_ARG(splits >= 1 && splits <= kMaxMergeSplits, "MergeSplits: %d splits outside [1, %d]",
                 splits, kMaxMergeSplits);
@@ -81,7 +81,8 @@ absl::Status MergeSplits(const float* parts, const float* part_lse, int splits, 
   DCP_CHECK_ARG(threads / kMergeSplitsThreads < (int64_t(1) << 31),
                 "MergeSplits: %d x %d rows of %d is too many for one launch", num_tokens, num_heads,
                 dim);
-  const bool vector_store = reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+  // Four values a thread: one 16-byte (fp32) or 8-byte (bf16) store where aligned.
+  const bool vector_store = reinterpret_cast<uintptr_t>(out) % (out_bf16 ? 8 : 16) == 0 &&
                             out_token_stride % 4 == 0 && out_head_stride % 4 == 0;
   cudaLaunchConfig_t config = {};
   config.gridDim =
@@ -94,7 +95,8 @@ absl::Status MergeSplits(const float* parts, const float* part_lse, int splits, 
   SetProgrammaticLaunch(&config, &attribute);
   DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, MergeSplitsKernel, parts, part_lse, splits, num_tokens,
                                     num_heads, dim, out, out_token_stride, out_head_stride, lse,
-                                    lse_token_stride, vector_store, EarlyTriggerEnabled()));
+                                    lse_token_stride, vector_store, out_bf16,
+                                    EarlyTriggerEnabled()));
   DCP_CUDA_LAUNCH_CHECK("MergeSplitsKernel");
   return absl::OkStatus();
 }

@@ -4,6 +4,8 @@
 // in-place merges (lse aliasing lse_a) are safe: no other warp touches that row.
 #pragma once
 
+#include <cuda_bf16.h>
+
 #include <cmath>
 #include <cstdint>
 
@@ -112,9 +114,10 @@ constexpr int kMergeUnroll = 16;
 
 __global__ void __launch_bounds__(kMergeSplitsThreads)
     MergeSplitsKernel(const float* __restrict__ parts, const float* __restrict__ part_lse,
-                      int splits, int num_tokens, int num_heads, int dim, float* out,
+                      int splits, int num_tokens, int num_heads, int dim, void* out,
                       int64_t out_token_stride, int64_t out_head_stride, float* lse,
-                      int64_t lse_token_stride, bool vector_store, bool trigger_dependents) {
+                      int64_t lse_token_stride, bool vector_store, bool out_bf16,
+                      bool trigger_dependents) {
   if (trigger_dependents) TriggerDependents();
   GridDependencyWait();
   const int chunks = dim >= 4 ? dim / 4 : 1;  // dim 0: one thread per row writes the LSE
@@ -165,11 +168,27 @@ __global__ void __launch_bounds__(kMergeSplitsThreads)
     }
   }
   const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-  float* dst = out + token * out_token_stride + head * out_head_stride + d;
+  const int64_t at = token * out_token_stride + head * out_head_stride + d;
+  float* dst = static_cast<float*>(out) + at;
   const float4 result =
       make_float4(acc.x * inverse, acc.y * inverse, acc.z * inverse, acc.w * inverse);
   if (d >= dim) {
     // dim 0: no values.
+  } else if (out_bf16) {
+    __nv_bfloat16* bf = static_cast<__nv_bfloat16*>(out) + at;
+    const __nv_bfloat162 low = __floats2bfloat162_rn(result.x, result.y);
+    const __nv_bfloat162 high = __floats2bfloat162_rn(result.z, result.w);
+    if (vector_store) {
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&low);
+      packed.y = *reinterpret_cast<const uint32_t*>(&high);
+      *reinterpret_cast<uint2*>(bf) = packed;
+    } else {
+      bf[0] = low.x;
+      bf[1] = low.y;
+      bf[2] = high.x;
+      bf[3] = high.y;
+    }
   } else if (vector_store) {
     *reinterpret_cast<float4*>(dst) = result;
   } else {

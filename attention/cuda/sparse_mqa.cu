@@ -75,8 +75,10 @@ absl::Status Check(const SparseMqaParams& p) {
   DCP_CHECK_ARG(p.kernel >= 0 && p.kernel <= 2, "SparseMqa: kernel %d is not 0, 1 or 2", p.kernel);
   DCP_CHECK_ARG(p.sm90_ctas >= 0, "SparseMqa: sm90_ctas %d < 0", p.sm90_ctas);
   if (p.num_tokens == 0 || p.num_heads == 0) return absl::OkStatus();
-  DCP_CHECK_ARG(p.q != nullptr && p.out != nullptr && p.lse != nullptr,
-                "SparseMqa: q, out and lse must not be null");
+  DCP_CHECK_ARG(p.q != nullptr && (p.out != nullptr || p.out_bf16 != nullptr) && p.lse != nullptr,
+                "SparseMqa: q, out (or out_bf16) and lse must not be null");
+  DCP_CHECK_ARG(p.out_bf16 == nullptr || p.deferred_merge == nullptr,
+                "SparseMqa: out_bf16 and deferred_merge exclude each other (the partials are fp32)");
   DCP_CHECK_ARG(p.num_heads <= 65535 * 64, "SparseMqa: %d heads is too many", p.num_heads);
   if (p.topk > 0) {
     DCP_CHECK_ARG(p.indices != nullptr, "SparseMqa: indices must not be null when topk > 0");
@@ -221,9 +223,11 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
     *params.deferred_merge = {splits, split.part_out, split.part_lse};
     return absl::OkStatus();
   }
+  const bool bf16_out = params.out_bf16 != nullptr;
   return MergeSplits(split.part_out, split.part_lse, splits, params.num_tokens, params.num_heads,
-                     params.v_dim, params.out, params.out_token_stride, params.out_head_stride,
-                     params.lse, params.lse_token_stride, stream);
+                     params.v_dim, bf16_out ? params.out_bf16 : params.out,
+                     params.out_token_stride, params.out_head_stride, params.lse,
+                     params.lse_token_stride, stream, bf16_out);
 }
 
 }  // namespace dcp::cuda

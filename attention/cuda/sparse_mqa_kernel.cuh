@@ -308,11 +308,25 @@ __global__ void __launch_bounds__(256, 1)
     if (head >= p.num_heads) continue;
     const float total = s_sum[row] + s_sum[64 + row];
     const float inverse = total > 0.f ? 1.f / total : 0.f;
-    float* out = work.out + int64_t(row) * work.out_head_stride + my_values + 2 * c;
+    const int64_t at = int64_t(row) * work.out_head_stride + my_values + 2 * c;
+    // SparseMqaParams::out_bf16 (one split). The row is found from p here rather than kept in
+    // `work` through the main loop (the pointer cost this kernel's registers spills).
+    if (p.out_bf16 != nullptr && split.num_splits == 1) {
+      __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out_bf16) +
+                           int64_t(token) * p.out_token_stride + int64_t(head0) * p.out_head_stride +
+                           at;
 #pragma unroll
-    for (int n = 0; n < kValueTiles; ++n) {
-      out[n * 8] = o[n][2 * r] * inverse;
-      out[n * 8 + 1] = o[n][2 * r + 1] * inverse;
+      for (int n = 0; n < kValueTiles; ++n) {
+        out[n * 8] = __float2bfloat16_rn(o[n][2 * r] * inverse);
+        out[n * 8 + 1] = __float2bfloat16_rn(o[n][2 * r + 1] * inverse);
+      }
+    } else {
+      float* out = work.out + at;
+#pragma unroll
+      for (int n = 0; n < kValueTiles; ++n) {
+        out[n * 8] = o[n][2 * r] * inverse;
+        out[n * 8 + 1] = o[n][2 * r + 1] * inverse;
+      }
     }
     if (half == 0 && c == 0) {
       work.lse[row] =

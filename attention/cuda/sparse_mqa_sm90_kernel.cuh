@@ -476,23 +476,48 @@ __global__ void __launch_bounds__(384, 1)
     // with bulk copies, or with 16-byte stores of 512 contiguous bytes a warp, measured the same;
     // bf16 split partials written from the fragment (half the bytes, half-sector writes) took
     // longer (4.3 us). The limit is the SM's write path, not this store pattern.
+    // With SparseMqaParams::out_bf16 (one split) the values go out as bf16 pairs instead.
+    // The bf16 row is found from p here rather than carried in `work` through the main loop.
+    const bool to_bf16 = p.out_bf16 != nullptr && split.num_splits == 1;
+    __nv_bfloat16* const out_bf16 =
+        to_bf16 ? static_cast<__nv_bfloat16*>(p.out_bf16) +
+                      int64_t(work.token) * p.out_token_stride + int64_t(work.head0) * p.out_head_stride
+                : nullptr;
     const bool pairs_ok =
-        (work.out_head_stride % 2 == 0) && (reinterpret_cast<uintptr_t>(work.out) % 8 == 0);
+        (work.out_head_stride % 2 == 0) &&
+        (to_bf16 ? reinterpret_cast<uintptr_t>(out_bf16) % 4 == 0
+                 : reinterpret_cast<uintptr_t>(work.out) % 8 == 0);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = rows[r];
       if (row >= work.heads) continue;
       const float total = s_sum[row] + s_sum[64 + row];
       const float inverse = total > 0.f ? 1.f / total : 0.f;
-      float* out = work.out + int64_t(row) * work.out_head_stride + wg * 256 + 2 * c;
+      const int64_t at = int64_t(row) * work.out_head_stride + wg * 256 + 2 * c;
+      if (to_bf16) {
+        __nv_bfloat16* out = out_bf16 + at;
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const float x = o[4 * j + 2 * r] * inverse, y = o[4 * j + 2 * r + 1] * inverse;
-        if (pairs_ok) {
-          *reinterpret_cast<float2*>(out + 8 * j) = make_float2(x, y);
-        } else {
-          out[8 * j] = x;
-          out[8 * j + 1] = y;
+        for (int j = 0; j < 32; ++j) {
+          const __nv_bfloat162 xy = __floats2bfloat162_rn(o[4 * j + 2 * r] * inverse,
+                                                          o[4 * j + 2 * r + 1] * inverse);
+          if (pairs_ok) {
+            *reinterpret_cast<__nv_bfloat162*>(out + 8 * j) = xy;
+          } else {
+            out[8 * j] = xy.x;
+            out[8 * j + 1] = xy.y;
+          }
+        }
+      } else {
+        float* out = work.out + at;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const float x = o[4 * j + 2 * r] * inverse, y = o[4 * j + 2 * r + 1] * inverse;
+          if (pairs_ok) {
+            *reinterpret_cast<float2*>(out + 8 * j) = make_float2(x, y);
+          } else {
+            out[8 * j] = x;
+            out[8 * j + 1] = y;
+          }
         }
       }
       if (wg == 0 && c == 0) {

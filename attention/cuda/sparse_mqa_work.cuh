@@ -41,7 +41,9 @@ struct SparseMqaWork {
   int token, head0, split;
   int heads;               // heads of this CTA: min(block_heads, num_heads - head0)
   int key_begin, key_end;  // [key_begin, key_end) of the token's list; key_end <= count
-  float* out;              // row of head0 (head stride out_head_stride)
+  float* out;              // row of head0 (head stride out_head_stride); not for writing
+                           // when SparseMqaParams::out_bf16 is set and there is one split
+                           // (the kernels then find the bf16 row from the params)
   int64_t out_head_stride;
   float* lse;  // entry of head0 (heads contiguous)
 };

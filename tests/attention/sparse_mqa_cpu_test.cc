@@ -266,6 +266,11 @@ TEST(SparseMqaCpuTest, ValidateRejectsOutOfRangeAndRepeatedSlots) {
   expect_error("dtype");
   p.dtype = DType::kF32, p.kv_row_stride = 3;
   expect_error("kv_row_stride");
+  // bf16 o_lat is a CUDA option: refused, not ignored (out would be written, out_bf16 not).
+  p.kv_row_stride = 4;
+  uint16_t bf16_out[8] = {};
+  p.out_bf16 = bf16_out;
+  expect_error("out_bf16 is a CUDA option");
 }
 
 }  // namespace

@@ -228,6 +228,48 @@ SparseMqaParams Params(const MqaCase& c, const MqaData& d, const DeviceArray<bf1
 
 class SparseMqaCudaTest : public GpuTest {
  protected:
+  // The same launch with SparseMqaParams::out_bf16 (out null): o_lat lands in the bf16 buffer
+  // (same strides) equal bit for bit to float_to_bf16 of the fp32 run's values `want`, the
+  // LSEs bit for bit equal to `want_lse`, and nothing else of the bf16 buffer is written.
+  void CheckBf16Output(const MqaCase& c, const MqaData& d, SparseMqaParams p,
+                       const std::vector<float>& want, const std::vector<float>& want_lse,
+                       DeviceArray<float>& out, DeviceArray<float>& lse) {
+    SCOPED_TRACE("out_bf16");
+    const size_t count = size_t(c.tokens) * d.out_token_stride;
+    const bf16 poison = float_to_bf16(std::nanf(""));
+    DeviceArray<bf16> out_bf16(std::vector<bf16>(count, poison));
+    out.Poison();
+    lse.Poison();
+    p.out = nullptr;
+    p.out_bf16 = out_bf16.get();
+    const absl::Status status = cuda::SparseMqa(p, nullptr);
+    ASSERT_TRUE(status.ok()) << status;
+    DCP_ASSERT_CUDA(cudaDeviceSynchronize());
+    const std::vector<bf16> got = out_bf16.Download();
+    const std::vector<float> got_lse = lse.Download();
+    int64_t wrong = 0, stray = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const size_t in_token = i % size_t(d.out_token_stride);
+      const bool inside = in_token < size_t(c.heads) * c.out_head_stride &&
+                          in_token % c.out_head_stride < size_t(kVDim);
+      if (!inside) {
+        stray += got[i].bits != poison.bits;
+      } else {
+        wrong += got[i].bits != float_to_bf16(want[i]).bits;
+      }
+    }
+    EXPECT_EQ(wrong, 0) << "bf16 values that are not the rounded fp32 output";
+    EXPECT_EQ(stray, 0) << "bf16 elements outside the rows written";
+    for (int t = 0; t < c.tokens; ++t) {
+      for (int h = 0; h < c.heads; ++h) {
+        const size_t at = size_t(t) * d.lse_token_stride + h;
+        ASSERT_EQ(std::memcmp(&got_lse[at], &want_lse[at], sizeof(float)), 0)
+            << "lse of token " << t << " head " << h;
+      }
+    }
+    for (float v : out.Download()) ASSERT_TRUE(std::isnan(v)) << "out written beside out_bf16";
+  }
+
   // Runs every variant on fresh data and checks the requested rows against float64; the
   // variants are also compared with the first one (bf16 tolerance).
   void RunAndCheck(const MqaCase& c) {
@@ -330,6 +372,8 @@ class SparseMqaCudaTest : public GpuTest {
         }
         if (n2 > 0) EXPECT_LT(std::sqrt(d2 / n2), 1e-2) << "against the first variant";
       }
+      if (HasFatalFailure()) return;
+      CheckBf16Output(c, d, p, got, got_lse, out, lse);
       if (HasFatalFailure()) return;
     }
   }
