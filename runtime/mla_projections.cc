@@ -195,7 +195,7 @@ absl::Status MlaProjections::ProjectOut(const float* o_lat, void* o_lat_storage,
     p.a_dtype = storage_;
     return device_.Gemm(p);
   }
-  if (storage_ != DType::kF32 && !device_.GemmSupports(p)) {
+  if (ProjectOutReadsStorage(tx)) {
     const size_t count = size_t(tx) * hl * r;
     DCP_CHECK_ARG(o_lat_storage != nullptr, "ProjectOut needs a %s copy of o_lat here",
                   dtype_name(storage_));

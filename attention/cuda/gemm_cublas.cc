@@ -19,11 +19,12 @@ cudaDataType_t CublasType(DType dtype) {
 
 namespace {
 
-// The side copy (GemmParams::SideCopy) as a kernel of its own (core/cuda/copy_2d.h).
+// The side copy (GemmParams::SideCopy) as a kernel of its own (core/cuda/copy_2d.h, which
+// checks the pointers and that each pitch holds a row; only the signs are checked here, before
+// the sizes become size_t).
 absl::Status SideCopy(const GemmParams::SideCopy& side, cudaStream_t stream) {
   if (side.rows == 0 || side.row_bytes == 0) return absl::OkStatus();
-  DCP_CHECK_ARG(side.rows > 0 && side.row_bytes > 0 && side.dst_pitch >= side.row_bytes &&
-                    side.src_pitch >= side.row_bytes,
+  DCP_CHECK_ARG(side.rows > 0 && side.row_bytes > 0 && side.dst_pitch >= 0 && side.src_pitch >= 0,
                 "Gemm: side copy of %d rows of %d bytes with pitches (%d, %d)", side.rows,
                 side.row_bytes, side.dst_pitch, side.src_pitch);
   return Copy2D(side.dst, size_t(side.dst_pitch), side.src, size_t(side.src_pitch),
