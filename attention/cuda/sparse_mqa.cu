@@ -59,6 +59,13 @@ float RescaleSlack() {
   return slack;
 }
 
+// Whether split_merge 0 merges inside the cluster where it can: DCP_SPARSE_MQA_CLUSTER_MERGE=0
+// sends it to the MergeSplits kernel (for measurements); default on.
+bool ClusterMergeByDefault() {
+  static const bool on = KnobFromEnvironment("DCP_SPARSE_MQA_CLUSTER_MERGE", 1, 0, 1) > 0;
+  return on;
+}
+
 absl::Status Check(const SparseMqaParams& p) {
   DCP_CHECK_ARG(p.num_tokens >= 0 && p.num_heads >= 0 && p.topk >= 0 && p.num_slots >= 0,
                 "SparseMqa: negative size (tokens %d, heads %d, topk %d, slots %d)", p.num_tokens,
@@ -74,6 +81,10 @@ absl::Status Check(const SparseMqaParams& p) {
       "SparseMqa: block_heads %d is not 0 (chosen), 16, 32 or 64", p.block_heads);
   DCP_CHECK_ARG(p.kernel >= 0 && p.kernel <= 2, "SparseMqa: kernel %d is not 0, 1 or 2", p.kernel);
   DCP_CHECK_ARG(p.sm90_ctas >= 0, "SparseMqa: sm90_ctas %d < 0", p.sm90_ctas);
+  DCP_CHECK_ARG(p.split_merge >= 0 && p.split_merge <= 2, "SparseMqa: split_merge %d is not 0, 1 or 2",
+                p.split_merge);
+  DCP_CHECK_ARG(p.split_merge != 2 || (p.sm90_ctas == 0 && p.deferred_merge == nullptr),
+                "SparseMqa: split_merge 2 (in the cluster) excludes sm90_ctas and deferred_merge");
   if (p.num_tokens == 0 || p.num_heads == 0) return absl::OkStatus();
   DCP_CHECK_ARG(p.q != nullptr && (p.out != nullptr || p.out_bf16 != nullptr) && p.lse != nullptr,
                 "SparseMqa: q, out (or out_bf16) and lse must not be null");
@@ -206,6 +217,31 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
     split.part_out = static_cast<float*>(params.workspace);
     split.part_lse = split.part_out + rows * params.v_dim;
   }
+  if (splits > 1 && params.split_merge != 1) {
+    // The splits merged inside the wgmma kernel, one cluster a (token, head block), where it can.
+    // Required (2): wherever a cluster of `splits` CTAs runs at all. Chosen (0): where it was
+    // measured no slower (H200, docs/sparse_mqa_sm90.md, "Split merge inside a cluster"): one
+    // head block a token (16 or 32 heads: the one-token decode layer 0.8-1.4 us faster
+    // replayed; at 128 heads the layer was no faster and the kernel with its merge ~1 us
+    // slower), and every cluster of the launch held by the device at once (a second wave of
+    // clusters doubled the kernel's time).
+    const bool fp8 = params.kv_format == KvCacheDType::kFp8DsMla;
+    const int held = kernel != 2 || split.persistent_ctas > 0 || params.deferred_merge != nullptr
+                         ? 0
+                     : fp8 ? SparseMqaSm90MaxClusters<576, 512, KvCacheDType::kFp8DsMla>(splits)
+                           : SparseMqaSm90MaxClusters<576, 512>(splits);
+    const int64_t clusters = int64_t(params.num_tokens) *
+                             ((params.num_heads + split.block_heads - 1) / split.block_heads);
+    if (params.split_merge == 2 && held == 0) {
+      return DCP_ERROR(Unimplemented,
+                       "SparseMqa: split_merge 2 needs the wgmma kernel, a grid that is not "
+                       "persistent and a device that fits a cluster of %d CTAs",
+                       splits);
+    }
+    const bool one_head_block = params.num_heads <= split.block_heads;
+    split.cluster_merge = params.split_merge == 2 || (held > 0 && clusters <= held &&
+                                                      one_head_block && ClusterMergeByDefault());
+  }
   if (kernel == 2 && params.kv_format == KvCacheDType::kFp8DsMla) {
     DCP_RETURN_IF_ERROR(
         (LaunchSparseMqaSm90<576, 512, KvCacheDType::kFp8DsMla>(params, split, stream)));
@@ -217,7 +253,7 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   } else {
     DCP_RETURN_IF_ERROR((LaunchSparseMqa<576, 512>(params, split, stream)));
   }
-  if (splits == 1) return absl::OkStatus();
+  if (splits == 1 || split.cluster_merge) return absl::OkStatus();
   if (params.deferred_merge != nullptr) {
     // The caller merges (GemmParams::merge_a): out and lse stay unwritten.
     *params.deferred_merge = {splits, split.part_out, split.part_lse};

@@ -9,7 +9,8 @@
 // (sparse_mqa_kernel.cuh, the fallback and the twin of the tests). Both walk only the token's
 // valid keys when valid_counts is given, and split each token's key list over several CTAs
 // when tokens x head blocks would leave SMs idle (split-KV; the partials go to
-// params.workspace and are merged by LSE with MergeSplits).
+// params.workspace and are merged by LSE with MergeSplits, or, in the wgmma kernel, inside a
+// thread-block cluster of the splits: SparseMqaParams::split_merge).
 //
 // kv_format kFp8DsMla reads 656-byte fp8_ds_mla rows directly (kv_row_stride 656 bytes, 16-byte
 // aligned cache), dequantizing them on the way into shared memory; q stays bf16. Both kernels
@@ -60,6 +61,14 @@ absl::Status LaunchSparseMqa(const SparseMqaParams& params, const SparseMqaSplit
 template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16>
 absl::Status LaunchSparseMqaSm90(const SparseMqaParams& params, const SparseMqaSplit& split,
                                  cudaStream_t stream);
+// How many thread-block clusters of `splits` CTAs of the wgmma kernel the current device holds
+// at once (cudaOccupancyMaxActiveClusters; one CTA an SM): 0 where it holds none or splits is
+// outside [2, 16]. The launcher merges the splits inside the cluster
+// (SparseMqaSplit::cluster_merge) only when all of a launch's clusters fit at once: a second
+// wave of clusters doubled the kernel's time on the H200 (8 decode tokens, 16 splits).
+// Cached per device and count.
+template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16>
+int SparseMqaSm90MaxClusters(int splits);
 // Whether the wgmma kernel was compiled for the current device (sm_90a code in the binary).
 bool SparseMqaSm90Available();
 

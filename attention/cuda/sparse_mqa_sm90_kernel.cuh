@@ -28,6 +28,9 @@
 //     (free mbarrier) as soon as its last reader's wgmma retires: L0 by WG0 after its own PV, R1 by
 //     WG1 after its own PV, then L1 (WG0) and R0 (WG1) after the cross PV, so the producer refills
 //     L0 and R1 while the cross products run.
+// Split keys (SparseMqaSplit): each CTA writes its normalised partial and LSE for MergeSplits,
+// or, with SparseMqaSplit::cluster_merge, the splits of a (token, head block) are one cluster
+// and merge in the epilogue through distributed shared memory (sparse_mqa_sm90_cluster_merge.cuh).
 // Shared memory: Q (9 tiles, 72 KiB), K0 and K1 (72 KiB each), P1 (8 KiB; P0 overwrites K0's
 // rope tile, no longer needed after S0), indices, maxima and sums: about 226 KiB, one CTA/SM.
 // Heads past num_heads are zero rows (computed, not stored): any head count works; below 64
@@ -46,6 +49,7 @@
 #include "attention/attention_params.h"
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/sparse_mqa.h"
+#include "attention/cuda/sparse_mqa_sm90_cluster_merge.cuh"
 #include "attention/cuda/sparse_mqa_sm90_fp8.cuh"
 #include "attention/cuda/sparse_mqa_sm90_gather.cuh"
 #include "attention/cuda/sparse_mqa_sm90_layout.cuh"
@@ -471,6 +475,41 @@ __global__ void __launch_bounds__(384, 1)
     }
     NamedBarrierSync(kBarSum, 256);
     DCP_SM90_TRACE(first_item && threadIdx.x == 0, trace::kSumDone);
+    if (split.cluster_merge) {
+      static_assert(64 * kClusterStagePitch * 4 <= 2 * Config::kBufferBytes &&
+                        64 * 4 <= kTileBytes,
+                    "the staged partial fits K0 + K1, its LSEs P1");
+      // Stage the normalised partial and its LSEs in this CTA's K buffers and P1 (every wgmma
+      // of both WGs retired before kBarSum), then merge this CTA's rows across the cluster
+      // (sparse_mqa_sm90_cluster_merge.cuh). One item per CTA in this mode.
+      float* stage = reinterpret_cast<float*>(smem + Config::kKOffset);
+      float* stage_lse = reinterpret_cast<float*>(smem + Config::kP1Offset);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = rows[r];
+        if (row >= work.heads) continue;
+        const float total = s_sum[row] + s_sum[64 + row];
+        const float inverse = total > 0.f ? 1.f / total : 0.f;
+        float* staged = stage + row * kClusterStagePitch + wg * 256 + 2 * c;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          *reinterpret_cast<float2*>(staged + 8 * j) =
+              make_float2(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
+        }
+        if (wg == 0 && c == 0) {
+          stage_lse[row] = total > 0.f ? (m[r] + log2f(total)) * 0.6931471805599453f : kNegInf;
+        }
+      }
+      ClusterArrive();
+      __nv_bfloat16* const out_bf16 =
+          p.out_bf16 == nullptr
+              ? nullptr
+              : static_cast<__nv_bfloat16*>(p.out_bf16) + int64_t(work.token) * p.out_token_stride +
+                    int64_t(work.head0) * p.out_head_stride;
+      ClusterMergeSplits(work, out_bf16, p.out_head_stride, split.num_splits,
+                         base + Config::kKOffset, base + Config::kP1Offset, threadIdx.x);
+      continue;
+    }
     // The epilogue writes 128 KiB (fp32 O of 64 heads) per CTA and takes ~3 us (a trace of the
     // one-token decode, docs/sparse_mqa_sm90.md): staging O in shared memory and storing it
     // with bulk copies, or with 16-byte stores of 512 contiguous bytes a warp, measured the same;
@@ -535,35 +574,92 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
+// Sets the kernel's attributes (dynamic shared memory, clusters above 8 CTAs) once per device:
+// the attribute calls cost host time on every decode step otherwise.
+template <int kHeadDim, int kVDim, KvCacheDType kFormat>
+absl::Status ConfigureSparseMqaSm90() {
+  using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
+  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat>;
+  static std::atomic<uint64_t> configured{0};
+  int device = 0;
+  DCP_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit != 0 && (configured.load() & bit) != 0) return absl::OkStatus();
+  DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      Config::kSmemBytes));
+  DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  configured.fetch_or(bit);
+  return absl::OkStatus();
+}
+
+template <int kHeadDim, int kVDim, KvCacheDType kFormat>
+int SparseMqaSm90MaxClusters(int splits) {
+  if (splits < 2 || splits > kSparseMqaMaxClusterSplits) return 0;
+  // Per device and split count: 0 unknown, else the answer + 1.
+  static std::atomic<int> cached[64][kSparseMqaMaxClusterSplits + 1] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 0;
+  std::atomic<int>& known = cached[device][splits];
+  if (known.load() > 0) return known.load() - 1;
+  using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
+  int clusters = 0;
+  if (ConfigureSparseMqaSm90<kHeadDim, kVDim, kFormat>().ok()) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(splits));
+    config.blockDim = dim3(Config::kThreads);
+    config.dynamicSmemBytes = Config::kSmemBytes;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = static_cast<unsigned>(splits);
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&clusters, SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat>,
+                                       &config) != cudaSuccess) {
+      clusters = 0;
+    }
+  }
+  cudaGetLastError();  // a refused query is an answer, not an error of the next call
+  clusters = std::max(clusters, 0);
+  known.store(clusters + 1);
+  return clusters;
+}
+
 template <int kHeadDim, int kVDim, KvCacheDType kFormat>
 absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit& split,
                                  cudaStream_t stream) {
   using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
   auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat>;
-  // Once per device: the attribute call costs host time on every decode step otherwise.
-  static std::atomic<uint64_t> configured{0};
-  int device = 0;
-  DCP_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
-  if (bit == 0 || (configured.load() & bit) == 0) {
-    DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        Config::kSmemBytes));
-    configured.fetch_or(bit);
-  }
+  DCP_RETURN_IF_ERROR((ConfigureSparseMqaSm90<kHeadDim, kVDim, kFormat>()));
   DCP_CHECK_ARG(split.block_heads == 16 || split.block_heads == 32 || split.block_heads == 64,
                 "SparseMqa (wgmma): block_heads %d is not 16, 32 or 64", split.block_heads);
   const int64_t head_blocks = (p.num_heads + split.block_heads - 1) / split.block_heads;
   int64_t blocks = SparseMqaItems(p, split.num_splits, split.block_heads);
   DCP_CHECK_ARG(blocks < (int64_t(1) << 31), "SparseMqa: %d tokens x %d head blocks is too many",
                 p.num_tokens, head_blocks);
+  DCP_CHECK_ARG(!split.cluster_merge ||
+                    (split.num_splits >= 2 && split.num_splits <= kSparseMqaMaxClusterSplits &&
+                     split.persistent_ctas == 0),
+                "SparseMqa (wgmma): a cluster merge of %d splits (persistent CTAs %d)",
+                split.num_splits, split.persistent_ctas);
   if (split.persistent_ctas > 0) blocks = std::min<int64_t>(blocks, split.persistent_ctas);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(blocks));
   config.blockDim = dim3(Config::kThreads);
   config.dynamicSmemBytes = Config::kSmemBytes;
   config.stream = stream;
-  cudaLaunchAttribute attribute;
-  SetProgrammaticLaunch(&config, &attribute);
+  cudaLaunchAttribute attributes[2];
+  SetProgrammaticLaunch(&config, &attributes[0]);
+  if (split.cluster_merge) {
+    cudaLaunchAttribute& cluster = attributes[config.numAttrs];
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = static_cast<unsigned>(split.num_splits);
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = attributes;
+    config.numAttrs += 1;
+  }
   DCP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, split));
   DCP_CUDA_LAUNCH_CHECK("SparseMqaSm90Kernel");
 #if defined(DCP_SPARSE_MQA_TRACE)

@@ -5,7 +5,8 @@
 //
 // Items: num_tokens x num_splits x head_blocks, head block fastest (the head blocks of one
 // (token, split) gather the same rows at about the same time: the second gather hits L2), then
-// split. A token with `count` keys has ceil(count / 64) blocks; split s takes blocks
+// split; with SparseMqaSplit::cluster_merge split fastest, then head block (the splits of one
+// (token, head block) are consecutive CTAs: one cluster). A token with `count` keys has ceil(count / 64) blocks; split s takes blocks
 // [s * per, (s + 1) * per) with per = ceil(blocks / num_splits) rounded up to `block_align`
 // (a pair for the wgmma kernel), so a short list leaves the last splits empty (out 0,
 // lse -inf: the merge gives them weight 0). A CTA does item blockIdx.x, and with a grid smaller
@@ -33,6 +34,10 @@ struct SparseMqaSplit {
   // items blockIdx.x, + gridDim.x, ...: the next item's first gathers and Q tile load under the
   // current item's last PV and epilogue (SparseMqaParams::sm90_ctas).
   int persistent_ctas = 0;
+  // The wgmma kernel merges the splits itself (sparse_mqa_sm90_cluster_merge.cuh): the splits of
+  // a (token, head block) are one thread-block cluster and write the final out / lse; part_out
+  // and part_lse are not used. Needs 2 <= num_splits <= 16 and persistent_ctas == 0.
+  bool cluster_merge = false;
   float* part_out = nullptr;
   float* part_lse = nullptr;
 };
@@ -64,11 +69,18 @@ __device__ __forceinline__ SparseMqaWork GetSparseMqaWork(const SparseMqaParams&
                                                           int block_align, Index item) {
   SparseMqaWork w;
   const int head_blocks = (p.num_heads + block_heads - 1) / block_heads;
-  w.head0 = static_cast<int>(item % Index(head_blocks)) * block_heads;
+  if (split.cluster_merge) {
+    w.split = static_cast<int>(item % Index(split.num_splits));
+    const Index token_block = item / Index(split.num_splits);
+    w.head0 = static_cast<int>(token_block % Index(head_blocks)) * block_heads;
+    w.token = static_cast<int>(token_block / Index(head_blocks));
+  } else {
+    w.head0 = static_cast<int>(item % Index(head_blocks)) * block_heads;
+    const Index token_split = item / Index(head_blocks);
+    w.split = static_cast<int>(token_split % Index(split.num_splits));
+    w.token = static_cast<int>(token_split / Index(split.num_splits));
+  }
   w.heads = min(block_heads, p.num_heads - w.head0);
-  const Index token_split = item / Index(head_blocks);
-  w.split = static_cast<int>(token_split % Index(split.num_splits));
-  w.token = static_cast<int>(token_split / Index(split.num_splits));
   int count = p.topk;
   if (p.valid_counts != nullptr) count = min(max(p.valid_counts[w.token], 0), p.topk);
   const int blocks = (count + block_keys - 1) / block_keys;
@@ -76,7 +88,7 @@ __device__ __forceinline__ SparseMqaWork GetSparseMqaWork(const SparseMqaParams&
   per = (per + block_align - 1) / block_align * block_align;
   w.key_begin = min(count, w.split * per * block_keys);
   w.key_end = min(count, w.key_begin + per * block_keys);
-  if (split.num_splits == 1) {
+  if (split.num_splits == 1 || split.cluster_merge) {  // the final rows
     w.out = p.out + int64_t(w.token) * p.out_token_stride + int64_t(w.head0) * p.out_head_stride;
     w.out_head_stride = p.out_head_stride;
     w.lse = p.lse + int64_t(w.token) * p.lse_token_stride + w.head0;

@@ -5,4 +5,5 @@
 namespace dcp::cuda {
 template absl::Status LaunchSparseMqaSm90<576, 512, KvCacheDType::kFp8DsMla>(
     const SparseMqaParams&, const SparseMqaSplit&, cudaStream_t);
+template int SparseMqaSm90MaxClusters<576, 512, KvCacheDType::kFp8DsMla>(int);
 }  // namespace dcp::cuda

@@ -5,12 +5,15 @@
 // runs each variant of Variants(): both kernels (the sm_90a wgmma kernel where the device has
 // it, and the mma.sync kernel), with the heuristic's split count and forced splits; compacted
 // rows with per-token valid counts (0, 1, 63, 64, 65, 2047, 2048 mixed); the two kernels are
-// also compared with each other.
+// also compared with each other, and every wgmma run's split merge (inside a thread-block
+// cluster where it fits) bit for bit with the MergeSplits kernel's.
 #include "attention/cuda/sparse_mqa.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <iostream>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -49,6 +52,9 @@ struct MqaCase {
   // The wgmma kernel's grid caps to run (SparseMqaParams::sm90_ctas; 0: the default), each
   // with every block_heads and split count.
   std::vector<int> ctas = {0};
+  // The wgmma kernel's split merges to run (SparseMqaParams::split_merge; 0: chosen, 2: inside
+  // the cluster, required), each with every other setting.
+  std::vector<int> merges = {0};
   // Non-zero: logits that climb block by block. Every query's rope part (columns 512-575) is 1
   // and the rope part of the row at position k of a token's list is rope_ramp * (k / 64), so a
   // 64-key block scores about 6.66 * rope_ramp (log2 units) above the one before it (with
@@ -68,6 +74,7 @@ struct Variant {
   int splits = 0;       // SparseMqaParams::num_splits
   int block_heads = 0;  // SparseMqaParams::block_heads
   int ctas = 0;         // SparseMqaParams::sm90_ctas
+  int merge = 0;        // SparseMqaParams::split_merge
 };
 
 struct MqaData {
@@ -155,7 +162,11 @@ std::vector<Variant> Variants(const MqaCase& c) {
       for (int ctas : c.ctas) {
         if (kernel != 2 && ctas != c.ctas.front()) continue;
         for (int splits : c.splits) {
-          variants.push_back({kernel, splits, block_heads, kernel == 2 ? ctas : 0});
+          for (int merge : c.merges) {
+            if (kernel != 2 && merge != c.merges.front()) continue;
+            variants.push_back(
+                {kernel, splits, block_heads, kernel == 2 ? ctas : 0, kernel == 2 ? merge : 0});
+          }
         }
       }
     }
@@ -270,6 +281,34 @@ class SparseMqaCudaTest : public GpuTest {
     for (float v : out.Download()) ASSERT_TRUE(std::isnan(v)) << "out written beside out_bf16";
   }
 
+  // The same launch with the MergeSplits kernel (split_merge 1) gives the same bits as `want`
+  // (the run with p.split_merge): the merge inside the cluster follows its rule and order.
+  void CheckMergesAgree(const MqaData& d, SparseMqaParams p, const std::vector<float>& want,
+                        const std::vector<float>& want_lse, DeviceArray<float>& out,
+                        DeviceArray<float>& lse) {
+    SCOPED_TRACE("split_merge 1 against the launch's merge");
+    out.Poison();
+    lse.Poison();
+    p.split_merge = 1;
+    const absl::Status status = cuda::SparseMqa(p, nullptr);
+    ASSERT_TRUE(status.ok()) << status;
+    DCP_ASSERT_CUDA(cudaDeviceSynchronize());
+    const std::vector<float> got = out.Download();
+    const std::vector<float> got_lse = lse.Download();
+    ASSERT_EQ(got.size(), want.size());
+    int64_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      differ += std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
+    }
+    EXPECT_EQ(differ, 0) << "out elements (poisoned padding included) differ";
+    differ = 0;
+    for (size_t i = 0; i < got_lse.size(); ++i) {
+      differ += std::memcmp(&got_lse[i], &want_lse[i], sizeof(float)) != 0;
+    }
+    EXPECT_EQ(differ, 0) << "lse entries differ";
+    (void)d;
+  }
+
   // Runs every variant on fresh data and checks the requested rows against float64; the
   // variants are also compared with the first one (bf16 tolerance).
   void RunAndCheck(const MqaCase& c) {
@@ -307,11 +346,12 @@ class SparseMqaCudaTest : public GpuTest {
     for (const Variant& v : Variants(c)) {
       SCOPED_TRACE(::testing::Message()
                    << "kernel " << v.kernel << " splits " << v.splits << " block_heads "
-                   << v.block_heads << " ctas " << v.ctas);
+                   << v.block_heads << " ctas " << v.ctas << " split_merge " << v.merge);
       p.kernel = v.kernel;
       p.num_splits = v.splits;
       p.block_heads = v.block_heads;
       p.sm90_ctas = v.ctas;
+      p.split_merge = v.merge;
       out.Poison();
       lse.Poison();
       const absl::Status status = cuda::SparseMqa(p, nullptr);
@@ -375,6 +415,10 @@ class SparseMqaCudaTest : public GpuTest {
       if (HasFatalFailure()) return;
       CheckBf16Output(c, d, p, got, got_lse, out, lse);
       if (HasFatalFailure()) return;
+      if (v.kernel == 2) {
+        CheckMergesAgree(d, p, got, got_lse, out, lse);
+        if (HasFatalFailure()) return;
+      }
     }
   }
 };
@@ -822,6 +866,90 @@ TEST(SparseMqaSplitTest, HeuristicPicksTheMeasuredBest) {
   p.num_tokens = 3;
   EXPECT_EQ(cuda::SparseMqaWorkspaceBytes(p, 1), 0);
   EXPECT_GE(cuda::SparseMqaWorkspaceBytes(p, 4), int64_t(4) * 3 * 128 * (512 + 1) * 4);
+}
+
+// The splits merged inside a thread-block cluster (split_merge 2: required, so a device that
+// cannot fails here rather than quietly running MergeSplits): every cluster size 2..16 of one
+// decode token at 128 heads and each head block, then a few tokens with ragged counts (empty
+// splits, a token with no keys, partial head blocks) and huge logits; each also bit for bit
+// against the MergeSplits kernel (RunAndCheck).
+TEST_F(SparseMqaCudaTest, SplitsMergedInsideTheCluster) {
+  if (!cuda::SparseMqaSm90Available()) GTEST_SKIP() << "no wgmma kernel on this device";
+  for (int splits = 2; splits <= 16; ++splits) {  // for the record (docs/sparse_mqa_sm90.md)
+    std::cout << "clusters of " << splits << " CTAs held at once: "
+              << cuda::SparseMqaSm90MaxClusters<576, 512>(splits) << "\n";
+  }
+  MqaCase c;
+  c.tokens = 1;
+  c.heads = 128;
+  c.topk = 2048;
+  c.slots = 5000;
+  c.skip_fraction = 0.05;
+  c.check_rows = 48;
+  c.splits.clear();
+  for (int splits = 2; splits <= 16; ++splits) c.splits.push_back(splits);
+  c.block_heads = {16, 32, 64};
+  c.merges = {2};
+  RunAndCheck(c);
+  if (HasFatalFailure()) return;
+  MqaCase r;
+  r.tokens = 5;
+  r.heads = 48;
+  r.topk = 700;
+  r.slots = 3000;
+  r.counts = {700, 0, 1, 65, 300};
+  r.out_head_stride = kVDim + 2;  // rows not 16-byte (fp32) or 8-byte (bf16) aligned
+  r.lse_extra = 3;
+  r.splits = {2, 3, 6, 11};
+  r.block_heads = {0, 16, 32};
+  r.merges = {2};
+  RunAndCheck(r);
+  if (HasFatalFailure()) return;
+  MqaCase h;
+  h.tokens = 2;
+  h.heads = 64;
+  h.topk = 1024;
+  h.slots = 2000;
+  h.q_low = -4.f, h.q_high = 4.f, h.scale = 0.5f;  // huge logits
+  h.splits = {4, 16};
+  h.merges = {2};
+  RunAndCheck(h);
+}
+
+TEST_F(SparseMqaCudaTest, SplitMergeOptionsAreChecked) {
+  std::mt19937_64 rng(TestSeed());
+  MqaCase c;
+  c.tokens = 1;
+  c.heads = 64;
+  c.topk = 512;
+  c.slots = 2000;
+  MqaData d = MakeData(c, rng);
+  DeviceArray<bf16> q(d.q), kv(d.kv);
+  DeviceArray<int32_t> indices(d.indices);
+  DeviceArray<float> out(size_t(c.tokens) * d.out_token_stride), lse(size_t(c.heads));
+  SparseMqaParams p = Params(c, d, q, kv, indices, out, lse);
+  DeviceArray<uint8_t> workspace(cuda::SparseMqaWorkspaceBytes(p, 32));
+  p.workspace = workspace.get();
+  p.workspace_bytes = cuda::SparseMqaWorkspaceBytes(p, 32);
+  p.num_splits = 4;
+  p.split_merge = 3;
+  absl::Status status = cuda::SparseMqa(p, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("split_merge 3"), std::string::npos) << status;
+  p.split_merge = 2;
+  p.sm90_ctas = 2;
+  status = cuda::SparseMqa(p, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  p.sm90_ctas = 0;
+  p.kernel = 1;  // the mma.sync kernel has no cluster merge
+  status = cuda::SparseMqa(p, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+  if (cuda::SparseMqaSm90Available()) {
+    p.kernel = 2;
+    p.num_splits = 17;  // more splits than a cluster holds
+    status = cuda::SparseMqa(p, nullptr);
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+  }
 }
 
 TEST_F(SparseMqaCudaTest, NoWorkspaceRunsUnsplit) {
