@@ -179,9 +179,6 @@ GemmTuner::Options GemmTuner::FromEnvironment() {
   Options options;
   const char* value = std::getenv("DCP_GEMM_TUNE");
   options.enabled = value == nullptr || std::string_view(value) != "0";
-  if (const char* count = std::getenv("DCP_GEMM_TUNE_CANDIDATES"); count != nullptr && *count) {
-    options.candidates = std::clamp(std::atoi(count), 1, kMaxCandidates);
-  }
   return options;
 }
 
@@ -346,9 +343,7 @@ absl::Status GemmTuner::Tune(const GemmParams& shape, cudaStream_t stream) {
   // No candidate (CUBLAS_STATUS_NOT_SUPPORTED) leaves the default; other failures are errors.
   const cublasStatus_t heuristic =
       cublasLtMatmulAlgoGetHeuristic(lt_, choice->desc, layouts.a, layouts.b, layouts.c,
-                                     layouts.c, preference,
-                                     std::clamp(options_.candidates, 1, kMaxCandidates), results,
-                                     &found);
+                                     layouts.c, preference, kMaxCandidates, results, &found);
   if (heuristic != CUBLAS_STATUS_NOT_SUPPORTED) DCP_CUBLAS_CHECK(heuristic);
 
   // A candidate must beat the default by kMinGain to be kept: two algorithms within timing

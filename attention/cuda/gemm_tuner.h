@@ -49,16 +49,15 @@ class GemmTuner {
   static constexpr int kMinRows = 256;                   // smaller GEMMs keep the default
   static constexpr size_t kMaxTuneBytes = size_t{512} << 20;  // A + B + C of a timing run
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's split-K etc.
-  static constexpr int kMaxCandidates = 64;  // cuBLASLt heuristic results asked for, at most
+  static constexpr int kMaxCandidates = 16;
   static constexpr float kMinGain = 0.05f;  // a cuBLASLt candidate must be 5% faster
   static constexpr size_t kMaxLayoutsPerClass = 256;  // exact m whose layouts are kept
 
   struct Options {
     bool enabled = true;     // false: Tune does nothing (DCP_GEMM_TUNE=0)
     bool force_lt = false;   // tests: keep the fastest cuBLASLt candidate even if the default wins
-    int candidates = 16;     // heuristic results timed (1..kMaxCandidates; DCP_GEMM_TUNE_CANDIDATES)
   };
-  // Options from the environment (DCP_GEMM_TUNE, DCP_GEMM_TUNE_CANDIDATES).
+  // Options from the environment (DCP_GEMM_TUNE).
   static Options FromEnvironment();
 
   // `cublas` is the caller's handle (the default's candidate runs on it).
