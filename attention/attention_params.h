@@ -160,8 +160,9 @@ struct SparseMqaParams {
   int sm90_ctas = 0;
   // CUDA only, the wgmma kernel with split keys: where the splits are merged. 0: chosen (inside
   // the kernel, across a thread-block cluster of a token's splits, where 2 <= splits <= 16, the
-  // grid is not persistent, no deferred_merge is asked, a token's heads are one head block and
-  // the device holds all the launch's clusters at once; else the MergeSplits kernel;
+  // grid is not persistent, no deferred_merge is asked, the launch is one token of at most 16
+  // heads (where it was measured faster) and the device holds its cluster; else the MergeSplits
+  // kernel;
   // DCP_SPARSE_MQA_CLUSTER_MERGE=0 in the environment makes 0 mean 1);
   // 1: the MergeSplits kernel; 2: in the cluster (Unimplemented where it cannot be, InvalidArgument
   // beside sm90_ctas or deferred_merge). Both give the same bits.

@@ -219,12 +219,12 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   }
   if (splits > 1 && params.split_merge != 1) {
     // The splits merged inside the wgmma kernel, one cluster a (token, head block), where it can.
-    // Required (2): wherever a cluster of `splits` CTAs runs at all. Chosen (0): where it was
-    // measured no slower (H200, docs/sparse_mqa_sm90.md, "Split merge inside a cluster"): one
-    // head block a token (16 or 32 heads: the one-token decode layer 0.8-1.4 us faster
-    // replayed; at 128 heads the layer was no faster and the kernel with its merge ~1 us
-    // slower), and every cluster of the launch held by the device at once (a second wave of
-    // clusters doubled the kernel's time).
+    // Required (2): wherever a cluster of `splits` CTAs runs at all. Chosen (0): only where it
+    // was measured faster (H200, docs/sparse_mqa_sm90.md, "The merge inside a cluster"): one
+    // token of at most 16 heads (the decode layer 0.7-1.4 us faster replayed, five A/B pairs);
+    // at 32 heads, 2-4 tokens and 128 heads the layer was 0.4-1.9 us slower or no faster and the
+    // kernel alone slower. It also needs the device to hold every cluster at once (a second
+    // wave of clusters doubled the kernel's time).
     const bool fp8 = params.kv_format == KvCacheDType::kFp8DsMla;
     const int held = kernel != 2 || split.persistent_ctas > 0 || params.deferred_merge != nullptr
                          ? 0
@@ -238,9 +238,9 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
                        "persistent and a device that fits a cluster of %d CTAs",
                        splits);
     }
-    const bool one_head_block = params.num_heads <= split.block_heads;
+    const bool measured_faster = params.num_tokens == 1 && params.num_heads <= 16;
     split.cluster_merge = params.split_merge == 2 || (held > 0 && clusters <= held &&
-                                                      one_head_block && ClusterMergeByDefault());
+                                                      measured_faster && ClusterMergeByDefault());
   }
   if (kernel == 2 && params.kv_format == KvCacheDType::kFp8DsMla) {
     DCP_RETURN_IF_ERROR(

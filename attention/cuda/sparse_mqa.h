@@ -65,7 +65,8 @@ absl::Status LaunchSparseMqaSm90(const SparseMqaParams& params, const SparseMqaS
 // at once (cudaOccupancyMaxActiveClusters; one CTA an SM): 0 where it holds none or splits is
 // outside [2, 16]. The launcher merges the splits inside the cluster
 // (SparseMqaSplit::cluster_merge) only when all of a launch's clusters fit at once: a second
-// wave of clusters doubled the kernel's time on the H200 (8 decode tokens, 16 splits).
+// wave of clusters doubled the kernel's time on the H200 (8 decode tokens, 16 splits); by
+// choice (SparseMqaParams::split_merge 0) only for one token of at most 16 heads.
 // Cached per device and count.
 template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16>
 int SparseMqaSm90MaxClusters(int splits);

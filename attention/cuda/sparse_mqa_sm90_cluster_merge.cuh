@@ -14,8 +14,9 @@
 // MergeSplits launch after the grid (~4 us after the attention kernel in the one-token decode
 // layer). Measured on the H200 (docs/sparse_mqa_sm90.md, "Split merge inside a cluster"): the
 // merge inside the kernel costs nearly as long (~3-4 us: the cluster barriers wait for the
-// slowest split, the reads cross SMs), so the one-token layer gains 0.8-1.4 us at 16 heads and
-// nothing at 128; the launcher picks it only where a token's heads are one head block.
+// slowest split, the reads cross SMs), so the one-token layer gains 0.7-1.4 us at 16 heads and
+// loses elsewhere (32 heads, 2-4 tokens, 128 heads); the launcher picks it only for one token
+// of at most 16 heads.
 #pragma once
 
 #include <cuda_bf16.h>
