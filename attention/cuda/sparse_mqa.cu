@@ -217,14 +217,18 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
     split.part_out = static_cast<float*>(params.workspace);
     split.part_lse = split.part_out + rows * params.v_dim;
   }
-  if (splits > 1 && params.split_merge != 1) {
-    // The splits merged inside the wgmma kernel, one cluster a (token, head block), where it can.
-    // Required (2): wherever a cluster of `splits` CTAs runs at all. Chosen (0): only where it
-    // was measured faster (H200, docs/sparse_mqa_sm90.md, "The merge inside a cluster"): one
-    // token of at most 16 heads (the decode layer 0.7-1.4 us faster replayed, five A/B pairs);
-    // at 32 heads, 2-4 tokens and 128 heads the layer was 0.4-1.9 us slower or no faster and the
-    // kernel alone slower. It also needs the device to hold every cluster at once (a second
-    // wave of clusters doubled the kernel's time).
+  // The splits merged inside the wgmma kernel, one cluster a (token, head block). Required
+  // (split_merge 2): wherever a cluster of `splits` CTAs runs at all. Chosen (0): only where it
+  // was measured faster (H200, docs/sparse_mqa_sm90.md, "The merge inside a cluster"): one token
+  // of at most 16 heads (the decode layer 0.7-1.4 us faster replayed, five A/B pairs); at 32
+  // heads, 2-4 tokens and 128 heads the layer was 0.4-1.9 us slower or no faster and the kernel
+  // alone slower. Either way every cluster must be held at once (a second wave of clusters
+  // doubled the kernel's time).
+  const bool cluster_wanted =
+      splits > 1 && (params.split_merge == 2 ||
+                     (params.split_merge == 0 && params.num_tokens == 1 &&
+                      params.num_heads <= 16 && ClusterMergeByDefault()));
+  if (cluster_wanted) {
     const bool fp8 = params.kv_format == KvCacheDType::kFp8DsMla;
     const int held = kernel != 2 || split.persistent_ctas > 0 || params.deferred_merge != nullptr
                          ? 0
@@ -238,9 +242,7 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
                        "persistent and a device that fits a cluster of %d CTAs",
                        splits);
     }
-    const bool measured_faster = params.num_tokens == 1 && params.num_heads <= 16;
-    split.cluster_merge = params.split_merge == 2 || (held > 0 && clusters <= held &&
-                                                      measured_faster && ClusterMergeByDefault());
+    split.cluster_merge = params.split_merge == 2 || (held > 0 && clusters <= held);
   }
   if (kernel == 2 && params.kv_format == KvCacheDType::kFp8DsMla) {
     DCP_RETURN_IF_ERROR(
