@@ -7,12 +7,14 @@
 // [split * per, (split + 1) * per) of the head block (per = ceil(heads / splits)) from every
 // CTA's shared memory (ld.shared::cluster) by MergeSplits' rule and in its order (one group of
 // up to 16 splits: the same bits as the MergeSplits kernel on the same partials), and writes the
-// final out (fp32) or out_bf16, and lse. A second cluster barrier keeps every CTA's shared
-// memory alive until its readers are done. The producer warpgroup has exited by then; exited
+// final out (fp32) or out_bf16, and lse. A second cluster barrier (each thread arrives after
+// its last read, waits before it exits) keeps every CTA's shared memory alive until its
+// readers are done. The producer warpgroup has exited by then; exited
 // threads do not hold a cluster barrier.
 // What it replaces: the partials' round trip through global memory (128 KiB a CTA) and the
 // MergeSplits launch after the grid (~4 us after the attention kernel in the one-token decode
-// layer). Measured on the H200 (docs/sparse_mqa_sm90.md, "Split merge inside a cluster"): the
+// layer). Measured on the H200 (docs/sparse_mqa_sm90.md, "The merge inside a cluster, rebuilt
+// and measured at the layer"): the
 // merge inside the kernel costs nearly as long (~3-4 us: the cluster barriers wait for the
 // slowest split, the reads cross SMs), so the one-token layer gains 0.7-1.4 us at 16 heads and
 // loses elsewhere (32 heads, 2-4 tokens, 128 heads); the launcher picks it only for one token
