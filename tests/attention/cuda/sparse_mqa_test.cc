@@ -283,7 +283,7 @@ class SparseMqaCudaTest : public GpuTest {
 
   // The same launch with the MergeSplits kernel (split_merge 1) gives the same bits as `want`
   // (the run with p.split_merge): the merge inside the cluster follows its rule and order.
-  void CheckMergesAgree(const MqaData& d, SparseMqaParams p, const std::vector<float>& want,
+  void CheckMergesAgree(SparseMqaParams p, const std::vector<float>& want,
                         const std::vector<float>& want_lse, DeviceArray<float>& out,
                         DeviceArray<float>& lse) {
     SCOPED_TRACE("split_merge 1 against the launch's merge");
@@ -296,17 +296,14 @@ class SparseMqaCudaTest : public GpuTest {
     const std::vector<float> got = out.Download();
     const std::vector<float> got_lse = lse.Download();
     ASSERT_EQ(got.size(), want.size());
-    int64_t differ = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      differ += std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
-    }
-    EXPECT_EQ(differ, 0) << "out elements (poisoned padding included) differ";
-    differ = 0;
-    for (size_t i = 0; i < got_lse.size(); ++i) {
-      differ += std::memcmp(&got_lse[i], &want_lse[i], sizeof(float)) != 0;
-    }
-    EXPECT_EQ(differ, 0) << "lse entries differ";
-    (void)d;
+    ASSERT_EQ(got_lse.size(), want_lse.size());
+    auto differing = [](const std::vector<float>& a, const std::vector<float>& b) {
+      int64_t count = 0;
+      for (size_t i = 0; i < a.size(); ++i) count += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+      return count;
+    };
+    EXPECT_EQ(differing(got, want), 0) << "out elements (poisoned padding included) differ";
+    EXPECT_EQ(differing(got_lse, want_lse), 0) << "lse entries differ";
   }
 
   // Runs every variant on fresh data and checks the requested rows against float64; the
@@ -416,7 +413,7 @@ class SparseMqaCudaTest : public GpuTest {
       CheckBf16Output(c, d, p, got, got_lse, out, lse);
       if (HasFatalFailure()) return;
       if (v.kernel == 2) {
-        CheckMergesAgree(d, p, got, got_lse, out, lse);
+        CheckMergesAgree(p, got, got_lse, out, lse);
         if (HasFatalFailure()) return;
       }
     }
@@ -916,18 +913,37 @@ TEST_F(SparseMqaCudaTest, SplitsMergedInsideTheCluster) {
   RunAndCheck(h);
 }
 
+// One token of 64 heads over 512 keys on the device, for the tests of single launches.
+struct OneTokenLaunch {
+  static MqaCase Case() {
+    MqaCase c;
+    c.tokens = 1;
+    c.heads = 64;
+    c.topk = 512;
+    c.slots = 2000;
+    return c;
+  }
+  explicit OneTokenLaunch(std::mt19937_64& rng)
+      : c(Case()),
+        d(MakeData(c, rng)),
+        q(d.q),
+        kv(d.kv),
+        indices(d.indices),
+        out(size_t(c.tokens) * d.out_token_stride),
+        lse(size_t(c.heads)),
+        p(Params(c, d, q, kv, indices, out, lse)) {}
+  MqaCase c;
+  MqaData d;
+  DeviceArray<bf16> q, kv;
+  DeviceArray<int32_t> indices;
+  DeviceArray<float> out, lse;
+  SparseMqaParams p;
+};
+
 TEST_F(SparseMqaCudaTest, SplitMergeOptionsAreChecked) {
   std::mt19937_64 rng(TestSeed());
-  MqaCase c;
-  c.tokens = 1;
-  c.heads = 64;
-  c.topk = 512;
-  c.slots = 2000;
-  MqaData d = MakeData(c, rng);
-  DeviceArray<bf16> q(d.q), kv(d.kv);
-  DeviceArray<int32_t> indices(d.indices);
-  DeviceArray<float> out(size_t(c.tokens) * d.out_token_stride), lse(size_t(c.heads));
-  SparseMqaParams p = Params(c, d, q, kv, indices, out, lse);
+  OneTokenLaunch launch(rng);
+  SparseMqaParams& p = launch.p;
   DeviceArray<uint8_t> workspace(cuda::SparseMqaWorkspaceBytes(p, 32));
   p.workspace = workspace.get();
   p.workspace_bytes = cuda::SparseMqaWorkspaceBytes(p, 32);
@@ -954,16 +970,11 @@ TEST_F(SparseMqaCudaTest, SplitMergeOptionsAreChecked) {
 
 TEST_F(SparseMqaCudaTest, NoWorkspaceRunsUnsplit) {
   std::mt19937_64 rng(TestSeed());
-  MqaCase c;
-  c.tokens = 1;
-  c.heads = 64;
-  c.topk = 512;
-  c.slots = 2000;
-  MqaData d = MakeData(c, rng);
-  DeviceArray<bf16> q(d.q), kv(d.kv);
-  DeviceArray<int32_t> indices(d.indices);
-  DeviceArray<float> out(size_t(c.tokens) * d.out_token_stride), lse(size_t(c.heads));
-  SparseMqaParams p = Params(c, d, q, kv, indices, out, lse);
+  OneTokenLaunch launch(rng);
+  const MqaCase& c = launch.c;
+  const MqaData& d = launch.d;
+  DeviceArray<float>& out = launch.out;
+  SparseMqaParams& p = launch.p;
   p.num_splits = 8;  // asked for, but no workspace: one split, still right
   ASSERT_TRUE(cuda::SparseMqa(p, nullptr).ok());
   const auto got = out.Download();
