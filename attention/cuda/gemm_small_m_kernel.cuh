@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "attention/attention_params.h"
+#include "attention/cuda/lse_merge.cuh"
 #include "attention/cuda/topk_to_slots_kernel.cuh"
 #include "core/cuda/programmatic_launch.h"
 
@@ -193,11 +194,7 @@ __device__ __forceinline__ void FmaRow(float (&acc)[MT][8], const uint4& v, cons
 // Block x 0's thread of element 0 writes the row's merged LSE. (The first version computed
 // the weights in a pass of their own and then loaded 8 splits at a time: five dependent round
 // trips at 16 splits, ~4.4 us on the H200.)
-constexpr int kMergeGroup = 16;
-
-__device__ __forceinline__ float MergeLse(float lse) {
-  return (isnan(lse) || lse == INFINITY) ? -INFINITY : lse;
-}
+constexpr int kMergeGroup = kLseMergeGroup;
 
 template <int MT>
 __device__ __forceinline__ void StageMergedA(const GemmSmallMArgs& p, int head, int64_t a_base,
@@ -224,7 +221,7 @@ __device__ __forceinline__ void StageMergedA(const GemmSmallMArgs& p, int head, 
         for (int u = 0; u < kMergeGroup; ++u) {
           const int s = s0 + u;
           const bool load = in[e] && s < splits;
-          l[e][u] = load ? MergeLse(p.merge_part_lse[(int64_t(s) * p.m + m[e]) * heads + head])
+          l[e][u] = load ? SanitizeLse(p.merge_part_lse[(int64_t(s) * p.m + m[e]) * heads + head])
                          : -INFINITY;
           v[e][u] = load ? a[a_base + m[e] * p.lda + x[e] + s * p.merge_split_stride] : 0.f;
         }

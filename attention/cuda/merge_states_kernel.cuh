@@ -9,14 +9,10 @@
 #include <cmath>
 #include <cstdint>
 
+#include "attention/cuda/lse_merge.cuh"
 #include "attention/cuda/merge_states.h"
 
 namespace dcp::cuda {
-
-// NaN and +inf are treated as -inf (DESIGN.md section 3): never propagated.
-__device__ __forceinline__ float SanitizeLse(float lse) {
-  return (isnan(lse) || lse == INFINITY) ? -INFINITY : lse;
-}
 
 __global__ void MergeStatesKernel(const float* out_a, const float* lse_a, const float* out_b,
                                   const float* lse_b, float* out, float* lse, int64_t rows,
@@ -110,7 +106,7 @@ __global__ void DcpCombineKernel(const float* outs, const float* lses, float* ou
 // wait) overlaps the attention kernel and this one; the dependent's griddepcontrol.wait still
 // waits for this whole grid to finish, so the trigger's place never changes what it reads.
 constexpr int kMergeSplitsThreads = 256;
-constexpr int kMergeUnroll = 16;
+constexpr int kMergeUnroll = kLseMergeGroup;
 
 __global__ void __launch_bounds__(kMergeSplitsThreads)
     MergeSplitsKernel(const float* __restrict__ parts, const float* __restrict__ part_lse,
@@ -129,8 +125,7 @@ __global__ void __launch_bounds__(kMergeSplitsThreads)
   const int64_t token = row / num_heads, head = row % num_heads;
   // One pass (an online LSE merge over groups of kMergeUnroll splits): a group's LSEs and
   // values are loaded together, so a group costs one memory round trip, not two.
-  float m = -INFINITY, sum = 0.f;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  LseMerge4 merge;
   for (int s0 = 0; s0 < splits; s0 += kMergeUnroll) {
     float l[kMergeUnroll];
     float4 v[kMergeUnroll];
@@ -142,62 +137,14 @@ __global__ void __launch_bounds__(kMergeSplitsThreads)
                  ? *reinterpret_cast<const float4*>(parts + ((s0 + k) * rows + row) * dim + d)
                  : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    float group_max = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < kMergeUnroll; ++k) group_max = fmaxf(group_max, l[k]);
-    if (group_max == -INFINITY) continue;  // no key in this group
-    const float m_new = fmaxf(m, group_max);
-    const float rescale = m == -INFINITY ? 0.f : expf(m - m_new);
-    m = m_new;
-    sum *= rescale;
-    acc.x *= rescale;
-    acc.y *= rescale;
-    acc.z *= rescale;
-    acc.w *= rescale;
-#pragma unroll
-    for (int k = 0; k < kMergeUnroll; ++k) {
-      // A zero weight selects its partial out (its values may be NaN): never multiplied.
-      const float w = l[k] == -INFINITY ? 0.f : expf(l[k] - m);
-      sum += w;
-      if (w > 0.f) {
-        acc.x += w * v[k].x;
-        acc.y += w * v[k].y;
-        acc.z += w * v[k].z;
-        acc.w += w * v[k].w;
-      }
-    }
+    merge.AddGroup(l, v);
   }
-  const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-  const int64_t at = token * out_token_stride + head * out_head_stride + d;
-  float* dst = static_cast<float*>(out) + at;
-  const float4 result =
-      make_float4(acc.x * inverse, acc.y * inverse, acc.z * inverse, acc.w * inverse);
-  if (d >= dim) {
-    // dim 0: no values.
-  } else if (out_bf16) {
-    __nv_bfloat16* bf = static_cast<__nv_bfloat16*>(out) + at;
-    const __nv_bfloat162 low = __floats2bfloat162_rn(result.x, result.y);
-    const __nv_bfloat162 high = __floats2bfloat162_rn(result.z, result.w);
-    if (vector_store) {
-      uint2 packed;
-      packed.x = *reinterpret_cast<const uint32_t*>(&low);
-      packed.y = *reinterpret_cast<const uint32_t*>(&high);
-      *reinterpret_cast<uint2*>(bf) = packed;
-    } else {
-      bf[0] = low.x;
-      bf[1] = low.y;
-      bf[2] = high.x;
-      bf[3] = high.y;
-    }
-  } else if (vector_store) {
-    *reinterpret_cast<float4*>(dst) = result;
-  } else {
-    dst[0] = result.x;
-    dst[1] = result.y;
-    dst[2] = result.z;
-    dst[3] = result.w;
+  // dim 0: no values.
+  if (d < dim) {
+    StoreMerged4(out, token * out_token_stride + head * out_head_stride + d, out_bf16,
+                 vector_store, merge.Values());
   }
-  if (d == 0) lse[token * lse_token_stride + head] = sum > 0.f ? m + logf(sum) : -INFINITY;
+  if (d == 0) lse[token * lse_token_stride + head] = merge.Lse();
 }
 
 }  // namespace dcp::cuda

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "attention/attention_params.h"
+#include "attention/cuda/lse_merge.cuh"
 #include "attention/cuda/sparse_mqa_work.cuh"
 #include "attention/cuda/wgmma_sm90.cuh"
 
@@ -70,10 +71,6 @@ __device__ __forceinline__ float4 LdCluster128(uint32_t address) {
   return v;
 }
 
-__device__ __forceinline__ float ClusterSanitizeLse(float lse) {
-  return (isnan(lse) || lse == INFINITY) ? -INFINITY : lse;
-}
-
 // Run by the 256 consumer threads (thread = 0..255) of every CTA of the cluster, after each has
 // staged its partial and arrived at the cluster barrier (ClusterArrive; this function waits). stage /
 // stage_lse: this CTA's staged partial ([64][kClusterStagePitch] fp32) and LSEs ([64]) as
@@ -87,6 +84,7 @@ inline __device__ __noinline__ void ClusterMergeSplits(SparseMqaWork w, __nv_bfl
                                                 int64_t out_head_stride, int splits,
                                                 uint32_t stage, uint32_t stage_lse, int thread) {
   constexpr int kGroup = kSparseMqaMaxClusterSplits;
+  static_assert(kGroup == kLseMergeGroup, "one group, as MergeSplitsKernel merges it");
   constexpr int kChunks = 512 / 4;  // 4 values a unit
   const int per = (w.heads + splits - 1) / splits;
   const int row0 = w.split * per;
@@ -108,54 +106,24 @@ inline __device__ __noinline__ void ClusterMergeSplits(SparseMqaWork w, __nv_bfl
     const uint32_t offset = 4u * uint32_t(row * kClusterStagePitch + d);
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) {
-      l[k] = k < splits ? ClusterSanitizeLse(LdCluster(peer_lse[k] + 4u * uint32_t(row)))
+      l[k] = k < splits ? SanitizeLse(LdCluster(peer_lse[k] + 4u * uint32_t(row)))
                         : -INFINITY;
       v[k] = k < splits ? LdCluster128(peer[k] + offset) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     // The last unit's reads are done: let the cluster go on (this CTA stays until the wait).
     if (unit + 256 >= rows * kChunks) ClusterArrive();
-    // MergeSplitsKernel's arithmetic for one group, in its order.
-    float m = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < kGroup; ++k) m = fmaxf(m, l[k]);
-    float sum = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (m != -INFINITY) {
-#pragma unroll
-      for (int k = 0; k < kGroup; ++k) {
-        const float weight = l[k] == -INFINITY ? 0.f : expf(l[k] - m);
-        sum += weight;
-        if (weight > 0.f) {
-          acc.x += weight * v[k].x;
-          acc.y += weight * v[k].y;
-          acc.z += weight * v[k].z;
-          acc.w += weight * v[k].w;
-        }
-      }
-    }
-    const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-    const float4 r = make_float4(acc.x * inverse, acc.y * inverse, acc.z * inverse, acc.w * inverse);
+    // MergeSplitsKernel's arithmetic on its first (here only) group: the same bits.
+    LseMerge4 merge;
+    merge.AddGroup(l, v);
+    const float4 r = merge.Values();
     if (to_bf16) {
       __nv_bfloat16* out = out_bf16 + int64_t(row) * out_head_stride + d;
-      const __nv_bfloat162 low = __floats2bfloat162_rn(r.x, r.y);
-      const __nv_bfloat162 high = __floats2bfloat162_rn(r.z, r.w);
-      if (reinterpret_cast<uintptr_t>(out) % 8 == 0) {
-        uint2 packed;
-        packed.x = *reinterpret_cast<const uint32_t*>(&low);
-        packed.y = *reinterpret_cast<const uint32_t*>(&high);
-        *reinterpret_cast<uint2*>(out) = packed;
-      } else {
-        out[0] = low.x, out[1] = low.y, out[2] = high.x, out[3] = high.y;
-      }
+      StoreMerged4(out, 0, true, reinterpret_cast<uintptr_t>(out) % 8 == 0, r);
     } else {
       float* out = w.out + int64_t(row) * w.out_head_stride + d;
-      if (reinterpret_cast<uintptr_t>(out) % 16 == 0) {
-        *reinterpret_cast<float4*>(out) = r;
-      } else {
-        out[0] = r.x, out[1] = r.y, out[2] = r.z, out[3] = r.w;
-      }
+      StoreMerged4(out, 0, false, reinterpret_cast<uintptr_t>(out) % 16 == 0, r);
     }
-    if (d == 0) w.lse[row] = sum > 0.f ? m + logf(sum) : -INFINITY;
+    if (d == 0) w.lse[row] = merge.Lse();
   }
   // A thread without units arrives here; every thread then waits until no peer reads this
   // CTA's stage any more.

@@ -475,6 +475,13 @@ __global__ void __launch_bounds__(384, 1)
     }
     NamedBarrierSync(kBarSum, 256);
     DCP_SM90_TRACE(first_item && threadIdx.x == 0, trace::kSumDone);
+    // The item's bf16 row (SparseMqaParams::out_bf16), found from p here rather than carried in
+    // `work` through the main loop.
+    __nv_bfloat16* const out_bf16 =
+        p.out_bf16 == nullptr
+            ? nullptr
+            : static_cast<__nv_bfloat16*>(p.out_bf16) + int64_t(work.token) * p.out_token_stride +
+                  int64_t(work.head0) * p.out_head_stride;
     if (split.cluster_merge) {
       static_assert(64 * kClusterStagePitch * 4 <= 2 * Config::kBufferBytes &&
                         64 * 4 <= kTileBytes,
@@ -489,23 +496,16 @@ __global__ void __launch_bounds__(384, 1)
         const int row = rows[r];
         if (row >= work.heads) continue;
         const float total = s_sum[row] + s_sum[64 + row];
-        const float inverse = total > 0.f ? 1.f / total : 0.f;
+        const float inverse = Sm90RowInverse(total);
         float* staged = stage + row * kClusterStagePitch + wg * 256 + 2 * c;
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
           *reinterpret_cast<float2*>(staged + 8 * j) =
               make_float2(o[4 * j + 2 * r] * inverse, o[4 * j + 2 * r + 1] * inverse);
         }
-        if (wg == 0 && c == 0) {
-          stage_lse[row] = total > 0.f ? (m[r] + log2f(total)) * 0.6931471805599453f : kNegInf;
-        }
+        if (wg == 0 && c == 0) stage_lse[row] = Sm90RowLse(m[r], total);
       }
       ClusterArrive();
-      __nv_bfloat16* const out_bf16 =
-          p.out_bf16 == nullptr
-              ? nullptr
-              : static_cast<__nv_bfloat16*>(p.out_bf16) + int64_t(work.token) * p.out_token_stride +
-                    int64_t(work.head0) * p.out_head_stride;
       ClusterMergeSplits(work, out_bf16, p.out_head_stride, split.num_splits,
                          base + Config::kKOffset, base + Config::kP1Offset, threadIdx.x);
       continue;
@@ -516,12 +516,7 @@ __global__ void __launch_bounds__(384, 1)
     // bf16 split partials written from the fragment (half the bytes, half-sector writes) took
     // longer (4.3 us). The limit is the SM's write path, not this store pattern.
     // With SparseMqaParams::out_bf16 (one split) the values go out as bf16 pairs instead.
-    // The bf16 row is found from p here rather than carried in `work` through the main loop.
-    const bool to_bf16 = p.out_bf16 != nullptr && split.num_splits == 1;
-    __nv_bfloat16* const out_bf16 =
-        to_bf16 ? static_cast<__nv_bfloat16*>(p.out_bf16) +
-                      int64_t(work.token) * p.out_token_stride + int64_t(work.head0) * p.out_head_stride
-                : nullptr;
+    const bool to_bf16 = out_bf16 != nullptr && split.num_splits == 1;
     const bool pairs_ok =
         (work.out_head_stride % 2 == 0) &&
         (to_bf16 ? reinterpret_cast<uintptr_t>(out_bf16) % 4 == 0
@@ -531,7 +526,7 @@ __global__ void __launch_bounds__(384, 1)
       const int row = rows[r];
       if (row >= work.heads) continue;
       const float total = s_sum[row] + s_sum[64 + row];
-      const float inverse = total > 0.f ? 1.f / total : 0.f;
+      const float inverse = Sm90RowInverse(total);
       const int64_t at = int64_t(row) * work.out_head_stride + wg * 256 + 2 * c;
       if (to_bf16) {
         __nv_bfloat16* out = out_bf16 + at;
@@ -559,9 +554,7 @@ __global__ void __launch_bounds__(384, 1)
           }
         }
       }
-      if (wg == 0 && c == 0) {
-        work.lse[row] = total > 0.f ? (m[r] + log2f(total)) * 0.6931471805599453f : kNegInf;
-      }
+      if (wg == 0 && c == 0) work.lse[row] = Sm90RowLse(m[r], total);
     }
     // The next item writes s_sum again (an item without pairs passes no other barrier first).
     if (item + gridDim.x < items) NamedBarrierSync(kBarSum, 256);

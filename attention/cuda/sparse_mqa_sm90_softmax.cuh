@@ -35,6 +35,15 @@ __device__ __forceinline__ void Sm90MaskScores(float (&s)[32], const int32_t* bl
   block_max[1] = QuadMax(block_max[1]);
 }
 
+// The epilogue's per-row normaliser of O (1 / the row's sum of P; 0 for a row without keys)
+// and the row's natural-log LSE from its running max in log2 units and that sum.
+__device__ __forceinline__ float Sm90RowInverse(float total) {
+  return total > 0.f ? 1.f / total : 0.f;
+}
+__device__ __forceinline__ float Sm90RowLse(float max_log2, float total) {
+  return total > 0.f ? (max_log2 + log2f(total)) * 0.6931471805599453f : -INFINITY;
+}
+
 // This thread's two rows of O (an m64n256 fragment) times their factors; nothing when both
 // are 1 (the running max did not move).
 __device__ __forceinline__ void Sm90RescaleRows(float (&o)[128], const float (&factor)[2]) {
