@@ -244,11 +244,15 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
     }
     split.cluster_merge = params.split_merge == 2 || (held > 0 && clusters <= held);
   }
-  if (kernel == 2 && params.kv_format == KvCacheDType::kFp8DsMla) {
-    DCP_RETURN_IF_ERROR(
-        (LaunchSparseMqaSm90<576, 512, KvCacheDType::kFp8DsMla>(params, split, stream)));
+  constexpr KvCacheDType kFp8 = KvCacheDType::kFp8DsMla, kBf16 = KvCacheDType::kBF16;
+  if (kernel == 2 && params.kv_format == kFp8) {
+    DCP_RETURN_IF_ERROR(split.cluster_merge
+                            ? (LaunchSparseMqaSm90<576, 512, kFp8, true>(params, split, stream))
+                            : (LaunchSparseMqaSm90<576, 512, kFp8, false>(params, split, stream)));
   } else if (kernel == 2) {
-    DCP_RETURN_IF_ERROR((LaunchSparseMqaSm90<576, 512>(params, split, stream)));
+    DCP_RETURN_IF_ERROR(split.cluster_merge
+                            ? (LaunchSparseMqaSm90<576, 512, kBf16, true>(params, split, stream))
+                            : (LaunchSparseMqaSm90<576, 512, kBf16, false>(params, split, stream)));
   } else if (params.kv_format == KvCacheDType::kFp8DsMla) {
     DCP_RETURN_IF_ERROR(
         (LaunchSparseMqa<576, 512, KvCacheDType::kFp8DsMla>(params, split, stream)));

@@ -58,7 +58,10 @@ int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& params, int splits);
 template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16>
 absl::Status LaunchSparseMqa(const SparseMqaParams& params, const SparseMqaSplit& split,
                              cudaStream_t stream);
-template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16>
+// The wgmma kernel has two instantiations: kClusterMerge for split.cluster_merge, the plain
+// one otherwise (the launch checks that they agree).
+template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16,
+          bool kClusterMerge = false>
 absl::Status LaunchSparseMqaSm90(const SparseMqaParams& params, const SparseMqaSplit& split,
                                  cudaStream_t stream);
 // How many thread-block clusters of `splits` CTAs of the wgmma kernel the current device holds

@@ -31,6 +31,8 @@
 // Split keys (SparseMqaSplit): each CTA writes its normalised partial and LSE for MergeSplits,
 // or, with SparseMqaSplit::cluster_merge, the splits of a (token, head block) are one cluster
 // and merge in the epilogue through distributed shared memory (sparse_mqa_sm90_cluster_merge.cuh).
+// The cluster merge is an instantiation of its own (kClusterMerge), so the launches that do
+// not merge inside the cluster run the kernel as it was before the merge existed.
 // Shared memory: Q (9 tiles, 72 KiB), K0 and K1 (72 KiB each), P1 (8 KiB; P0 overwrites K0's
 // rope tile, no longer needed after S0), indices, maxima and sums: about 226 KiB, one CTA/SM.
 // Heads past num_heads are zero rows (computed, not stored): any head count works; below 64
@@ -63,7 +65,7 @@
 
 namespace dcp::cuda {
 
-template <int kHeadDim, int kVDim, KvCacheDType kFormat>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat, bool kClusterMerge = false>
 __global__ void __launch_bounds__(384, 1)
     SparseMqaSm90Kernel(const SparseMqaParams p, const SparseMqaSplit split) {
 #if SPARSE_MQA_SM90_ENABLED
@@ -103,8 +105,9 @@ __global__ void __launch_bounds__(384, 1)
   const int items = static_cast<int>(SparseMqaItems(p, split.num_splits, split.block_heads));
   auto item_of = [&](int item, SparseMqaWork& work, int& first_block, int& num_pairs)
       __attribute__((always_inline)) {
-    work = GetSparseMqaWork(p, split, split.block_heads, Config::kBlockKeys, /*block_align=*/2,
-                            unsigned(item));
+    work = GetSparseMqaWork<unsigned, kClusterMerge>(p, split, split.block_heads,
+                                                     Config::kBlockKeys, /*block_align=*/2,
+                                                     unsigned(item));
     first_block = work.key_begin / Config::kBlockKeys;
     num_pairs =
         ((work.key_end - work.key_begin + Config::kBlockKeys - 1) / Config::kBlockKeys + 1) / 2;
@@ -482,7 +485,7 @@ __global__ void __launch_bounds__(384, 1)
             ? nullptr
             : static_cast<__nv_bfloat16*>(p.out_bf16) + int64_t(work.token) * p.out_token_stride +
                   int64_t(work.head0) * p.out_head_stride;
-    if (split.cluster_merge) {
+    if constexpr (kClusterMerge) {
       static_assert(64 * kClusterStagePitch * 4 <= 2 * Config::kBufferBytes &&
                         64 * 4 <= kTileBytes,
                     "the staged partial fits K0 + K1, its LSEs P1");
@@ -567,12 +570,13 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-// Sets the kernel's attributes (dynamic shared memory, clusters above 8 CTAs) once per device:
-// the attribute calls cost host time on every decode step otherwise.
-template <int kHeadDim, int kVDim, KvCacheDType kFormat>
+// Sets the kernel's attributes (dynamic shared memory; clusters above 8 CTAs for the cluster
+// instantiation) once per device: the attribute calls cost host time on every decode step
+// otherwise.
+template <int kHeadDim, int kVDim, KvCacheDType kFormat, bool kClusterMerge>
 absl::Status ConfigureSparseMqaSm90() {
   using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
-  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat>;
+  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, kClusterMerge>;
   static std::atomic<uint64_t> configured{0};
   int device = 0;
   DCP_CUDA_CHECK(cudaGetDevice(&device));
@@ -580,7 +584,10 @@ absl::Status ConfigureSparseMqaSm90() {
   if (bit != 0 && (configured.load() & bit) != 0) return absl::OkStatus();
   DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       Config::kSmemBytes));
-  DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  if constexpr (kClusterMerge) {
+    DCP_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
   configured.fetch_or(bit);
   return absl::OkStatus();
 }
@@ -596,7 +603,7 @@ int SparseMqaSm90MaxClusters(int splits) {
   if (known.load() > 0) return known.load() - 1;
   using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
   int clusters = 0;
-  if (ConfigureSparseMqaSm90<kHeadDim, kVDim, kFormat>().ok()) {
+  if (ConfigureSparseMqaSm90<kHeadDim, kVDim, kFormat, /*kClusterMerge=*/true>().ok()) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(static_cast<unsigned>(splits));
     config.blockDim = dim3(Config::kThreads);
@@ -608,8 +615,9 @@ int SparseMqaSm90MaxClusters(int splits) {
     attribute.val.clusterDim.z = 1;
     config.attrs = &attribute;
     config.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&clusters, SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat>,
-                                       &config) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(
+            &clusters, SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, /*kClusterMerge=*/true>,
+            &config) != cudaSuccess) {
       clusters = 0;
     }
   }
@@ -619,12 +627,16 @@ int SparseMqaSm90MaxClusters(int splits) {
   return clusters;
 }
 
-template <int kHeadDim, int kVDim, KvCacheDType kFormat>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat, bool kClusterMerge>
 absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit& split,
                                  cudaStream_t stream) {
   using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
-  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat>;
-  DCP_RETURN_IF_ERROR((ConfigureSparseMqaSm90<kHeadDim, kVDim, kFormat>()));
+  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, kClusterMerge>;
+  if (split.cluster_merge != kClusterMerge) {
+    return DCP_ERROR(Internal, "SparseMqa (wgmma): cluster_merge %d launched on the %s instantiation",
+                     int(split.cluster_merge), kClusterMerge ? "cluster" : "plain");
+  }
+  DCP_RETURN_IF_ERROR((ConfigureSparseMqaSm90<kHeadDim, kVDim, kFormat, kClusterMerge>()));
   DCP_CHECK_ARG(split.block_heads == 16 || split.block_heads == 32 || split.block_heads == 64,
                 "SparseMqa (wgmma): block_heads %d is not 16, 32 or 64", split.block_heads);
   const int64_t head_blocks = (p.num_heads + split.block_heads - 1) / split.block_heads;
@@ -644,7 +656,7 @@ absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit&
   config.stream = stream;
   cudaLaunchAttribute attributes[2];
   SetProgrammaticLaunch(&config, &attributes[0]);
-  if (split.cluster_merge) {
+  if constexpr (kClusterMerge) {
     cudaLaunchAttribute& cluster = attributes[config.numAttrs];
     cluster.id = cudaLaunchAttributeClusterDimension;
     cluster.val.clusterDim.x = static_cast<unsigned>(split.num_splits);

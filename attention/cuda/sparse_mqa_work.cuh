@@ -61,15 +61,17 @@ __host__ __device__ __forceinline__ int64_t SparseMqaItems(const SparseMqaParams
 
 // Work item `item` (< SparseMqaItems). Index: the arithmetic's type (the wgmma kernel walks
 // items in 32 bits, its launcher keeps them below 2^31; the mma.sync kernel's one item is
-// blockIdx.x in 64 bits, the code its registers were tuned with).
-template <class Index>
+// blockIdx.x in 64 bits, the code its registers were tuned with). kClusterMerge: the order and
+// rows of SparseMqaSplit::cluster_merge, a compile-time choice (the wgmma kernel's cluster
+// instantiation), so the other kernels carry no trace of it.
+template <class Index, bool kClusterMerge = false>
 __device__ __forceinline__ SparseMqaWork GetSparseMqaWork(const SparseMqaParams& p,
                                                           const SparseMqaSplit& split,
                                                           int block_heads, int block_keys,
                                                           int block_align, Index item) {
   SparseMqaWork w;
   const int head_blocks = (p.num_heads + block_heads - 1) / block_heads;
-  if (split.cluster_merge) {
+  if constexpr (kClusterMerge) {
     w.split = static_cast<int>(item % Index(split.num_splits));
     const Index token_block = item / Index(split.num_splits);
     w.head0 = static_cast<int>(token_block % Index(head_blocks)) * block_heads;
@@ -88,7 +90,7 @@ __device__ __forceinline__ SparseMqaWork GetSparseMqaWork(const SparseMqaParams&
   per = (per + block_align - 1) / block_align * block_align;
   w.key_begin = min(count, w.split * per * block_keys);
   w.key_end = min(count, w.key_begin + per * block_keys);
-  if (split.num_splits == 1 || split.cluster_merge) {  // the final rows
+  if (split.num_splits == 1 || kClusterMerge) {  // the final rows
     w.out = p.out + int64_t(w.token) * p.out_token_stride + int64_t(w.head0) * p.out_head_stride;
     w.out_head_stride = p.out_head_stride;
     w.lse = p.lse + int64_t(w.token) * p.lse_token_stride + w.head0;

@@ -5,9 +5,8 @@
 
 namespace dcp::cuda {
 
-template absl::Status LaunchSparseMqaSm90<576, 512>(const SparseMqaParams&,
-                                                    const SparseMqaSplit&, cudaStream_t);
-template int SparseMqaSm90MaxClusters<576, 512>(int);
+template absl::Status LaunchSparseMqaSm90<576, 512, KvCacheDType::kBF16, false>(
+    const SparseMqaParams&, const SparseMqaSplit&, cudaStream_t);
 
 bool SparseMqaSm90Available() {
   // The binary the runtime picked for this device: sm_90 code means the sm_90a build is there

@@ -3,7 +3,6 @@
 #include "attention/cuda/sparse_mqa_sm90_kernel.cuh"
 
 namespace dcp::cuda {
-template absl::Status LaunchSparseMqaSm90<576, 512, KvCacheDType::kFp8DsMla>(
+template absl::Status LaunchSparseMqaSm90<576, 512, KvCacheDType::kFp8DsMla, false>(
     const SparseMqaParams&, const SparseMqaSplit&, cudaStream_t);
-template int SparseMqaSm90MaxClusters<576, 512, KvCacheDType::kFp8DsMla>(int);
 }  // namespace dcp::cuda

@@ -1,0 +1,10 @@
+// Sparse MQA, bf16 q over fp8_ds_mla cache rows, head_dim 576 / v_dim 512: the wgmma kernel's
+// instantiation that merges the splits inside a thread-block cluster
+// (SparseMqaSplit::cluster_merge; sm_90a).
+#include "attention/cuda/sparse_mqa_sm90_kernel.cuh"
+
+namespace dcp::cuda {
+template absl::Status LaunchSparseMqaSm90<576, 512, KvCacheDType::kFp8DsMla, true>(
+    const SparseMqaParams&, const SparseMqaSplit&, cudaStream_t);
+template int SparseMqaSm90MaxClusters<576, 512, KvCacheDType::kFp8DsMla>(int);
+}  // namespace dcp::cuda
