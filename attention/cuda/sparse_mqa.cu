@@ -125,6 +125,21 @@ absl::Status Check(const SparseMqaParams& p) {
   return absl::OkStatus();
 }
 
+// The wgmma kernel's instantiation for this launch's epilogue (ChooseSm90Epilogue).
+template <KvCacheDType kFormat>
+absl::Status LaunchSm90(const SparseMqaParams& params, const SparseMqaSplit& split,
+                        cudaStream_t stream) {
+  switch (ChooseSm90Epilogue(params, split)) {
+    case Sm90Epilogue::kCluster:
+      return LaunchSparseMqaSm90<576, 512, kFormat, Sm90Epilogue::kCluster>(params, split, stream);
+    case Sm90Epilogue::kBf16:
+      return LaunchSparseMqaSm90<576, 512, kFormat, Sm90Epilogue::kBf16>(params, split, stream);
+    case Sm90Epilogue::kF32:
+      break;
+  }
+  return LaunchSparseMqaSm90<576, 512, kFormat, Sm90Epilogue::kF32>(params, split, stream);
+}
+
 }  // namespace
 
 int SparseMqaResolveKernel(const SparseMqaParams& params) {
@@ -244,15 +259,10 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
     }
     split.cluster_merge = params.split_merge == 2 || (held > 0 && clusters <= held);
   }
-  constexpr KvCacheDType kFp8 = KvCacheDType::kFp8DsMla, kBf16 = KvCacheDType::kBF16;
-  if (kernel == 2 && params.kv_format == kFp8) {
-    DCP_RETURN_IF_ERROR(split.cluster_merge
-                            ? (LaunchSparseMqaSm90<576, 512, kFp8, true>(params, split, stream))
-                            : (LaunchSparseMqaSm90<576, 512, kFp8, false>(params, split, stream)));
+  if (kernel == 2 && params.kv_format == KvCacheDType::kFp8DsMla) {
+    DCP_RETURN_IF_ERROR(LaunchSm90<KvCacheDType::kFp8DsMla>(params, split, stream));
   } else if (kernel == 2) {
-    DCP_RETURN_IF_ERROR(split.cluster_merge
-                            ? (LaunchSparseMqaSm90<576, 512, kBf16, true>(params, split, stream))
-                            : (LaunchSparseMqaSm90<576, 512, kBf16, false>(params, split, stream)));
+    DCP_RETURN_IF_ERROR(LaunchSm90<KvCacheDType::kBF16>(params, split, stream));
   } else if (params.kv_format == KvCacheDType::kFp8DsMla) {
     DCP_RETURN_IF_ERROR(
         (LaunchSparseMqa<576, 512, KvCacheDType::kFp8DsMla>(params, split, stream)));

@@ -58,10 +58,14 @@ int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& params, int splits);
 template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16>
 absl::Status LaunchSparseMqa(const SparseMqaParams& params, const SparseMqaSplit& split,
                              cudaStream_t stream);
-// The wgmma kernel has two instantiations: kClusterMerge for split.cluster_merge, the plain
-// one otherwise (the launch checks that they agree).
+// The wgmma kernel's epilogue, one instantiation each: fp32 rows (the final rows at one split,
+// else the split partials for MergeSplits), bf16 rows at one split (SparseMqaParams::out_bf16),
+// or the split merge inside a thread-block cluster (SparseMqaSplit::cluster_merge).
+// ChooseSm90Epilogue (sparse_mqa_work.cuh) picks one per launch.
+enum class Sm90Epilogue { kF32 = 0, kBf16 = 1, kCluster = 2 };
+// Launches the instantiation ChooseSm90Epilogue picks (an Internal error for another).
 template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16,
-          bool kClusterMerge = false>
+          Sm90Epilogue kEpilogue = Sm90Epilogue::kF32>
 absl::Status LaunchSparseMqaSm90(const SparseMqaParams& params, const SparseMqaSplit& split,
                                  cudaStream_t stream);
 // How many thread-block clusters of `splits` CTAs of the wgmma kernel the current device holds

@@ -31,8 +31,10 @@
 // Split keys (SparseMqaSplit): each CTA writes its normalised partial and LSE for MergeSplits,
 // or, with SparseMqaSplit::cluster_merge, the splits of a (token, head block) are one cluster
 // and merge in the epilogue through distributed shared memory (sparse_mqa_sm90_cluster_merge.cuh).
-// The cluster merge is an instantiation of its own (kClusterMerge), so the launches that do
-// not merge inside the cluster run the kernel as it was before the merge existed.
+// Each epilogue (Sm90Epilogue: fp32 rows, bf16 rows at one split, the cluster merge) is an
+// instantiation of its own: compiled into one kernel behind run-time flags, the unused ones
+// slowed the launches that never took them (docs/sparse_mqa_sm90.md, "An instantiation of its
+// own").
 // Shared memory: Q (9 tiles, 72 KiB), K0 and K1 (72 KiB each), P1 (8 KiB; P0 overwrites K0's
 // rope tile, no longer needed after S0), indices, maxima and sums: about 226 KiB, one CTA/SM.
 // Heads past num_heads are zero rows (computed, not stored): any head count works; below 64
@@ -65,7 +67,8 @@
 
 namespace dcp::cuda {
 
-template <int kHeadDim, int kVDim, KvCacheDType kFormat, bool kClusterMerge = false>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat,
+          Sm90Epilogue kEpilogue = Sm90Epilogue::kF32>
 __global__ void __launch_bounds__(384, 1)
     SparseMqaSm90Kernel(const SparseMqaParams p, const SparseMqaSplit split) {
 #if SPARSE_MQA_SM90_ENABLED
@@ -105,7 +108,8 @@ __global__ void __launch_bounds__(384, 1)
   const int items = static_cast<int>(SparseMqaItems(p, split.num_splits, split.block_heads));
   auto item_of = [&](int item, SparseMqaWork& work, int& first_block, int& num_pairs)
       __attribute__((always_inline)) {
-    work = GetSparseMqaWork<unsigned, kClusterMerge>(p, split, split.block_heads,
+    work = GetSparseMqaWork<unsigned, kEpilogue == Sm90Epilogue::kCluster>(
+        p, split, split.block_heads,
                                                      Config::kBlockKeys, /*block_align=*/2,
                                                      unsigned(item));
     first_block = work.key_begin / Config::kBlockKeys;
@@ -478,14 +482,16 @@ __global__ void __launch_bounds__(384, 1)
     }
     NamedBarrierSync(kBarSum, 256);
     DCP_SM90_TRACE(first_item && threadIdx.x == 0, trace::kSumDone);
-    // The item's bf16 row (SparseMqaParams::out_bf16), found from p here rather than carried in
-    // `work` through the main loop.
-    __nv_bfloat16* const out_bf16 =
-        p.out_bf16 == nullptr
-            ? nullptr
-            : static_cast<__nv_bfloat16*>(p.out_bf16) + int64_t(work.token) * p.out_token_stride +
-                  int64_t(work.head0) * p.out_head_stride;
-    if constexpr (kClusterMerge) {
+    // The item's bf16 row (SparseMqaParams::out_bf16; null for the fp32 epilogue), found from p
+    // here rather than carried in `work` through the main loop.
+    __nv_bfloat16* out_bf16 = nullptr;
+    if constexpr (kEpilogue != Sm90Epilogue::kF32) {
+      if (p.out_bf16 != nullptr) {
+        out_bf16 = static_cast<__nv_bfloat16*>(p.out_bf16) +
+                   int64_t(work.token) * p.out_token_stride + int64_t(work.head0) * p.out_head_stride;
+      }
+    }
+    if constexpr (kEpilogue == Sm90Epilogue::kCluster) {
       static_assert(64 * kClusterStagePitch * 4 <= 2 * Config::kBufferBytes &&
                         64 * 4 <= kTileBytes,
                     "the staged partial fits K0 + K1, its LSEs P1");
@@ -518,11 +524,11 @@ __global__ void __launch_bounds__(384, 1)
     // with bulk copies, or with 16-byte stores of 512 contiguous bytes a warp, measured the same;
     // bf16 split partials written from the fragment (half the bytes, half-sector writes) took
     // longer (4.3 us). The limit is the SM's write path, not this store pattern.
-    // With SparseMqaParams::out_bf16 (one split) the values go out as bf16 pairs instead.
-    const bool to_bf16 = out_bf16 != nullptr && split.num_splits == 1;
+    // Sm90Epilogue::kBf16 (SparseMqaParams::out_bf16, one split): bf16 pairs instead.
+    constexpr bool kToBf16 = kEpilogue == Sm90Epilogue::kBf16;
     const bool pairs_ok =
         (work.out_head_stride % 2 == 0) &&
-        (to_bf16 ? reinterpret_cast<uintptr_t>(out_bf16) % 4 == 0
+        (kToBf16 ? reinterpret_cast<uintptr_t>(out_bf16) % 4 == 0
                  : reinterpret_cast<uintptr_t>(work.out) % 8 == 0);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -531,7 +537,7 @@ __global__ void __launch_bounds__(384, 1)
       const float total = s_sum[row] + s_sum[64 + row];
       const float inverse = Sm90RowInverse(total);
       const int64_t at = int64_t(row) * work.out_head_stride + wg * 256 + 2 * c;
-      if (to_bf16) {
+      if constexpr (kToBf16) {
         __nv_bfloat16* out = out_bf16 + at;
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
@@ -573,10 +579,10 @@ __global__ void __launch_bounds__(384, 1)
 // Sets the kernel's attributes (dynamic shared memory; clusters above 8 CTAs for the cluster
 // instantiation) once per device: the attribute calls cost host time on every decode step
 // otherwise.
-template <int kHeadDim, int kVDim, KvCacheDType kFormat, bool kClusterMerge>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat, Sm90Epilogue kEpilogue>
 absl::Status ConfigureSparseMqaSm90() {
   using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
-  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, kClusterMerge>;
+  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, kEpilogue>;
   static std::atomic<uint64_t> configured{0};
   int device = 0;
   DCP_CUDA_CHECK(cudaGetDevice(&device));
@@ -584,7 +590,7 @@ absl::Status ConfigureSparseMqaSm90() {
   if (bit != 0 && (configured.load() & bit) != 0) return absl::OkStatus();
   DCP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       Config::kSmemBytes));
-  if constexpr (kClusterMerge) {
+  if constexpr (kEpilogue == Sm90Epilogue::kCluster) {
     DCP_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   }
@@ -603,7 +609,7 @@ int SparseMqaSm90MaxClusters(int splits) {
   if (known.load() > 0) return known.load() - 1;
   using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
   int clusters = 0;
-  if (ConfigureSparseMqaSm90<kHeadDim, kVDim, kFormat, /*kClusterMerge=*/true>().ok()) {
+  if (ConfigureSparseMqaSm90<kHeadDim, kVDim, kFormat, Sm90Epilogue::kCluster>().ok()) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(static_cast<unsigned>(splits));
     config.blockDim = dim3(Config::kThreads);
@@ -616,7 +622,7 @@ int SparseMqaSm90MaxClusters(int splits) {
     config.attrs = &attribute;
     config.numAttrs = 1;
     if (cudaOccupancyMaxActiveClusters(
-            &clusters, SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, /*kClusterMerge=*/true>,
+            &clusters, SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, Sm90Epilogue::kCluster>,
             &config) != cudaSuccess) {
       clusters = 0;
     }
@@ -627,16 +633,16 @@ int SparseMqaSm90MaxClusters(int splits) {
   return clusters;
 }
 
-template <int kHeadDim, int kVDim, KvCacheDType kFormat, bool kClusterMerge>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat, Sm90Epilogue kEpilogue>
 absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit& split,
                                  cudaStream_t stream) {
   using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
-  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, kClusterMerge>;
-  if (split.cluster_merge != kClusterMerge) {
-    return DCP_ERROR(Internal, "SparseMqa (wgmma): cluster_merge %d launched on the %s instantiation",
-                     int(split.cluster_merge), kClusterMerge ? "cluster" : "plain");
+  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, kEpilogue>;
+  if (ChooseSm90Epilogue(p, split) != kEpilogue) {
+    return DCP_ERROR(Internal, "SparseMqa (wgmma): epilogue %d launched on instantiation %d",
+                     int(ChooseSm90Epilogue(p, split)), int(kEpilogue));
   }
-  DCP_RETURN_IF_ERROR((ConfigureSparseMqaSm90<kHeadDim, kVDim, kFormat, kClusterMerge>()));
+  DCP_RETURN_IF_ERROR((ConfigureSparseMqaSm90<kHeadDim, kVDim, kFormat, kEpilogue>()));
   DCP_CHECK_ARG(split.block_heads == 16 || split.block_heads == 32 || split.block_heads == 64,
                 "SparseMqa (wgmma): block_heads %d is not 16, 32 or 64", split.block_heads);
   const int64_t head_blocks = (p.num_heads + split.block_heads - 1) / split.block_heads;
@@ -656,7 +662,7 @@ absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit&
   config.stream = stream;
   cudaLaunchAttribute attributes[2];
   SetProgrammaticLaunch(&config, &attributes[0]);
-  if constexpr (kClusterMerge) {
+  if constexpr (kEpilogue == Sm90Epilogue::kCluster) {
     cudaLaunchAttribute& cluster = attributes[config.numAttrs];
     cluster.id = cudaLaunchAttributeClusterDimension;
     cluster.val.clusterDim.x = static_cast<unsigned>(split.num_splits);

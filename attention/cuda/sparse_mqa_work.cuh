@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "attention/attention_params.h"
+#include "attention/cuda/sparse_mqa.h"
 
 namespace dcp::cuda {
 
@@ -52,6 +53,13 @@ struct SparseMqaWork {
   int64_t out_head_stride;
   float* lse;  // entry of head0 (heads contiguous)
 };
+
+// The wgmma kernel's epilogue for a launch (sparse_mqa.h, Sm90Epilogue).
+inline Sm90Epilogue ChooseSm90Epilogue(const SparseMqaParams& p, const SparseMqaSplit& split) {
+  if (split.cluster_merge) return Sm90Epilogue::kCluster;
+  return p.out_bf16 != nullptr && split.num_splits == 1 ? Sm90Epilogue::kBf16
+                                                        : Sm90Epilogue::kF32;
+}
 
 // The number of work items (tokens x splits x head blocks).
 __host__ __device__ __forceinline__ int64_t SparseMqaItems(const SparseMqaParams& p, int num_splits,

@@ -1,11 +1,12 @@
-// Sparse MQA, bf16, head_dim 576 / v_dim 512: the warp-specialised wgmma kernel (sm_90a).
+// Sparse MQA, bf16, head_dim 576 / v_dim 512: the warp-specialised wgmma kernel (sm_90a) with
+// fp32 output rows (Sm90Epilogue::kF32).
 #include <atomic>
 
 #include "attention/cuda/sparse_mqa_sm90_kernel.cuh"
 
 namespace dcp::cuda {
 
-template absl::Status LaunchSparseMqaSm90<576, 512, KvCacheDType::kBF16, false>(
+template absl::Status LaunchSparseMqaSm90<576, 512, KvCacheDType::kBF16, Sm90Epilogue::kF32>(
     const SparseMqaParams&, const SparseMqaSplit&, cudaStream_t);
 
 bool SparseMqaSm90Available() {

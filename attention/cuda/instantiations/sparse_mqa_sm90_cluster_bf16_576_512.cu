@@ -3,7 +3,8 @@
 #include "attention/cuda/sparse_mqa_sm90_kernel.cuh"
 
 namespace dcp::cuda {
-template absl::Status LaunchSparseMqaSm90<576, 512, KvCacheDType::kBF16, true>(
+template absl::Status LaunchSparseMqaSm90<576, 512, KvCacheDType::kBF16,
+                                          Sm90Epilogue::kCluster>(
     const SparseMqaParams&, const SparseMqaSplit&, cudaStream_t);
 template int SparseMqaSm90MaxClusters<576, 512>(int);
 }  // namespace dcp::cuda

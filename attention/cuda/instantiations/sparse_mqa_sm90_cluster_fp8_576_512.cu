@@ -4,7 +4,8 @@
 #include "attention/cuda/sparse_mqa_sm90_kernel.cuh"
 
 namespace dcp::cuda {
-template absl::Status LaunchSparseMqaSm90<576, 512, KvCacheDType::kFp8DsMla, true>(
+template absl::Status LaunchSparseMqaSm90<576, 512, KvCacheDType::kFp8DsMla,
+                                          Sm90Epilogue::kCluster>(
     const SparseMqaParams&, const SparseMqaSplit&, cudaStream_t);
 template int SparseMqaSm90MaxClusters<576, 512, KvCacheDType::kFp8DsMla>(int);
 }  // namespace dcp::cuda
