@@ -109,9 +109,7 @@ __global__ void __launch_bounds__(384, 1)
   auto item_of = [&](int item, SparseMqaWork& work, int& first_block, int& num_pairs)
       __attribute__((always_inline)) {
     work = GetSparseMqaWork<unsigned, kEpilogue == Sm90Epilogue::kCluster>(
-        p, split, split.block_heads,
-                                                     Config::kBlockKeys, /*block_align=*/2,
-                                                     unsigned(item));
+        p, split, split.block_heads, Config::kBlockKeys, /*block_align=*/2, unsigned(item));
     first_block = work.key_begin / Config::kBlockKeys;
     num_pairs =
         ((work.key_end - work.key_begin + Config::kBlockKeys - 1) / Config::kBlockKeys + 1) / 2;
