@@ -913,6 +913,24 @@ TEST_F(SparseMqaCudaTest, SplitsMergedInsideTheCluster) {
   RunAndCheck(h);
 }
 
+// A few small clusters (the racecheck case of scripts/device_test.sh: the whole test above is
+// too large for compute-sanitizer's time): ragged counts with an empty token and a token of one
+// block, unaligned output rows, two and three splits of 16 and 32 heads.
+TEST_F(SparseMqaCudaTest, ClusterMergeSmallCases) {
+  if (!cuda::SparseMqaSm90Available()) GTEST_SKIP() << "no wgmma kernel on this device";
+  MqaCase c;
+  c.tokens = 3;
+  c.heads = 32;
+  c.topk = 300;
+  c.slots = 1000;
+  c.counts = {300, 0, 65};
+  c.out_head_stride = kVDim + 2;
+  c.splits = {2, 3};
+  c.block_heads = {16, 32};
+  c.merges = {2};
+  RunAndCheck(c);
+}
+
 // One token of 64 heads over 512 keys on the device, for the tests of single launches.
 struct OneTokenLaunch {
   static MqaCase Case() {
