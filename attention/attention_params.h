@@ -167,6 +167,13 @@ struct SparseMqaParams {
   // 1: the MergeSplits kernel; 2: in the cluster (Unimplemented where it cannot be, InvalidArgument
   // beside sm90_ctas or deferred_merge). Both give the same bits.
   int split_merge = 0;
+  // CUDA only, the wgmma kernel: how its two consumer warpgroups share a pair of 64-key blocks.
+  // 1: pairs (each scores one block; row maxima and P exchanged between them twice a pair);
+  // 2: roles (WG0 scores every block and runs the softmax, WG1 only its half of P V; no
+  // exchange of maxima), bf16 rows only (fp8 rows and the cluster merge run pairs);
+  // 0: the default (DCP_SPARSE_MQA_SCHEDULE in the environment, for measurements, else pairs).
+  // Both give the float64 reference's result within bf16 tolerance, not the same bits.
+  int sm90_schedule = 0;
 };
 
 // merge_attn_states of two partials over disjoint key sets, per (token, head):

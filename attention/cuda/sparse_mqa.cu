@@ -59,6 +59,14 @@ float RescaleSlack() {
   return slack;
 }
 
+// The wgmma kernel's consumer schedule for bf16 rows when SparseMqaParams::sm90_schedule is 0:
+// DCP_SPARSE_MQA_SCHEDULE = 1 (pairs) or 2 (roles), default 1.
+int ScheduleByDefault() {
+  static const int schedule =
+      static_cast<int>(KnobFromEnvironment("DCP_SPARSE_MQA_SCHEDULE", 1, 1, 2));
+  return schedule;
+}
+
 // Whether split_merge 0 merges inside the cluster where it can: DCP_SPARSE_MQA_CLUSTER_MERGE=0
 // sends it to the MergeSplits kernel (for measurements); default on.
 bool ClusterMergeByDefault() {
@@ -81,6 +89,8 @@ absl::Status Check(const SparseMqaParams& p) {
       "SparseMqa: block_heads %d is not 0 (chosen), 16, 32 or 64", p.block_heads);
   DCP_CHECK_ARG(p.kernel >= 0 && p.kernel <= 2, "SparseMqa: kernel %d is not 0, 1 or 2", p.kernel);
   DCP_CHECK_ARG(p.sm90_ctas >= 0, "SparseMqa: sm90_ctas %d < 0", p.sm90_ctas);
+  DCP_CHECK_ARG(p.sm90_schedule >= 0 && p.sm90_schedule <= 2,
+                "SparseMqa: sm90_schedule %d is not 0, 1 or 2", p.sm90_schedule);
   DCP_CHECK_ARG(p.split_merge >= 0 && p.split_merge <= 2, "SparseMqa: split_merge %d is not 0, 1 or 2",
                 p.split_merge);
   DCP_CHECK_ARG(p.split_merge != 2 || (p.sm90_ctas == 0 && p.deferred_merge == nullptr),
@@ -125,10 +135,26 @@ absl::Status Check(const SparseMqaParams& p) {
   return absl::OkStatus();
 }
 
-// The wgmma kernel's instantiation for this launch's epilogue (ChooseSm90Epilogue).
+// The wgmma kernel's instantiation for this launch's epilogue (ChooseSm90Epilogue) and
+// schedule (SparseMqaSplit::roles: bf16 rows, fp32 or bf16 epilogue).
 template <KvCacheDType kFormat>
 absl::Status LaunchSm90(const SparseMqaParams& params, const SparseMqaSplit& split,
                         cudaStream_t stream) {
+  if constexpr (kFormat == KvCacheDType::kBF16) {
+    if (split.roles) {
+      switch (ChooseSm90Epilogue(params, split)) {
+        case Sm90Epilogue::kBf16:
+          return LaunchSparseMqaSm90<576, 512, kFormat, Sm90Epilogue::kBf16, true>(params, split,
+                                                                                  stream);
+        case Sm90Epilogue::kF32:
+          return LaunchSparseMqaSm90<576, 512, kFormat, Sm90Epilogue::kF32, true>(params, split,
+                                                                                 stream);
+        case Sm90Epilogue::kCluster:
+          break;
+      }
+      return DCP_ERROR(Internal, "SparseMqa (wgmma): no roles schedule with the cluster merge");
+    }
+  }
   switch (ChooseSm90Epilogue(params, split)) {
     case Sm90Epilogue::kCluster:
       return LaunchSparseMqaSm90<576, 512, kFormat, Sm90Epilogue::kCluster>(params, split, stream);
@@ -259,6 +285,10 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
     }
     split.cluster_merge = params.split_merge == 2 || (held > 0 && clusters <= held);
   }
+  // The roles schedule where it is compiled (bf16 rows, not the cluster merge) and asked for.
+  const int schedule = params.sm90_schedule > 0 ? params.sm90_schedule : ScheduleByDefault();
+  split.roles = kernel == 2 && schedule == 2 && params.kv_format == KvCacheDType::kBF16 &&
+                !split.cluster_merge;
   if (kernel == 2 && params.kv_format == KvCacheDType::kFp8DsMla) {
     DCP_RETURN_IF_ERROR(LaunchSm90<KvCacheDType::kFp8DsMla>(params, split, stream));
   } else if (kernel == 2) {

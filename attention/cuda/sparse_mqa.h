@@ -63,9 +63,11 @@ absl::Status LaunchSparseMqa(const SparseMqaParams& params, const SparseMqaSplit
 // or the split merge inside a thread-block cluster (SparseMqaSplit::cluster_merge).
 // ChooseSm90Epilogue (sparse_mqa_work.cuh) picks one per launch.
 enum class Sm90Epilogue { kF32 = 0, kBf16 = 1, kCluster = 2 };
-// Launches the instantiation ChooseSm90Epilogue picks (an Internal error for another).
+// Launches the instantiation ChooseSm90Epilogue and SparseMqaSplit::roles pick (an Internal
+// error for another). kRoles: the roles schedule (sparse_mqa_sm90_roles.cuh; bf16 rows, the
+// fp32 and bf16 epilogues).
 template <int kHeadDim, int kVDim, KvCacheDType kFormat = KvCacheDType::kBF16,
-          Sm90Epilogue kEpilogue = Sm90Epilogue::kF32>
+          Sm90Epilogue kEpilogue = Sm90Epilogue::kF32, bool kRoles = false>
 absl::Status LaunchSparseMqaSm90(const SparseMqaParams& params, const SparseMqaSplit& split,
                                  cudaStream_t stream);
 // How many thread-block clusters of `splits` CTAs of the wgmma kernel the current device holds

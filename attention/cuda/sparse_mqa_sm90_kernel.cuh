@@ -57,6 +57,7 @@
 #include "attention/cuda/sparse_mqa_sm90_fp8.cuh"
 #include "attention/cuda/sparse_mqa_sm90_gather.cuh"
 #include "attention/cuda/sparse_mqa_sm90_layout.cuh"
+#include "attention/cuda/sparse_mqa_sm90_roles.cuh"
 #include "attention/cuda/sparse_mqa_sm90_softmax.cuh"
 #include "attention/cuda/sparse_mqa_sm90_trace.cuh"
 #include "attention/cuda/sparse_mqa_work.cuh"
@@ -68,9 +69,11 @@
 namespace dcp::cuda {
 
 template <int kHeadDim, int kVDim, KvCacheDType kFormat,
-          Sm90Epilogue kEpilogue = Sm90Epilogue::kF32>
+          Sm90Epilogue kEpilogue = Sm90Epilogue::kF32, bool kRoles = false>
 __global__ void __launch_bounds__(384, 1)
     SparseMqaSm90Kernel(const SparseMqaParams p, const SparseMqaSplit split) {
+  static_assert(!kRoles || (kFormat == KvCacheDType::kBF16 && kEpilogue != Sm90Epilogue::kCluster),
+                "the roles schedule is compiled for bf16 rows with the fp32 or bf16 epilogue");
 #if SPARSE_MQA_SM90_ENABLED
   using namespace sm90;
   using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
@@ -94,6 +97,7 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t ready_bar = base + Config::kBarrierOffset;  // + 8 * half
   const uint32_t free_bar = ready_bar + 4 * 8;
   const uint32_t q_ready_bar = ready_bar + 8 * 8, q_free_bar = q_ready_bar + 8;
+  const uint32_t p_ready_bar = q_free_bar + 8;  // + 8 * buffer (the roles schedule)
 
   // This grid is itself launched as a programmatic dependent of the previous kernel in the
   // stream (LaunchSparseMqaSm90): nothing global (valid_counts, indices, q, cache, outputs) is
@@ -114,7 +118,13 @@ __global__ void __launch_bounds__(384, 1)
     num_pairs =
         ((work.key_end - work.key_begin + Config::kBlockKeys - 1) / Config::kBlockKeys + 1) / 2;
   };
-  const int warpgroup = threadIdx.x / 128;
+  // The roles schedule's warpgroups run different wgmma code: there the index goes through a
+  // shuffle, so that ptxas sees it warp-uniform and the branch on it not divergent (else it
+  // serialises every wgmma, C7518). The pairs schedule keeps the plain index (its code as
+  // measured).
+  const int warpgroup = kRoles
+                            ? __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0)
+                            : static_cast<int>(threadIdx.x / 128);
   const int t = threadIdx.x % 128;
 
   // The first pair's slots, loaded by the producer before the barrier below: the consumers
@@ -140,10 +150,16 @@ __global__ void __launch_bounds__(384, 1)
   if (threadIdx.x == 0) {
     for (int half = 0; half < 4; ++half) {
       MbarrierInit(ready_bar + 8 * half, 128);  // the producer's 128 cp.async arrivals
-      MbarrierInit(free_bar + 8 * half, 128);   // the one consumer WG that reads it last
+      // The one consumer WG that reads it last; in the roles schedule both WGs read the R halves
+      // (WG1 its values, WG0 the P it leaves in the rope tile).
+      MbarrierInit(free_bar + 8 * half, kRoles && (half == kR0 || half == kR1) ? 256 : 128);
     }
     MbarrierInit(q_ready_bar, 128);  // the producer's 128 cp.async arrivals
     MbarrierInit(q_free_bar, 256);   // both consumer WGs, after an item's last pair
+    if constexpr (kRoles) {
+      MbarrierInit(p_ready_bar, 128);  // WG0, once P of the block in K0 is written
+      MbarrierInit(p_ready_bar + 8, 128);
+    }
     FenceMbarrierInit();
   }
   __syncthreads();
@@ -243,6 +259,27 @@ __global__ void __launch_bounds__(384, 1)
         (void)traced;
         load_rows(0, b0, first_item && pair == 0);
         load_rows(1, b1, first_item && pair == 0);
+        if constexpr (kRoles) {
+          // The roles schedule scores the blocks one after the other: L0, R0, L1, R1, each
+          // block's indices with its L half.
+          MbarrierWait(free_bar + 8 * kL0, free_parity);
+          copy_tiles(0, 0, kLeftTiles);
+          copy_indices(0, b0);
+          CpAsyncMbarrierArrive(ready_bar + 8 * kL0);
+          MbarrierWait(free_bar + 8 * kR0, free_parity);
+          copy_tiles(0, kLeftTiles, kTiles);
+          CpAsyncMbarrierArrive(ready_bar + 8 * kR0);
+          if (pair == 0) load_q(work, first_item);
+          MbarrierWait(free_bar + 8 * kL1, free_parity);
+          copy_tiles(1, 0, kLeftTiles);
+          copy_indices(1, b1);
+          CpAsyncMbarrierArrive(ready_bar + 8 * kL1);
+          MbarrierWait(free_bar + 8 * kR1, free_parity);
+          copy_tiles(1, kLeftTiles, kTiles);
+          CpAsyncMbarrierArrive(ready_bar + 8 * kR1);
+          if (split.prefetch_pairs > 0) prefetch_pair(pair + split.prefetch_pairs);
+          continue;
+        }
         MbarrierWait(free_bar + 8 * kL0, free_parity);
         DCP_SM90_TRACE(traced, trace::kProducerBase + 5 * pair);
         copy_tiles(0, 0, kLeftTiles);
@@ -317,7 +354,19 @@ __global__ void __launch_bounds__(384, 1)
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
 
-    for (int pair = 0; pair < num_pairs; ++pair) {
+    if constexpr (kRoles) {
+      const Sm90RolesShared roles_shared{q_base,    {k_base[0], k_base[1]},
+                                   s_index,   s_max,
+                                   ready_bar, free_bar,
+                                   p_ready_bar};
+      if (wg == 0) {
+        Sm90RolesScore<Config>(roles_shared, o, m, l, first_block, num_pairs, pairs_done, work.key_end,
+                               p.num_slots, scale_log2, split.rescale_slack, t);
+      } else {
+        Sm90RolesPv<Config>(roles_shared, o, num_pairs, pairs_done, t);
+      }
+    }
+    for (int pair = 0; pair < (kRoles ? 0 : num_pairs); ++pair) {
       const int ready_parity = (pairs_done + pair) & 1;
       const int block = first_block + 2 * pair + wg;
       // This WG's trace mark of an event of this pair (a profiling build only).
@@ -577,10 +626,11 @@ __global__ void __launch_bounds__(384, 1)
 // Sets the kernel's attributes (dynamic shared memory; clusters above 8 CTAs for the cluster
 // instantiation) once per device: the attribute calls cost host time on every decode step
 // otherwise.
-template <int kHeadDim, int kVDim, KvCacheDType kFormat, Sm90Epilogue kEpilogue>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat, Sm90Epilogue kEpilogue,
+          bool kRoles = false>
 absl::Status ConfigureSparseMqaSm90() {
   using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
-  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, kEpilogue>;
+  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, kEpilogue, kRoles>;
   static std::atomic<uint64_t> configured{0};
   int device = 0;
   DCP_CUDA_CHECK(cudaGetDevice(&device));
@@ -631,16 +681,18 @@ int SparseMqaSm90MaxClusters(int splits) {
   return clusters;
 }
 
-template <int kHeadDim, int kVDim, KvCacheDType kFormat, Sm90Epilogue kEpilogue>
+template <int kHeadDim, int kVDim, KvCacheDType kFormat, Sm90Epilogue kEpilogue, bool kRoles>
 absl::Status LaunchSparseMqaSm90(const SparseMqaParams& p, const SparseMqaSplit& split,
                                  cudaStream_t stream) {
   using Config = SparseMqaSm90Config<kHeadDim, kVDim>;
-  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, kEpilogue>;
-  if (ChooseSm90Epilogue(p, split) != kEpilogue) {
-    return DCP_ERROR(Internal, "SparseMqa (wgmma): epilogue %d launched on instantiation %d",
-                     int(ChooseSm90Epilogue(p, split)), int(kEpilogue));
+  auto kernel = SparseMqaSm90Kernel<kHeadDim, kVDim, kFormat, kEpilogue, kRoles>;
+  if (ChooseSm90Epilogue(p, split) != kEpilogue || split.roles != kRoles) {
+    return DCP_ERROR(Internal,
+                     "SparseMqa (wgmma): epilogue %d, roles %d launched on instantiation %d, %d",
+                     int(ChooseSm90Epilogue(p, split)), int(split.roles), int(kEpilogue),
+                     int(kRoles));
   }
-  DCP_RETURN_IF_ERROR((ConfigureSparseMqaSm90<kHeadDim, kVDim, kFormat, kEpilogue>()));
+  DCP_RETURN_IF_ERROR((ConfigureSparseMqaSm90<kHeadDim, kVDim, kFormat, kEpilogue, kRoles>()));
   DCP_CHECK_ARG(split.block_heads == 16 || split.block_heads == 32 || split.block_heads == 64,
                 "SparseMqa (wgmma): block_heads %d is not 16, 32 or 64", split.block_heads);
   const int64_t head_blocks = (p.num_heads + split.block_heads - 1) / split.block_heads;

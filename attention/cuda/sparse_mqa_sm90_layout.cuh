@@ -20,9 +20,10 @@ struct SparseMqaSm90Config {
   static constexpr int kIndexOffset = kP1Offset + kTileBytes;   // int32 [2][64]
   static constexpr int kMaxOffset = kIndexOffset + 2 * 64 * 4;  // float [2][64]
   static constexpr int kSumOffset = kMaxOffset + 2 * 64 * 4;    // float [2][64]
-  // uint64 ready[4], free[4] (the half buffers), then q_ready, q_free (the Q tile)
+  // uint64 ready[4], free[4] (the half buffers), then q_ready, q_free (the Q tile), then
+  // p_ready[2] (the roles schedule: P of the block in K0 / K1 written, sparse_mqa_sm90_roles.cuh)
   static constexpr int kBarrierOffset = kSumOffset + 2 * 64 * 4;
-  static constexpr int kSmemBytes = kBarrierOffset + 10 * 8 + 1024;  // + alignment slack
+  static constexpr int kSmemBytes = kBarrierOffset + 12 * 8 + 1024;  // + alignment slack
   static_assert(kHeadDim == 576 && kVDim == 512, "the tile plan above is for 576 / 512");
   static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM must fit");
 };
@@ -37,6 +38,7 @@ enum Sm90Barrier : int {
   kBarP = 3,
   kBarSum = 4,
   kBarConvert = 5,  // and 6
+  kBarScorerP = 7,  // the roles schedule's WG0 (128 threads): its P tile is written
 };
 
 }  // namespace dcp::cuda

@@ -39,6 +39,11 @@ struct SparseMqaSplit {
   // a (token, head block) are one thread-block cluster and write the final out / lse; part_out
   // and part_lse are not used. Needs 2 <= num_splits <= 16 and persistent_ctas == 0.
   bool cluster_merge = false;
+  // The wgmma kernel's consumer schedule (SparseMqaParams::sm90_schedule): false = pairs (each
+  // consumer WG scores one block of a pair, maxima and P exchanged), true = roles (WG0 scores
+  // every block and runs the softmax, WG1 only its half of P V; sparse_mqa_sm90_roles.cuh).
+  // Roles needs bf16 rows and no cluster merge.
+  bool roles = false;
   float* part_out = nullptr;
   float* part_lse = nullptr;
 };

@@ -154,9 +154,11 @@ class SparseMqaFp8CudaTest : public GpuTest {
     if (split_bytes > 0) p.workspace = workspace.get(), p.workspace_bytes = split_bytes;
     absl::Status status = cuda::SparseMqa(p, nullptr);
     ASSERT_TRUE(status.ok()) << status;
-    // The same kernel over the bf16-rounded dequantized rows as bf16 rows, with the same splits.
+    // The same kernel over the bf16-rounded dequantized rows as bf16 rows, with the same splits
+    // and the schedule fp8 rows run (pairs: the roles schedule sums in another order).
     SparseMqaParams b = p;
     b.kv_format = KvCacheDType::kBF16;
+    b.sm90_schedule = 1;
     b.kv_cache = kv_bf16.get(), b.kv_row_stride = kWidth;
     b.out = out_bf16.get(), b.lse = lse_bf16.get();
     status = cuda::SparseMqa(b, nullptr);

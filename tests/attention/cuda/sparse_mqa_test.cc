@@ -55,6 +55,9 @@ struct MqaCase {
   // The wgmma kernel's split merges to run (SparseMqaParams::split_merge; 0: chosen, 2: inside
   // the cluster, required), each with every other setting.
   std::vector<int> merges = {0};
+  // The wgmma kernel's consumer schedules to run (SparseMqaParams::sm90_schedule: 1 pairs,
+  // 2 roles), each with every other setting but the cluster merge (split_merge 2 runs pairs).
+  std::vector<int> schedules = {1, 2};
   // Non-zero: logits that climb block by block. Every query's rope part (columns 512-575) is 1
   // and the rope part of the row at position k of a token's list is rope_ramp * (k / 64), so a
   // 64-key block scores about 6.66 * rope_ramp (log2 units) above the one before it (with
@@ -75,6 +78,7 @@ struct Variant {
   int block_heads = 0;  // SparseMqaParams::block_heads
   int ctas = 0;         // SparseMqaParams::sm90_ctas
   int merge = 0;        // SparseMqaParams::split_merge
+  int schedule = 0;     // SparseMqaParams::sm90_schedule
 };
 
 struct MqaData {
@@ -164,8 +168,11 @@ std::vector<Variant> Variants(const MqaCase& c) {
         for (int splits : c.splits) {
           for (int merge : c.merges) {
             if (kernel != 2 && merge != c.merges.front()) continue;
-            variants.push_back(
-                {kernel, splits, block_heads, kernel == 2 ? ctas : 0, kernel == 2 ? merge : 0});
+            for (int schedule : c.schedules) {
+              if ((kernel != 2 || merge == 2) && schedule != c.schedules.front()) continue;
+              variants.push_back({kernel, splits, block_heads, kernel == 2 ? ctas : 0,
+                                  kernel == 2 ? merge : 0, kernel == 2 ? schedule : 0});
+            }
           }
         }
       }
@@ -343,12 +350,14 @@ class SparseMqaCudaTest : public GpuTest {
     for (const Variant& v : Variants(c)) {
       SCOPED_TRACE(::testing::Message()
                    << "kernel " << v.kernel << " splits " << v.splits << " block_heads "
-                   << v.block_heads << " ctas " << v.ctas << " split_merge " << v.merge);
+                   << v.block_heads << " ctas " << v.ctas << " split_merge " << v.merge
+                   << " schedule " << v.schedule);
       p.kernel = v.kernel;
       p.num_splits = v.splits;
       p.block_heads = v.block_heads;
       p.sm90_ctas = v.ctas;
       p.split_merge = v.merge;
+      p.sm90_schedule = v.schedule;
       out.Poison();
       lse.Poison();
       const absl::Status status = cuda::SparseMqa(p, nullptr);
@@ -777,7 +786,8 @@ TEST_F(SparseMqaCudaTest, BackToBackLaunchesShareTheWorkspace) {
   DCP_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (const Variant& v : Variants(c)) {
     for (int splits : {0, 4, 16}) {
-      SCOPED_TRACE(::testing::Message() << "kernel " << v.kernel << " splits " << splits);
+      SCOPED_TRACE(::testing::Message() << "kernel " << v.kernel << " splits " << splits
+                                        << " schedule " << v.schedule);
       outa.Poison();
       outb.Poison();
       lsea.Poison();
@@ -785,6 +795,7 @@ TEST_F(SparseMqaCudaTest, BackToBackLaunchesShareTheWorkspace) {
       for (SparseMqaParams* p : {&pa, &pb}) {
         p->kernel = v.kernel;
         p->num_splits = splits;
+        p->sm90_schedule = v.schedule;
       }
       // A, B, A again: the second A overwrites the partials B's merge reads.
       ASSERT_TRUE(cuda::SparseMqa(pa, stream).ok());
@@ -970,6 +981,16 @@ TEST_F(SparseMqaCudaTest, SplitMergeOptionsAreChecked) {
   absl::Status status = cuda::SparseMqa(p, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_NE(status.message().find("split_merge 3"), std::string::npos) << status;
+  p.split_merge = 0;
+  for (int schedule : {-1, 3}) {
+    p.sm90_schedule = schedule;
+    status = cuda::SparseMqa(p, nullptr);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find("sm90_schedule " + std::to_string(schedule)),
+              std::string::npos)
+        << status;
+  }
+  p.sm90_schedule = 0;
   p.split_merge = 2;
   p.sm90_ctas = 2;
   status = cuda::SparseMqa(p, nullptr);
