@@ -171,7 +171,8 @@ struct SparseMqaParams {
   // 1: pairs (each scores one block; row maxima and P exchanged between them twice a pair);
   // 2: roles (WG0 scores every block and runs the softmax, WG1 only its half of P V; no
   // exchange of maxima), bf16 rows only (fp8 rows and the cluster merge run pairs);
-  // 0: the default (DCP_SPARSE_MQA_SCHEDULE in the environment, for measurements, else pairs).
+  // 0: chosen (cuda::SparseMqaChooseSchedule: roles where every split walks two pairs or more;
+  // DCP_SPARSE_MQA_SCHEDULE=1 or 2 in the environment overrides it, for measurements).
   // Both give the float64 reference's result within bf16 tolerance, not the same bits.
   int sm90_schedule = 0;
 };

@@ -59,11 +59,12 @@ float RescaleSlack() {
   return slack;
 }
 
-// The wgmma kernel's consumer schedule for bf16 rows when SparseMqaParams::sm90_schedule is 0:
-// DCP_SPARSE_MQA_SCHEDULE = 1 (pairs) or 2 (roles), default 1.
-int ScheduleByDefault() {
+// The wgmma kernel's consumer schedule when SparseMqaParams::sm90_schedule is 0, for
+// measurements: DCP_SPARSE_MQA_SCHEDULE = 1 (pairs) or 2 (roles); 0 or unset: chosen
+// (SparseMqaChooseSchedule).
+int ScheduleFromEnvironment() {
   static const int schedule =
-      static_cast<int>(KnobFromEnvironment("DCP_SPARSE_MQA_SCHEDULE", 1, 1, 2));
+      static_cast<int>(KnobFromEnvironment("DCP_SPARSE_MQA_SCHEDULE", 0, 0, 2));
   return schedule;
 }
 
@@ -222,6 +223,14 @@ int SparseMqaChooseSplits(const SparseMqaParams& p, int kernel, int num_sms) {
   return SparseMqaChooseTiling(p, kernel, num_sms).splits;
 }
 
+int SparseMqaChooseSchedule(const SparseMqaParams& p, int splits) {
+  if (p.kv_format != KvCacheDType::kBF16) return 1;
+  const int64_t blocks = (int64_t{std::max(p.topk, 0)} + 63) / 64;
+  const int64_t per_split = (blocks + std::max(splits, 1) - 1) / std::max(splits, 1);
+  const int64_t pairs = (per_split + 1) / 2;
+  return pairs >= 2 ? 2 : 1;
+}
+
 int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& p, int splits) {
   if (splits <= 1) return 0;
   const int64_t rows = int64_t(splits) * p.num_tokens * p.num_heads;
@@ -285,8 +294,10 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
     }
     split.cluster_merge = params.split_merge == 2 || (held > 0 && clusters <= held);
   }
-  // The roles schedule where it is compiled (bf16 rows, not the cluster merge) and asked for.
-  const int schedule = params.sm90_schedule > 0 ? params.sm90_schedule : ScheduleByDefault();
+  // The roles schedule where it is compiled (bf16 rows, not the cluster merge) and asked for or
+  // chosen.
+  int schedule = params.sm90_schedule > 0 ? params.sm90_schedule : ScheduleFromEnvironment();
+  if (schedule == 0) schedule = SparseMqaChooseSchedule(params, splits);
   split.roles = kernel == 2 && schedule == 2 && params.kv_format == KvCacheDType::kBF16 &&
                 !split.cluster_merge;
   if (kernel == 2 && params.kv_format == KvCacheDType::kFp8DsMla) {

@@ -50,6 +50,13 @@ struct SparseMqaTiling {
 };
 SparseMqaTiling SparseMqaChooseTiling(const SparseMqaParams& params, int kernel, int num_sms);
 
+// The wgmma kernel's consumer schedule when params.sm90_schedule is 0 (SparseMqaParams): 2
+// (roles) for bf16 rows where each split walks at least two pairs of 64-key blocks, else 1
+// (pairs). Measured on the H200 (docs/sparse_mqa_sm90.md, "The roles schedule"): roles is
+// faster on every multi-pair shape and ~1 us slower for a decode token whose splits hold one
+// pair each, where the two warpgroups scoring one block each finish the pair sooner.
+int SparseMqaChooseSchedule(const SparseMqaParams& params, int splits);
+
 // Bytes of params.workspace that `splits` splits need (0 for one split).
 int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& params, int splits);
 

@@ -357,13 +357,13 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (kRoles) {
       const Sm90RolesShared roles_shared{q_base,    {k_base[0], k_base[1]},
                                    s_index,   s_max,
-                                   ready_bar, free_bar,
-                                   p_ready_bar};
+                                   s_sum,     ready_bar,
+                                   free_bar,  p_ready_bar};
       if (wg == 0) {
         Sm90RolesScore<Config>(roles_shared, o, m, l, first_block, num_pairs, pairs_done, work.key_end,
                                p.num_slots, scale_log2, split.rescale_slack, t);
       } else {
-        Sm90RolesPv<Config>(roles_shared, o, num_pairs, pairs_done, t);
+        Sm90RolesPv<Config>(roles_shared, o, l, num_pairs, pairs_done, t);
       }
     }
     for (int pair = 0; pair < (kRoles ? 0 : num_pairs); ++pair) {
@@ -521,13 +521,21 @@ __global__ void __launch_bounds__(384, 1)
     if (num_pairs > 0) MbarrierArrive(q_free_bar);
     pairs_done += num_pairs;
 
-    // Row sums of both WGs (each summed P of its own blocks), then normalise and store.
+    // Row sums of both WGs (each summed P of its own blocks), then normalise and store. The roles
+    // schedule exchanges none: WG0 holds the sums (in quads), WG1 took the total WG0 left with
+    // the last block (Sm90RolesPv).
+    float roles_total[2] = {0.f, 0.f};
+    if constexpr (kRoles) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l[r] = QuadSum(l[r]);
-      if (c == 0) s_sum[wg * 64 + rows[r]] = l[r];
+      for (int r = 0; r < 2; ++r) roles_total[r] = wg == 0 ? QuadSum(l[r]) : l[r];
+    } else {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        l[r] = QuadSum(l[r]);
+        if (c == 0) s_sum[wg * 64 + rows[r]] = l[r];
+      }
+      NamedBarrierSync(kBarSum, 256);
     }
-    NamedBarrierSync(kBarSum, 256);
     DCP_SM90_TRACE(first_item && threadIdx.x == 0, trace::kSumDone);
     // The item's bf16 row (SparseMqaParams::out_bf16; null for the fp32 epilogue), found from p
     // here rather than carried in `work` through the main loop.
@@ -581,7 +589,7 @@ __global__ void __launch_bounds__(384, 1)
     for (int r = 0; r < 2; ++r) {
       const int row = rows[r];
       if (row >= work.heads) continue;
-      const float total = s_sum[row] + s_sum[64 + row];
+      const float total = kRoles ? roles_total[r] : s_sum[row] + s_sum[64 + row];
       const float inverse = Sm90RowInverse(total);
       const int64_t at = int64_t(row) * work.out_head_stride + wg * 256 + 2 * c;
       if constexpr (kToBf16) {
@@ -613,7 +621,8 @@ __global__ void __launch_bounds__(384, 1)
       if (wg == 0 && c == 0) work.lse[row] = Sm90RowLse(m[r], total);
     }
     // The next item writes s_sum again (an item without pairs passes no other barrier first).
-    if (item + gridDim.x < items) NamedBarrierSync(kBarSum, 256);
+    // (The roles schedule's s_sum entries are per block, read by WG1 before it frees the block.)
+    if (!kRoles && item + gridDim.x < items) NamedBarrierSync(kBarSum, 256);
   }  // items
   DCP_SM90_TRACE(threadIdx.x == 0, trace::kClockEnd);
   DCP_SM90_TRACE(threadIdx.x == 0, trace::kGlobalEnd);

@@ -18,8 +18,10 @@
 // values: L (value columns 0-255) by WG0 once its PV retired (its S read the whole block
 // before), R (columns 256-511 and the rope tile holding P) by both: WG1 after its PV, WG0 after
 // its own PV, which read P there too (the R halves' free mbarriers count 256 arrivals).
-// The epilogue is shared with the pairs schedule: WG1 holds no keys (l = 0, m = -inf), so the
-// row total s_sum[row] + s_sum[64 + row] is WG0's, and only WG0 writes the LSE.
+// No barrier between the WGs at the end either: WG0 leaves the running row sums with each
+// block's factors, WG1 normalises with the last block's; only WG0 (which holds m) writes the
+// LSE. (An exchange of the sums through a 256-thread named barrier, as in the pairs schedule,
+// was reported by racecheck here: the epilogue after a warp-uniform branch on the role.)
 #pragma once
 
 #include <cstdint>
@@ -37,6 +39,7 @@ struct Sm90RolesShared {
   uint32_t k_base[2];
   const int32_t* s_index;  // int32 [2][64]: the blocks' slots (for the masks)
   float* s_alpha;          // float [2][64]: the rows' rescale factors of the block in K0 / K1
+  float* s_l;              // float [2][64]: the rows' sums of P up to that block (quad-summed)
   uint32_t ready_bar, free_bar;  // the half buffers' mbarriers (+ 8 * Sm90Half)
   uint32_t p_ready_bar;          // + 8 * buffer: P and the factors of the block there are written
 };
@@ -129,9 +132,13 @@ __device__ __forceinline__ void Sm90RolesScore(const Sm90RolesShared& sh, float 
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(p_tile + TileChunk(rows[1], j) + 4 * c),
                      "r"(bottom));
       }
+      // The factors and the running row sums for WG1 (which normalises its half with the last).
+      const float l_rows[2] = {QuadSum(l[0]), QuadSum(l[1])};
       if (c == 0) {
         sh.s_alpha[which * 64 + rows[0]] = alpha[0];
         sh.s_alpha[which * 64 + rows[1]] = alpha[1];
+        sh.s_l[which * 64 + rows[0]] = l_rows[0];
+        sh.s_l[which * 64 + rows[1]] = l_rows[1];
       }
       FenceProxyAsync();  // P is read by wgmma (the async proxy), of both WGs
       MbarrierArrive(sh.p_ready_bar + 8 * which);
@@ -150,10 +157,11 @@ __device__ __forceinline__ void Sm90RolesScore(const Sm90RolesShared& sh, float 
   }
 }
 
-// WG1: the right half of O for the item's pairs. t: the thread in the WG.
+// WG1: the right half of O for the item's pairs; l gets the rows' totals of P (0 without keys).
+// t: the thread in the WG.
 template <class Config>
 __device__ __forceinline__ void Sm90RolesPv(const Sm90RolesShared& sh, float (&o)[128],
-                                            int num_pairs, int pairs_done, int t) {
+                                            float (&l)[2], int num_pairs, int pairs_done, int t) {
   using namespace sm90;
   constexpr int kTiles = Config::kTiles, kLeftTiles = Config::kLeftTiles;
   constexpr int kTileBytes = Config::kTileBytes;
@@ -168,6 +176,9 @@ __device__ __forceinline__ void Sm90RolesPv(const Sm90RolesShared& sh, float (&o
       MbarrierWait(sh.ready_bar + 8 * right, parity);  // V[:, 256:512] has landed
       MbarrierWait(sh.p_ready_bar + 8 * which, parity);
       const float alpha[2] = {sh.s_alpha[which * 64 + rows[0]], sh.s_alpha[which * 64 + rows[1]]};
+      // Read before the R half is freed: WG0 rewrites this block's entries after its refill.
+      l[0] = sh.s_l[which * 64 + rows[0]];
+      l[1] = sh.s_l[which * 64 + rows[1]];
       Sm90RescaleRows(o, alpha);
       WgmmaFence();
       Sm90IssueCrossPv(o, k + (kTiles - 1) * kTileBytes, k + kLeftTiles * kTileBytes);

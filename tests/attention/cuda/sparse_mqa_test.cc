@@ -159,6 +159,12 @@ std::vector<Variant> Variants(const MqaCase& c) {
     ADD_FAILURE() << "an sm_90 device without the wgmma kernel: build with "
                      "CMAKE_CUDA_ARCHITECTURES=90a";
   }
+  // DCP_TEST_MQA_SCHEDULE=1 or 2 runs that wgmma schedule alone (a sanitizer's time budget).
+  std::vector<int> schedules = c.schedules;
+  const char* schedule = std::getenv("DCP_TEST_MQA_SCHEDULE");
+  if (schedule != nullptr && (std::string(schedule) == "1" || std::string(schedule) == "2")) {
+    schedules = {std::stoi(schedule)};
+  }
   std::vector<Variant> variants;
   for (int kernel : kernels) {
     for (int block_heads : c.block_heads) {
@@ -168,8 +174,8 @@ std::vector<Variant> Variants(const MqaCase& c) {
         for (int splits : c.splits) {
           for (int merge : c.merges) {
             if (kernel != 2 && merge != c.merges.front()) continue;
-            for (int schedule : c.schedules) {
-              if ((kernel != 2 || merge == 2) && schedule != c.schedules.front()) continue;
+            for (int schedule : schedules) {
+              if ((kernel != 2 || merge == 2) && schedule != schedules.front()) continue;
               variants.push_back({kernel, splits, block_heads, kernel == 2 ? ctas : 0,
                                   kernel == 2 ? merge : 0, kernel == 2 ? schedule : 0});
             }
@@ -830,6 +836,27 @@ TEST_F(SparseMqaCudaTest, BackToBackLaunchesShareTheWorkspace) {
 // The split choice is host logic (no GPU needed). At 128 heads and top-k 2048 on 132 SMs it
 // picks the counts measured fastest on the H200 for one decode token (wgmma 16, mma.sync 32;
 // docs/sparse_mqa_sm90.md), splits small batches, and leaves full ones alone.
+// The consumer schedule (host logic): roles where each split walks two pairs of blocks or more
+// (measured faster there), pairs for one-pair splits and for fp8 rows (not compiled with roles).
+TEST(SparseMqaSplitTest, ScheduleFollowsThePairsPerSplit) {
+  SparseMqaParams p;
+  p.topk = 2048;  // 32 blocks, 16 pairs
+  EXPECT_EQ(cuda::SparseMqaChooseSchedule(p, 1), 2);
+  EXPECT_EQ(cuda::SparseMqaChooseSchedule(p, 8), 2);   // 2 pairs a split
+  EXPECT_EQ(cuda::SparseMqaChooseSchedule(p, 9), 2);   // 4 blocks a split
+  EXPECT_EQ(cuda::SparseMqaChooseSchedule(p, 16), 1);  // one pair a split: a decode token
+  EXPECT_EQ(cuda::SparseMqaChooseSchedule(p, 32), 1);
+  p.topk = 128;
+  EXPECT_EQ(cuda::SparseMqaChooseSchedule(p, 1), 1);
+  p.topk = 129;
+  EXPECT_EQ(cuda::SparseMqaChooseSchedule(p, 1), 2);
+  p.topk = 0;
+  EXPECT_EQ(cuda::SparseMqaChooseSchedule(p, 1), 1);
+  p.topk = 2048;
+  p.kv_format = KvCacheDType::kFp8DsMla;
+  EXPECT_EQ(cuda::SparseMqaChooseSchedule(p, 1), 1);
+}
+
 TEST(SparseMqaSplitTest, HeuristicPicksTheMeasuredBest) {
   SparseMqaParams p;
   p.num_heads = 128;
