@@ -124,10 +124,13 @@ class DeviceArray {
     }
     return host;
   }
-  // Every byte 0xFF: NaN for floats and bf16, -1 for ints. Unwritten outputs then show.
+  // Every byte 0xFF: NaN for floats and bf16, -1 for ints. Unwritten outputs then show. Waits
+  // for the memset: it runs on the legacy default stream, which work on a non-blocking stream
+  // does not wait for (a kernel's output could otherwise be poisoned after it was written).
   void Poison() {
     if (count_ > 0) {
       EXPECT_EQ(cudaMemset(data_, 0xFF, count_ * sizeof(T)), cudaSuccess);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     }
   }
 
