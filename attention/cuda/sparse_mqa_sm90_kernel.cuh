@@ -28,6 +28,9 @@
 //     (free mbarrier) as soon as its last reader's wgmma retires: L0 by WG0 after its own PV, R1 by
 //     WG1 after its own PV, then L1 (WG0) and R0 (WG1) after the cross PV, so the producer refills
 //     L0 and R1 while the cross products run.
+// That is the pairs schedule. kRoles (SparseMqaSplit::roles, bf16 rows) runs the roles schedule
+// instead (sparse_mqa_sm90_roles.cuh): WG0 scores every block and runs the softmax, WG1 only
+// its half of P V; the producer then fills L0, R0, L1, R1 and the R halves are freed by both.
 // Split keys (SparseMqaSplit): each CTA writes its normalised partial and LSE for MergeSplits,
 // or, with SparseMqaSplit::cluster_merge, the splits of a (token, head block) are one cluster
 // and merge in the epilogue through distributed shared memory (sparse_mqa_sm90_cluster_merge.cuh).
