@@ -8,14 +8,14 @@
 //     keeps the running max and the row sums, writes P = 2^(S - m) (bf16) into the block's rope
 //     tile (free once S has read it) and the rows' rescale factors into shared memory, signals
 //     the block's p_ready mbarrier, and runs O[:, 0:256] += P V[:, 0:256] (SS, P from that
-//     tile: P kept in registers for an RS wgmma would stay live under the next block's S and
-//     made ptxas spill ~400 bytes). The next block's S is issued right behind that PV, so the
-//     tensor pipe has work while the scorer runs its softmax.
+//     tile: P kept in registers for an RS wgmma would stay live, 16 registers, under the next
+//     block's S). The next block's S is issued right behind that PV, so the tensor pipe has
+//     work while the scorer runs its softmax.
 //   WG1 (the PV warpgroup) waits for p_ready, rescales its O[:, 256:512] by the factors and runs
 //     O[:, 256:512] += P V[:, 256:512] (SS, P from the rope tile), then frees the R half.
 // Blocks alternate K0 / K1 (the pair structure, its mbarrier phases and the producer stay); the
-// producer fills L0, R0, L1, R1 in that order. Half buffers are freed by their one reader of
-// values: L (value columns 0-255) by WG0 once its PV retired (its S read the whole block
+// producer fills L0, R0, L1, R1 in that order. Half buffers are freed by the WGs that read
+// them last: L (value columns 0-255) by WG0 once its PV retired (its S read the whole block
 // before), R (columns 256-511 and the rope tile holding P) by both: WG1 after its PV, WG0 after
 // its own PV, which read P there too (the R halves' free mbarriers count 256 arrivals).
 // No barrier between the WGs at the end either: WG0 leaves the running row sums with each
