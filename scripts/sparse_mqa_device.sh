@@ -181,7 +181,7 @@ if has_stage sanitize && [ "$hung" -eq 0 ]; then
         "$2" --gtest_filter="$3" >"$out/one.log" 2>&1
     local code=$?
     [ "$code" -eq 0 ] || failures=$((failures + 1))
-    note "$1 ${DCP_TEST_MQA_SCHEDULE:+(schedule $DCP_TEST_MQA_SCHEDULE) }$(basename "$2") ${3:0:40}: exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/one.log" | tail -1)"
+    note "$1 $(basename "$2") ${3:0:40}: exit $code ($(elapsed)) $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/one.log" | tail -1)"
     { echo "=== $1 $2 $3 (exit $code)"; cat "$out/one.log"; } >>"$out/sanitize.log"
     rm -f "$out/one.log"
   }
@@ -193,12 +193,12 @@ if has_stage sanitize && [ "$hung" -eq 0 ]; then
   done
   # The narrow head blocks (16 and 32 heads a CTA) under memcheck: 128 heads, decode tokens.
   sanitize memcheck "$test_exe" 'SparseMqaCudaTest.NarrowHeadBlocksOfDecodeTokens' 90
-  # CTAs walking several work items (SparseMqaParams::sm90_ctas), both row formats; the bf16
-  # test once per consumer schedule (both in one racecheck run took longer than 150 s).
+  # CTAs walking several work items (SparseMqaParams::sm90_ctas), both row formats: the whole
+  # bf16 test under memcheck, its small cases under racecheck (the whole test, both consumer
+  # schedules, ran past 150 s there, and the roles schedule alone past 100 s).
+  sanitize memcheck "$test_exe" 'SparseMqaCudaTest.PersistentCtas*' 150
+  sanitize racecheck "$test_exe" 'SparseMqaCudaTest.PersistentCtasSmallCases' 150
   for tool in memcheck racecheck; do
-    for schedule in 1 2; do
-      DCP_TEST_MQA_SCHEDULE=$schedule sanitize "$tool" "$test_exe" 'SparseMqaCudaTest.PersistentCtas*' 240
-    done
     sanitize "$tool" "$fp8_exe" 'SparseMqaFp8CudaTest.PersistentCtas*' 90
   done
 fi

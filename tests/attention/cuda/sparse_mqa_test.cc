@@ -652,6 +652,23 @@ TEST_F(SparseMqaCudaTest, PersistentCtasMatchTheReference) {
   }
 }
 
+// A few small persistent grids (the racecheck case of scripts/device_test.sh and
+// scripts/sparse_mqa_device.sh: the test above does not finish under racecheck in 100-150 s):
+// an empty token between ragged ones, one and two CTAs walking 16- and 64-head items, one and
+// two splits, both consumer schedules.
+TEST_F(SparseMqaCudaTest, PersistentCtasSmallCases) {
+  MqaCase c;
+  c.tokens = 3;
+  c.heads = 32;
+  c.topk = 300;
+  c.slots = 1000;
+  c.counts = {300, 0, 130};
+  c.splits = {1, 2};
+  c.block_heads = {16, 64};
+  c.ctas = {1, 2};
+  RunAndCheck(c);
+}
+
 TEST_F(SparseMqaCudaTest, FillsTheChipAndIsDeterministic) {
   MqaCase c;  // 264 tokens x 2 head blocks = 528 CTAs, 4 waves on 132 SMs
   c.tokens = 264;
