@@ -264,22 +264,19 @@ __global__ void __launch_bounds__(384, 1)
         load_rows(1, b1, first_item && pair == 0);
         if constexpr (kRoles) {
           // The roles schedule scores the blocks one after the other: L0, R0, L1, R1, each
-          // block's indices with its L half.
-          MbarrierWait(free_bar + 8 * kL0, free_parity);
-          copy_tiles(0, 0, kLeftTiles);
-          copy_indices(0, b0);
-          CpAsyncMbarrierArrive(ready_bar + 8 * kL0);
-          MbarrierWait(free_bar + 8 * kR0, free_parity);
-          copy_tiles(0, kLeftTiles, kTiles);
-          CpAsyncMbarrierArrive(ready_bar + 8 * kR0);
+          // block's indices with its L half (half: Sm90Half of buffer `which`).
+          auto fill = [&](int which, int half, int block) {
+            MbarrierWait(free_bar + 8 * half, free_parity);
+            const bool left = half == kL0 || half == kL1;
+            copy_tiles(which, left ? 0 : kLeftTiles, left ? kLeftTiles : kTiles);
+            if (left) copy_indices(which, block);
+            CpAsyncMbarrierArrive(ready_bar + 8 * half);
+          };
+          fill(0, kL0, b0);
+          fill(0, kR0, b0);
           if (pair == 0) load_q(work, first_item);
-          MbarrierWait(free_bar + 8 * kL1, free_parity);
-          copy_tiles(1, 0, kLeftTiles);
-          copy_indices(1, b1);
-          CpAsyncMbarrierArrive(ready_bar + 8 * kL1);
-          MbarrierWait(free_bar + 8 * kR1, free_parity);
-          copy_tiles(1, kLeftTiles, kTiles);
-          CpAsyncMbarrierArrive(ready_bar + 8 * kR1);
+          fill(1, kL1, b1);
+          fill(1, kR1, b1);
           if (split.prefetch_pairs > 0) prefetch_pair(pair + split.prefetch_pairs);
           continue;
         }
@@ -487,18 +484,11 @@ __global__ void __launch_bounds__(384, 1)
       uint32_t a[4][4];  // P as the A fragments of the 4 k-steps of 16 keys
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float p00 = exp2f(s[4 * j] - m_use[0]), p01 = exp2f(s[4 * j + 1] - m_use[0]);
-        const float p10 = exp2f(s[4 * j + 2] - m_use[1]), p11 = exp2f(s[4 * j + 3] - m_use[1]);
-        l[0] += p00 + p01;
-        l[1] += p10 + p11;
-        const uint32_t top = PackBf16(p00, p01), bottom = PackBf16(p10, p11);
+        uint32_t top, bottom;
+        Sm90ExpScores(s, j, m_use, l, top, bottom);
         a[j / 2][(j % 2) * 2] = top;
         a[j / 2][(j % 2) * 2 + 1] = bottom;
-        // The other WG reads P as a K-major swizzled tile [64 rows][64 keys].
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(own_p + TileChunk(rows[0], j) + 4 * c),
-                     "r"(top));
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(own_p + TileChunk(rows[1], j) + 4 * c),
-                     "r"(bottom));
+        Sm90StoreScores(own_p, rows, j, c, top, bottom);  // the other WG reads P there
       }
       // O += P_own V_own[:, half] (RS): it needs only this WG's P, so it is issued before the
       // hand-off of P and runs while the other WG finishes its P.

@@ -107,7 +107,9 @@ __device__ __forceinline__ void Sm90RolesScore(const Sm90RolesShared& sh, float 
       Sm90MaskScores(s, sh.s_index + which * 64, block, key_end, num_slots, scale_log2, c,
                      block_max);
       // The running max moves only when the block's max passes it by more than the slack (as in
-      // the pairs schedule): P <= 2^slack, and O, l and WG1's O are rescaled only then.
+      // the pairs schedule): P <= 2^slack, and O, l and WG1's O are rescaled only then. (Written
+      // out here as there: a shared helper compiled the comparison differently in the pairs
+      // kernel, whose code is kept as measured.)
       float m_use[2], alpha[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -122,15 +124,9 @@ __device__ __forceinline__ void Sm90RolesScore(const Sm90RolesShared& sh, float 
       const uint32_t p_tile = Opaque(k + (kTiles - 1) * kTileBytes);  // not hoisted per buffer
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float p00 = exp2f(s[4 * j] - m_use[0]), p01 = exp2f(s[4 * j + 1] - m_use[0]);
-        const float p10 = exp2f(s[4 * j + 2] - m_use[1]), p11 = exp2f(s[4 * j + 3] - m_use[1]);
-        l[0] += p00 + p01;
-        l[1] += p10 + p11;
-        const uint32_t top = PackBf16(p00, p01), bottom = PackBf16(p10, p11);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(p_tile + TileChunk(rows[0], j) + 4 * c),
-                     "r"(top));
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(p_tile + TileChunk(rows[1], j) + 4 * c),
-                     "r"(bottom));
+        uint32_t top, bottom;
+        Sm90ExpScores(s, j, m_use, l, top, bottom);
+        Sm90StoreScores(p_tile, rows, j, c, top, bottom);
       }
       // The factors and the running row sums for WG1 (which normalises its half with the last).
       const float l_rows[2] = {QuadSum(l[0]), QuadSum(l[1])};

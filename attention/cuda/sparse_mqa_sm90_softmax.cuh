@@ -35,6 +35,28 @@ __device__ __forceinline__ void Sm90MaskScores(float (&s)[32], const int32_t* bl
   block_max[1] = QuadMax(block_max[1]);
 }
 
+// P = 2^(S - m_use) of fragment column group j (keys 8 j + 2 c, + 1) for this thread's two
+// rows, added to the row sums l and packed as bf16 pairs (top: row g, bottom: row g + 8).
+__device__ __forceinline__ void Sm90ExpScores(const float (&s)[32], int j,
+                                              const float (&m_use)[2], float (&l)[2],
+                                              uint32_t& top, uint32_t& bottom) {
+  const float p00 = exp2f(s[4 * j] - m_use[0]), p01 = exp2f(s[4 * j + 1] - m_use[0]);
+  const float p10 = exp2f(s[4 * j + 2] - m_use[1]), p11 = exp2f(s[4 * j + 3] - m_use[1]);
+  l[0] += p00 + p01;
+  l[1] += p10 + p11;
+  top = PackBf16(p00, p01);
+  bottom = PackBf16(p10, p11);
+}
+
+// Stores those pairs into a K-major swizzled P tile [64 rows][64 keys] at p_tile.
+__device__ __forceinline__ void Sm90StoreScores(uint32_t p_tile, const int (&rows)[2], int j,
+                                                int c, uint32_t top, uint32_t bottom) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(p_tile + sm90::TileChunk(rows[0], j) + 4 * c),
+               "r"(top));
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(p_tile + sm90::TileChunk(rows[1], j) + 4 * c),
+               "r"(bottom));
+}
+
 // The epilogue's per-row normaliser of O (1 / the row's sum of P; 0 for a row without keys)
 // and the row's natural-log LSE from its running max in log2 units and that sum.
 __device__ __forceinline__ float Sm90RowInverse(float total) {
