@@ -154,9 +154,10 @@ struct SparseMqaParams {
   int kernel = 0;
   // CUDA only, the wgmma kernel: its grid. n > 0: at most n CTAs, each walking the work items
   // (token x head block x split) blockIdx.x, + gridDim.x, ...: the next item's first gathers
-  // and Q tile load under the current one's last PV and epilogue. 0: the default, one CTA per
-  // item (at most one CTA per SM when DCP_SPARSE_MQA_PERSISTENT=1 is in the environment, for
-  // measurements).
+  // and Q tile load under the current one's last PV and epilogue. 0: chosen (one CTA per SM
+  // for roles-schedule launches of at least 8 waves of items, SparseMqaChoosePersistentCtas;
+  // else one CTA per item; DCP_SPARSE_MQA_PERSISTENT=0 / 1 in the environment forces one CTA
+  // per item / per SM, for measurements).
   int sm90_ctas = 0;
   // CUDA only, the wgmma kernel with split keys: where the splits are merged. 0: chosen (inside
   // the kernel, across a thread-block cluster of a token's splits, where 2 <= splits <= 16, the

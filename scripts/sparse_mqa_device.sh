@@ -20,13 +20,15 @@
 #   5. the worker's multi-rank suite on CUDA ranks at np 1 and 2 (stage worker, off by default);
 #   6. compute-sanitizer memcheck and racecheck on the small sparse MQA (bf16 and fp8 rows) and
 #      merge cases;
-#   7. stage trace (extra): a profiling build of dcp_bench with -DDCP_SPARSE_MQA_TRACE (its own
+#   7. stage nogather (extra): a measurement build (-DDCP_SPARSE_MQA_NO_GATHER) whose producer
+#      zero-fills the rows rather than reading them: the consumers' ceiling on the same rows;
+#   8. stage trace (extra): a profiling build of dcp_bench with -DDCP_SPARSE_MQA_TRACE (its own
 #      build folder) prints the wgmma kernel's phase timeline (attention/cuda/
 #      sparse_mqa_sm90_trace.cuh) for the rows of DCP_TRACE_ROWS.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
-# "build test bench variants engine nopdl sanitize"; ncu, ncu_sections, ncu_engine, worker and
-# trace are extra), DCP_VARIANTS (stage variants: ';'-separated environments to bench under,
+# "build test bench variants engine nopdl sanitize"; ncu, ncu_sections, ncu_engine, worker,
+# nogather and trace are extra), DCP_VARIANTS (stage variants: ';'-separated environments to bench under,
 # default the wgmma kernel's persistent CTAs), DCP_TEST_FILTER,
 # DCP_BENCH_ARGS (appended), DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k), DCP_TRACE_ROWS (kernel
 # rows of stage trace, ';'-separated).
@@ -223,6 +225,30 @@ if has_stage trace && [ "$hung" -eq 0 ]; then
   else
     tail -20 "$out/trace_build.log" | tee -a "$summary"
     note "trace build: FAILED ($(elapsed))"
+  fi
+fi
+
+# The consumers' own ceiling: a measurement build (-DDCP_SPARSE_MQA_NO_GATHER, its own build
+# folder) whose bf16 producer zero-fills the rows instead of reading the cache (results wrong,
+# no L2 prefetch), timed on the kernels rows of DCP_BENCH_ARGS beside the default build's.
+if has_stage nogather && [ "$hung" -eq 0 ]; then
+  nogather_build="$build-nogather"
+  if cmake -S . -B "$nogather_build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
+      -DCMAKE_CXX_FLAGS="-include cstdint" -DCMAKE_CUDA_FLAGS="-DDCP_SPARSE_MQA_NO_GATHER" \
+      >"$out/nogather_build.log" 2>&1 &&
+      ninja -C "$nogather_build" -j "$(nproc)" dcp_bench >>"$out/nogather_build.log" 2>&1; then
+    note "nogather build: ok ($(elapsed))"
+    # shellcheck disable=SC2086
+    DCP_SPARSE_MQA_PREFETCH_PAIRS=0 timeout 100 mpirun --allow-run-as-root --bind-to none -np 1 \
+        "$nogather_build/launch/bench/dcp_bench" --mode kernels --device cuda \
+        --model deepseek_v32 --heads 128 --batches "$batches" -w 3 -n 20 -b 1M -e 1M \
+        ${DCP_BENCH_ARGS:-} >"$out/nogather.txt" 2>&1
+    note "nogather: exit $? ($(elapsed))"
+    grep -E "copy_ceiling|gemm_ceiling|sparse_mqa" "$out/nogather.txt" | cut -c1-160 | tee -a "$summary"
+  else
+    tail -20 "$out/nogather_build.log" | tee -a "$summary"
+    note "nogather build: FAILED ($(elapsed))"
   fi
 fi
 

@@ -41,14 +41,19 @@ int PrefetchPairs() {
   return pairs;
 }
 
-// The wgmma kernel's grid cap (SparseMqaParams::sm90_ctas): the argument, else 0 (one CTA per
-// work item: the hardware hands items to whichever SM frees first, which keeps the kernel fast
-// beside other kernels holding some SMs; the persistent grid measured no faster on bf16 rows),
-// or the SM count when DCP_SPARSE_MQA_PERSISTENT=1 (for measurements).
-int PersistentCtas(const SparseMqaParams& p) {
-  if (p.sm90_ctas > 0) return p.sm90_ctas;
-  static const bool persistent = KnobFromEnvironment("DCP_SPARSE_MQA_PERSISTENT", 0, 0, 1) > 0;
-  return persistent ? NumSms() : 0;
+// DCP_SPARSE_MQA_PERSISTENT: unset (-1) the launcher chooses (SparseMqaChoosePersistentCtas),
+// 0 one CTA per item, 1 one CTA per SM (for measurements).
+int PersistentFromEnvironment() {
+  static const int persistent =
+      static_cast<int>(KnobFromEnvironment("DCP_SPARSE_MQA_PERSISTENT", -1, -1, 1));
+  return persistent;
+}
+
+// Whether persistent CTAs prefetch their next item into L2 (SparseMqaSplit::
+// prefetch_next_item): DCP_SPARSE_MQA_PREFETCH_NEXT = 0 (off) or 1 (default).
+bool PrefetchNextItem() {
+  static const bool next = KnobFromEnvironment("DCP_SPARSE_MQA_PREFETCH_NEXT", 1, 0, 1) > 0;
+  return next;
 }
 
 // The wgmma kernel's rescale slack (SparseMqaSplit::rescale_slack): DCP_SPARSE_MQA_RESCALE_SLACK
@@ -231,6 +236,10 @@ int SparseMqaChooseSchedule(const SparseMqaParams& p, int splits) {
   return pairs >= 2 ? 2 : 1;
 }
 
+int SparseMqaChoosePersistentCtas(bool roles, int64_t items, int num_sms) {
+  return roles && num_sms > 0 && items >= int64_t{kPersistentMinWaves} * num_sms ? num_sms : 0;
+}
+
 int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& p, int splits) {
   if (splits <= 1) return 0;
   const int64_t rows = int64_t(splits) * p.num_tokens * p.num_heads;
@@ -260,7 +269,11 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   split.block_heads = kernel == 2 ? tiling.block_heads : kBlockHeads;
   split.prefetch_pairs = PrefetchPairs();
   split.rescale_slack = RescaleSlack();
-  if (kernel == 2) split.persistent_ctas = PersistentCtas(params);
+  if (kernel == 2 && params.sm90_ctas > 0) split.persistent_ctas = params.sm90_ctas;
+  if (kernel == 2 && params.sm90_ctas == 0 && PersistentFromEnvironment() == 1) {
+    split.persistent_ctas = NumSms();
+  }
+  split.prefetch_next_item = PrefetchNextItem();
   if (splits > 1) {
     DCP_CHECK_ARG(Aligned16(params.workspace), "SparseMqa: workspace must be 16-byte aligned");
     const int64_t rows = int64_t(splits) * params.num_tokens * params.num_heads;
@@ -300,6 +313,10 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   if (schedule == 0) schedule = SparseMqaChooseSchedule(params, splits);
   split.roles = kernel == 2 && schedule == 2 && params.kv_format == KvCacheDType::kBF16 &&
                 !split.cluster_merge;
+  if (kernel == 2 && params.sm90_ctas == 0 && PersistentFromEnvironment() == -1) {
+    split.persistent_ctas = SparseMqaChoosePersistentCtas(
+        split.roles, SparseMqaItems(params, split.num_splits, split.block_heads), NumSms());
+  }
   if (kernel == 2 && params.kv_format == KvCacheDType::kFp8DsMla) {
     DCP_RETURN_IF_ERROR(LaunchSm90<KvCacheDType::kFp8DsMla>(params, split, stream));
   } else if (kernel == 2) {

@@ -39,6 +39,17 @@ __device__ __forceinline__ void Sm90PrefetchPairRows(const uint8_t* kv, int64_t 
   if (slot >= 0 && slot < num_slots) sm90::PrefetchL2Bulk(kv + slot * row_stride_bytes, row_bytes);
 }
 
+// The Q rows of `work` into L2 (threads t < work.heads, one bulk prefetch of row_bytes each):
+// the next item's tile, which the producer loads after the consumers free the current one.
+__device__ __forceinline__ void Sm90PrefetchQRows(const SparseMqaParams& p,
+                                                  const SparseMqaWork& work, uint32_t row_bytes,
+                                                  int t) {
+  if (t >= work.heads) return;
+  const auto* q = static_cast<const __nv_bfloat16*>(p.q) + int64_t(work.token) * p.q_token_stride +
+                  int64_t(work.head0 + t) * p.q_head_stride;
+  sm90::PrefetchL2Bulk(q, row_bytes);
+}
+
 // The Q tile of `work` (64 rows x 576 columns as 9 swizzled 64 x 64 tiles at q_base): rows
 // [0, work.heads) from q, the rest zero-filled (no read), 16-byte cp.async over kThreads
 // threads (t in [0, kThreads)): the producer warpgroup (128, tracked by one cp.async mbarrier

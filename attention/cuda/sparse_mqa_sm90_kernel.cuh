@@ -71,6 +71,15 @@
 
 namespace dcp::cuda {
 
+// A measurement build only (-DDCP_SPARSE_MQA_NO_GATHER, scripts/sparse_mqa_device.sh stage
+// nogather): the bf16 producer zero-fills every row instead of reading the cache (results are
+// wrong), so the kernel's time is that of its consumers with the gather's global traffic gone.
+#if defined(DCP_SPARSE_MQA_NO_GATHER)
+inline constexpr bool kSm90NoGather = true;
+#else
+inline constexpr bool kSm90NoGather = false;
+#endif
+
 template <int kHeadDim, int kVDim, KvCacheDType kFormat,
           Sm90Epilogue kEpilogue = Sm90Epilogue::kF32, bool kRoles = false>
 __global__ void __launch_bounds__(384, 1)
@@ -238,7 +247,7 @@ __global__ void __launch_bounds__(384, 1)
         for (int r = 0; r < 4; ++r) {
           const uint32_t dst = Opaque(k_base[which] + TileChunk(group + 16 * r, lane8));
           const int64_t offset = row_offset[which][r];
-          const bool valid = offset >= 0;
+          const bool valid = offset >= 0 && !kSm90NoGather;
           const __nv_bfloat16* src = valid ? kv + offset : kv;
 #pragma unroll
           for (int tile = tile_begin; tile < tile_end; ++tile) {
@@ -255,6 +264,24 @@ __global__ void __launch_bounds__(384, 1)
                              p.num_slots, t);
       };
       for (int ahead = 1; ahead < split.prefetch_pairs; ++ahead) prefetch_pair(ahead);
+      // Persistent CTAs: the next item's Q rows and first pair into L2 once this item's last
+      // pair prefetch is issued (the pair prefetch_pairs before its end), so that its Q load
+      // and first gathers, issued under this item's last blocks and epilogue, hit L2.
+      const int next_item = item + gridDim.x;
+      const int prefetch_next_at =
+          split.prefetch_next_item && split.prefetch_pairs > 0 && next_item < items
+              ? max(num_pairs - split.prefetch_pairs, 0)
+              : -1;
+      auto prefetch_next = [&]() {
+        SparseMqaWork next;
+        int next_first_block, next_pairs;
+        item_of(next_item, next, next_first_block, next_pairs);
+        if (next_pairs == 0) return;
+        Sm90PrefetchQRows(p, next, kHeadDim * 2, t);
+        Sm90PrefetchPairRows(static_cast<const uint8_t*>(p.kv_cache), p.kv_row_stride * 2,
+                             kHeadDim * 2, p.indices + int64_t(next.token) * p.indices_token_stride,
+                             next_first_block, 0, next_pairs, next.key_end, p.num_slots, t);
+      };
       for (int pair = 0; pair < num_pairs; ++pair) {
         const int b0 = first_block + 2 * pair, b1 = b0 + 1;
         const int free_parity = ((pairs_done + pair) & 1) ^ 1;
@@ -278,6 +305,7 @@ __global__ void __launch_bounds__(384, 1)
           fill(1, kL1, b1);
           fill(1, kR1, b1);
           if (split.prefetch_pairs > 0) prefetch_pair(pair + split.prefetch_pairs);
+          if (pair == prefetch_next_at) prefetch_next();
           continue;
         }
         MbarrierWait(free_bar + 8 * kL0, free_parity);
@@ -303,6 +331,7 @@ __global__ void __launch_bounds__(384, 1)
         // While this pair is consumed (~5 us a pair), a later pair's rows come into L2: its
         // refills, issued when the halves free, then wait for L2 rather than HBM.
         if (split.prefetch_pairs > 0) prefetch_pair(pair + split.prefetch_pairs);
+        if (pair == prefetch_next_at) prefetch_next();
       }
       pairs_done += num_pairs;
       q_users += num_pairs > 0;
@@ -361,9 +390,9 @@ __global__ void __launch_bounds__(384, 1)
                                    free_bar,  p_ready_bar};
       if (wg == 0) {
         Sm90RolesScore<Config>(roles_shared, o, m, l, first_block, num_pairs, pairs_done, work.key_end,
-                               p.num_slots, scale_log2, split.rescale_slack, t);
+                               p.num_slots, scale_log2, split.rescale_slack, first_item, t);
       } else {
-        Sm90RolesPv<Config>(roles_shared, o, l, num_pairs, pairs_done, t);
+        Sm90RolesPv<Config>(roles_shared, o, l, num_pairs, pairs_done, first_item, t);
       }
     }
     for (int pair = 0; pair < (kRoles ? 0 : num_pairs); ++pair) {

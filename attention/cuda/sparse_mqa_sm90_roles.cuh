@@ -29,6 +29,7 @@
 #include "attention/cuda/mma_sm80.cuh"
 #include "attention/cuda/sparse_mqa_sm90_layout.cuh"
 #include "attention/cuda/sparse_mqa_sm90_softmax.cuh"
+#include "attention/cuda/sparse_mqa_sm90_trace.cuh"
 #include "attention/cuda/wgmma_sm90.cuh"
 
 namespace dcp::cuda {
@@ -50,7 +51,7 @@ __device__ __forceinline__ void Sm90RolesScore(const Sm90RolesShared& sh, float 
                                                float (&m)[2], float (&l)[2], int first_block,
                                                int num_pairs, int pairs_done, int key_end,
                                                int64_t num_slots, float scale_log2, float slack,
-                                               int t) {
+                                               bool traced_item, int t) {
   using namespace sm90;
   constexpr int kTiles = Config::kTiles, kLeftTiles = Config::kLeftTiles;
   constexpr int kTileBytes = Config::kTileBytes;
@@ -63,12 +64,21 @@ __device__ __forceinline__ void Sm90RolesScore(const Sm90RolesShared& sh, float 
     const int parity = (pairs_done + (b >> 1)) & 1;
     {  // (one scope per block)
       const int block = first_block + b;
+      // A profiling build's marks of blocks kTraceFirstBlock.. (steady state) in the "WG0 pair"
+      // slots, one block a slot (sparse_mqa_sm90_trace.cuh).
+      const int traced_block = b - sm90_trace::kRolesFirstBlock;
+      const bool traced = traced_item && t == 0 && traced_block >= 0 &&
+                          traced_block < sm90_trace::kPairs;
+      const int mark = sm90_trace::kPairBase + traced_block * sm90_trace::kPairMarks;
+      (void)traced;
+      (void)mark;
       const uint32_t k = which == 0 ? sh.k_base[0] : sh.k_base[1];
       const uint64_t k_desc = Opaque(MakeDesc(k, 16, 1024));
       const int left = 2 * which, right = 2 * which + 1;  // Sm90Half: kL0 / kR0, kL1 / kR1
       float s[32];
       // S over the left tiles (0-3) while the right half lands.
       MbarrierWait(sh.ready_bar + 8 * left, parity);
+      DCP_SM90_TRACE(traced, mark + sm90_trace::kFirstHalf);
       FenceProxyAsync();
       WgmmaFence();
 #pragma unroll
@@ -84,10 +94,12 @@ __device__ __forceinline__ void Sm90RolesScore(const Sm90RolesShared& sh, float 
       // this WG is done with its R half (P in the rope tile; WG1 arrives there too).
       if (b > 0) {
         WgmmaWait<1>();
+        DCP_SM90_TRACE(traced, mark + sm90_trace::kPvDone);  // the previous block's PV
         MbarrierArrive(sh.free_bar + 8 * (2 * (which ^ 1)));
         MbarrierArrive(sh.free_bar + 8 * (2 * (which ^ 1) + 1));
       }
       MbarrierWait(sh.ready_bar + 8 * right, parity);
+      DCP_SM90_TRACE(traced, mark + sm90_trace::kSecondHalf);
       FenceProxyAsync();
       WgmmaFence();
 #pragma unroll
@@ -102,6 +114,7 @@ __device__ __forceinline__ void Sm90RolesScore(const Sm90RolesShared& sh, float 
       WgmmaWait<0>();
       FenceOperands(s);
       FenceOperands(o);
+      DCP_SM90_TRACE(traced, mark + sm90_trace::kScores);
 
       float block_max[2];
       Sm90MaskScores(s, sh.s_index + which * 64, block, key_end, num_slots, scale_log2, c,
@@ -137,8 +150,10 @@ __device__ __forceinline__ void Sm90RolesScore(const Sm90RolesShared& sh, float 
         sh.s_l[which * 64 + rows[1]] = l_rows[1];
       }
       FenceProxyAsync();  // P is read by wgmma (the async proxy), of both WGs
+      DCP_SM90_TRACE(traced, mark + sm90_trace::kMaxShared);  // P written
       MbarrierArrive(sh.p_ready_bar + 8 * which);
       NamedBarrierSync(kBarScorerP, 128);  // the whole tile, for this WG's own wgmma
+      DCP_SM90_TRACE(traced, mark + sm90_trace::kPShared);
       // O[:, 0:256] += P V[:, 0:256]; the next block's S is issued behind it.
       WgmmaFence();
       Sm90IssueCrossPv(o, p_tile, k);
@@ -157,7 +172,8 @@ __device__ __forceinline__ void Sm90RolesScore(const Sm90RolesShared& sh, float 
 // t: the thread in the WG.
 template <class Config>
 __device__ __forceinline__ void Sm90RolesPv(const Sm90RolesShared& sh, float (&o)[128],
-                                            float (&l)[2], int num_pairs, int pairs_done, int t) {
+                                            float (&l)[2], int num_pairs, int pairs_done,
+                                            bool traced_item, int t) {
   using namespace sm90;
   constexpr int kTiles = Config::kTiles, kLeftTiles = Config::kLeftTiles;
   constexpr int kTileBytes = Config::kTileBytes;
@@ -169,8 +185,17 @@ __device__ __forceinline__ void Sm90RolesPv(const Sm90RolesShared& sh, float (&o
     {  // (one scope per block)
       const uint32_t k = which == 0 ? sh.k_base[0] : sh.k_base[1];
       const int right = 2 * which + 1;
+      const int traced_block = b - sm90_trace::kRolesFirstBlock;  // "WG1 pair" slots
+      const bool traced = traced_item && t == 0 && traced_block >= 0 &&
+                          traced_block < sm90_trace::kPairs;
+      const int mark = sm90_trace::kPairBase +
+                       (sm90_trace::kPairs + traced_block) * sm90_trace::kPairMarks;
+      (void)traced;
+      (void)mark;
       MbarrierWait(sh.ready_bar + 8 * right, parity);  // V[:, 256:512] has landed
+      DCP_SM90_TRACE(traced, mark + sm90_trace::kFirstHalf);
       MbarrierWait(sh.p_ready_bar + 8 * which, parity);
+      DCP_SM90_TRACE(traced, mark + sm90_trace::kSecondHalf);
       const float alpha[2] = {sh.s_alpha[which * 64 + rows[0]], sh.s_alpha[which * 64 + rows[1]]};
       // Read before the R half is freed: WG0 rewrites this block's entries after its refill.
       l[0] = sh.s_l[which * 64 + rows[0]];
@@ -181,6 +206,7 @@ __device__ __forceinline__ void Sm90RolesPv(const Sm90RolesShared& sh, float (&o
       WgmmaCommit();
       WgmmaWait<0>();
       FenceOperands(o);
+      DCP_SM90_TRACE(traced, mark + sm90_trace::kPvDone);
       MbarrierArrive(sh.free_bar + 8 * right);
     }
   }

@@ -47,6 +47,11 @@ enum PairEvent : int {
   kPvDone = 5,      // both PV products retired
 };
 constexpr int kPairs = 4;
+// The roles schedule (sparse_mqa_sm90_roles.cuh) records blocks kRolesFirstBlock + i, i < kPairs,
+// one block a "pair" slot: WG0 first half = L landed, PV retired = the previous block's PV,
+// second half = R landed, S retired, max shared = P written, P shared = after its barrier;
+// WG1 first half = R landed, second half = P ready, PV retired.
+constexpr int kRolesFirstBlock = 8;
 constexpr int kPairMarks = 6;
 constexpr int kMarks = kPairBase + 2 * kPairs * kPairMarks;
 constexpr int kCtas = 512;  // CTAs traced (the first ones by blockIdx.x)

@@ -35,6 +35,10 @@ struct SparseMqaSplit {
   // items blockIdx.x, + gridDim.x, ...: the next item's first gathers and Q tile load under the
   // current item's last PV and epilogue (SparseMqaParams::sm90_ctas).
   int persistent_ctas = 0;
+  // With persistent_ctas: the producer (bf16 rows) also prefetches the CTA's next item into L2,
+  // its Q tile and its first pair's rows, once the current item's last prefetch is issued, so
+  // that item's first gathers and Q load under this item's epilogue read L2, not HBM.
+  bool prefetch_next_item = true;
   // The wgmma kernel merges the splits itself (sparse_mqa_sm90_cluster_merge.cuh): the splits of
   // a (token, head block) are one thread-block cluster and write the final out / lse; part_out
   // and part_lse are not used. Needs 2 <= num_splits <= 16 and persistent_ctas == 0.

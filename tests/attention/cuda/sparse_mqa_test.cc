@@ -874,6 +874,19 @@ TEST(SparseMqaSplitTest, ScheduleFollowsThePairsPerSplit) {
   EXPECT_EQ(cuda::SparseMqaChooseSchedule(p, 1), 1);
 }
 
+TEST(SparseMqaSplitTest, PersistentGridForLongRolesLaunches) {
+  const int sms = 132;
+  const int64_t waves = cuda::kPersistentMinWaves;
+  // Prefill with the roles schedule: one CTA per SM from kPersistentMinWaves waves of items.
+  EXPECT_EQ(cuda::SparseMqaChoosePersistentCtas(true, waves * sms, sms), sms);
+  EXPECT_EQ(cuda::SparseMqaChoosePersistentCtas(true, 4096 * 2, sms), sms);
+  EXPECT_EQ(cuda::SparseMqaChoosePersistentCtas(true, waves * sms - 1, sms), 0);
+  // Decode batches (fewer items than that) and the pairs schedule keep one CTA per item.
+  EXPECT_EQ(cuda::SparseMqaChoosePersistentCtas(true, 128, sms), 0);
+  EXPECT_EQ(cuda::SparseMqaChoosePersistentCtas(false, 4096 * 2, sms), 0);
+  EXPECT_EQ(cuda::SparseMqaChoosePersistentCtas(true, 4096 * 2, 0), 0);
+}
+
 TEST(SparseMqaSplitTest, HeuristicPicksTheMeasuredBest) {
   SparseMqaParams p;
   p.num_heads = 128;
