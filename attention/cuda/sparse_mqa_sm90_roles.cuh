@@ -18,9 +18,9 @@
 // them last: L (value columns 0-255) by WG0 once its PV retired (its S read the whole block
 // before), R (columns 256-511 and the rope tile holding P) by both: WG1 after its PV, WG0 after
 // its own PV, which read P there too (the R halves' free mbarriers count 256 arrivals).
-// No barrier between the WGs at the end either: WG0 leaves the running row sums with each
-// block's factors, WG1 normalises with the last block's; only WG0 (which holds m) writes the
-// LSE. (An exchange of the sums through a 256-thread named barrier, as in the pairs schedule,
+// No barrier between the WGs at the end either: WG0 leaves the rows' totals with the item's
+// last block (beside its factors), WG1 normalises with those; only WG0 (which holds m) writes
+// the LSE. (An exchange of the sums through a 256-thread named barrier, as in the pairs schedule,
 // was reported by racecheck here: the epilogue after a warp-uniform branch on the role.)
 #pragma once
 
@@ -40,10 +40,76 @@ struct Sm90RolesShared {
   uint32_t k_base[2];
   const int32_t* s_index;  // int32 [2][64]: the blocks' slots (for the masks)
   float* s_alpha;          // float [2][64]: the rows' rescale factors of the block in K0 / K1
-  float* s_l;              // float [2][64]: the rows' sums of P up to that block (quad-summed)
+  float* s_l;              // float [2][64]: the rows' totals of P, with an item's last block
   uint32_t ready_bar, free_bar;  // the half buffers' mbarriers (+ 8 * Sm90Half)
   uint32_t p_ready_bar;          // + 8 * buffer: P and the factors of the block there are written
 };
+
+// The roles scorer's softmax steps (the pairs schedule keeps its own, as measured): the
+// block's key validity is read from the indices while S still runs, the row maxima and sums are
+// trees, and 2^x is one ex2.approx.ftz (P < 2^-126 of the running max flushes to 0: below
+// anything a bf16 P or an fp32 row sum keeps).
+// Bit 2 j + e: key 8 j + 2 c + e of `block` is valid (position below key_end, slot in
+// [0, num_slots)).
+__device__ __forceinline__ uint32_t Sm90RolesValidBits(const int32_t* block_index, int block,
+                                                       int key_end, int num_slots, int c) {
+  uint32_t bits = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = 8 * j + 2 * c + e;
+      const int32_t slot = block_index[col];
+      const bool valid = block * 64 + col < key_end && slot >= 0 && slot < num_slots;
+      bits |= uint32_t(valid) << (2 * j + e);
+    }
+  }
+  return bits;
+}
+
+// Masks and scales S (log2 units) by those bits; block_max gets the quad-reduced row maxima.
+__device__ __forceinline__ void Sm90RolesMaskScores(float (&s)[32], uint32_t bits,
+                                                    float scale_log2, float (&block_max)[2]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const bool valid = (bits >> (2 * j + e)) & 1u;
+      s[4 * j + e] = valid ? s[4 * j + e] * scale_log2 : -INFINITY;
+      s[4 * j + 2 + e] = valid ? s[4 * j + 2 + e] * scale_log2 : -INFINITY;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float level[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) level[j] = fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]);
+#pragma unroll
+    for (int width = 4; width >= 1; width /= 2) {
+#pragma unroll
+      for (int i = 0; i < width; ++i) level[i] = fmaxf(level[i], level[i + width]);
+    }
+    block_max[r] = QuadMax(level[0]);
+  }
+}
+
+__device__ __forceinline__ float Exp2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Sm90ExpScores with Exp2Ftz; the pairs' sums go to sums[row] (not added to l here).
+__device__ __forceinline__ void Sm90RolesExpScores(const float (&s)[32], int j,
+                                                   const float (&m_use)[2], float (&sums)[2],
+                                                   uint32_t& top, uint32_t& bottom) {
+  const float p00 = Exp2Ftz(s[4 * j] - m_use[0]), p01 = Exp2Ftz(s[4 * j + 1] - m_use[0]);
+  const float p10 = Exp2Ftz(s[4 * j + 2] - m_use[1]), p11 = Exp2Ftz(s[4 * j + 3] - m_use[1]);
+  sums[0] = p00 + p01;
+  sums[1] = p10 + p11;
+  top = PackBf16(p00, p01);
+  bottom = PackBf16(p10, p11);
+}
 
 // WG0: scores, softmax and the left half of O for the item's pairs. t: the thread in the WG.
 template <class Config>
@@ -111,14 +177,16 @@ __device__ __forceinline__ void Sm90RolesScore(const Sm90RolesShared& sh, float 
         }
       }
       WgmmaCommit();
+      // The block's indices (landed with its L half) while S runs.
+      const uint32_t valid_bits =
+          Sm90RolesValidBits(sh.s_index + which * 64, block, key_end, int(num_slots), c);
       WgmmaWait<0>();
       FenceOperands(s);
       FenceOperands(o);
       DCP_SM90_TRACE(traced, mark + sm90_trace::kScores);
 
       float block_max[2];
-      Sm90MaskScores(s, sh.s_index + which * 64, block, key_end, num_slots, scale_log2, c,
-                     block_max);
+      Sm90RolesMaskScores(s, valid_bits, scale_log2, block_max);
       // The running max moves only when the block's max passes it by more than the slack (as in
       // the pairs schedule): P <= 2^slack, and O, l and WG1's O are rescaled only then. (Written
       // out here as there: a shared helper compiled the comparison differently in the pairs
@@ -135,19 +203,30 @@ __device__ __forceinline__ void Sm90RolesScore(const Sm90RolesShared& sh, float 
       Sm90RescaleRows(o, alpha);
       // P into the block's rope tile (S has read it), K-major swizzled [64 rows][64 keys].
       const uint32_t p_tile = Opaque(k + (kTiles - 1) * kTileBytes);  // not hoisted per buffer
+      float sums[8][2];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         uint32_t top, bottom;
-        Sm90ExpScores(s, j, m_use, l, top, bottom);
+        Sm90RolesExpScores(s, j, m_use, sums[j], top, bottom);
         Sm90StoreScores(p_tile, rows, j, c, top, bottom);
       }
-      // The factors and the running row sums for WG1 (which normalises its half with the last).
-      const float l_rows[2] = {QuadSum(l[0]), QuadSum(l[1])};
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        l[r] += ((sums[0][r] + sums[1][r]) + (sums[2][r] + sums[3][r])) +
+                ((sums[4][r] + sums[5][r]) + (sums[6][r] + sums[7][r]));
+      }
+      // The factors for WG1, and with the item's last block the rows' totals (WG1 normalises
+      // its half with those).
       if (c == 0) {
         sh.s_alpha[which * 64 + rows[0]] = alpha[0];
         sh.s_alpha[which * 64 + rows[1]] = alpha[1];
-        sh.s_l[which * 64 + rows[0]] = l_rows[0];
-        sh.s_l[which * 64 + rows[1]] = l_rows[1];
+      }
+      if (b == 2 * num_pairs - 1) {
+        const float l_rows[2] = {QuadSum(l[0]), QuadSum(l[1])};
+        if (c == 0) {
+          sh.s_l[which * 64 + rows[0]] = l_rows[0];
+          sh.s_l[which * 64 + rows[1]] = l_rows[1];
+        }
       }
       FenceProxyAsync();  // P is read by wgmma (the async proxy), of both WGs
       DCP_SM90_TRACE(traced, mark + sm90_trace::kMaxShared);  // P written
@@ -197,9 +276,12 @@ __device__ __forceinline__ void Sm90RolesPv(const Sm90RolesShared& sh, float (&o
       MbarrierWait(sh.p_ready_bar + 8 * which, parity);
       DCP_SM90_TRACE(traced, mark + sm90_trace::kSecondHalf);
       const float alpha[2] = {sh.s_alpha[which * 64 + rows[0]], sh.s_alpha[which * 64 + rows[1]]};
-      // Read before the R half is freed: WG0 rewrites this block's entries after its refill.
-      l[0] = sh.s_l[which * 64 + rows[0]];
-      l[1] = sh.s_l[which * 64 + rows[1]];
+      // The rows' totals, written with the item's last block; read before the R half is freed
+      // (WG0 writes these entries again only after its refill).
+      if (b == 2 * num_pairs - 1) {
+        l[0] = sh.s_l[which * 64 + rows[0]];
+        l[1] = sh.s_l[which * 64 + rows[1]];
+      }
       Sm90RescaleRows(o, alpha);
       WgmmaFence();
       Sm90IssueCrossPv(o, k + (kTiles - 1) * kTileBytes, k + kLeftTiles * kTileBytes);
