@@ -62,8 +62,8 @@ int SparseMqaChooseSchedule(const SparseMqaParams& params, int splits);
 // gathers them under the current item's epilogue) for roles-schedule launches of at least
 // kPersistentMinWaves waves of items, else 0 (one CTA per item, which the hardware hands to
 // whichever SM frees first: kept for decode launches and the pairs schedule). Measured on the
-// H200 (docs/sparse_mqa_sm90.md, "Persistent CTAs by default for prefill"): 4096 x 128 heads
-// 5-7% faster, 1024 tokens 0-2%.
+// H200 (docs/sparse_mqa_sm90.md, "What bounds the roles schedule"): 4096 tokens x 128 heads
+// 3-15% faster at 2048 keys and 3-4% at 512, 1024 tokens within the spread.
 inline constexpr int kPersistentMinWaves = 8;
 int SparseMqaChoosePersistentCtas(bool roles, int64_t items, int num_sms);
 
