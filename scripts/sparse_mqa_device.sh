@@ -205,14 +205,19 @@ if has_stage sanitize && [ "$hung" -eq 0 ]; then
   done
 fi
 
+# A measurement build of dcp_bench in its own folder $1, with the CUDA define $2 (stages trace
+# and nogather); log $out/$3.
+measurement_build() {
+  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
+      -DCMAKE_CXX_FLAGS="-include cstdint" -DCMAKE_CUDA_FLAGS="$2" >"$out/$3" 2>&1 &&
+      ninja -C "$1" -j "$(nproc)" dcp_bench >>"$out/$3" 2>&1
+}
+
 # The wgmma kernel's phase timeline (a profiling build, its own build folder).
 if has_stage trace && [ "$hung" -eq 0 ]; then
   trace_build="$build-trace"
-  if cmake -S . -B "$trace_build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
-      -DCMAKE_CXX_FLAGS="-include cstdint" -DCMAKE_CUDA_FLAGS="-DDCP_SPARSE_MQA_TRACE" \
-      >"$out/trace_build.log" 2>&1 &&
-      ninja -C "$trace_build" -j "$(nproc)" dcp_bench >>"$out/trace_build.log" 2>&1; then
+  if measurement_build "$trace_build" -DDCP_SPARSE_MQA_TRACE trace_build.log; then
     note "trace build: ok ($(elapsed))"
     IFS=';' read -r -a trace_rows <<<"${DCP_TRACE_ROWS:-sparse_mqa_sm90 t1 h128 k2048 s16;sparse_mqa_sm90 t64 h128 k2048 s1;sparse_mqa_sm90 t1024 h128 k2048;sparse_mqa_sm90_fp8 t1 h128 k2048 s16}"
     for row in "${trace_rows[@]}"; do
@@ -233,11 +238,7 @@ fi
 # no L2 prefetch), timed on the kernels rows of DCP_BENCH_ARGS beside the default build's.
 if has_stage nogather && [ "$hung" -eq 0 ]; then
   nogather_build="$build-nogather"
-  if cmake -S . -B "$nogather_build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
-      -DCMAKE_CXX_FLAGS="-include cstdint" -DCMAKE_CUDA_FLAGS="-DDCP_SPARSE_MQA_NO_GATHER" \
-      >"$out/nogather_build.log" 2>&1 &&
-      ninja -C "$nogather_build" -j "$(nproc)" dcp_bench >>"$out/nogather_build.log" 2>&1; then
+  if measurement_build "$nogather_build" -DDCP_SPARSE_MQA_NO_GATHER nogather_build.log; then
     note "nogather build: ok ($(elapsed))"
     # shellcheck disable=SC2086
     DCP_SPARSE_MQA_PREFETCH_PAIRS=0 timeout 100 mpirun --allow-run-as-root --bind-to none -np 1 \
