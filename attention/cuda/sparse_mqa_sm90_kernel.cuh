@@ -514,7 +514,10 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         uint32_t top, bottom;
-        Sm90ExpScores(s, j, m_use, l, top, bottom);
+        float sums[2];
+        Sm90ExpScores<false>(s, j, m_use, sums, top, bottom);
+        l[0] += sums[0];
+        l[1] += sums[1];
         a[j / 2][(j % 2) * 2] = top;
         a[j / 2][(j % 2) * 2 + 1] = bottom;
         Sm90StoreScores(own_p, rows, j, c, top, bottom);  // the other WG reads P there

@@ -47,8 +47,8 @@ struct Sm90RolesShared {
 
 // The roles scorer's softmax steps (the pairs schedule keeps its own, as measured): the
 // block's key validity is read from the indices while S still runs, the row maxima and sums are
-// trees, and 2^x is one ex2.approx.ftz (P < 2^-126 of the running max flushes to 0: below
-// anything a bf16 P or an fp32 row sum keeps).
+// trees, and 2^x is one ex2.approx.ftz (Sm90ExpScores<true>; P < 2^-126 of the running max is 0:
+// below anything a bf16 P or an fp32 row sum keeps).
 // Bit 2 j + e: key 8 j + 2 c + e of `block` is valid (position below key_end, slot in
 // [0, num_slots)).
 __device__ __forceinline__ uint32_t Sm90RolesValidBits(const int32_t* block_index, int block,
@@ -91,24 +91,6 @@ __device__ __forceinline__ void Sm90RolesMaskScores(float (&s)[32], uint32_t bit
     }
     block_max[r] = QuadMax(level[0]);
   }
-}
-
-__device__ __forceinline__ float Exp2Ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Sm90ExpScores with Exp2Ftz; the pairs' sums go to sums[row] (not added to l here).
-__device__ __forceinline__ void Sm90RolesExpScores(const float (&s)[32], int j,
-                                                   const float (&m_use)[2], float (&sums)[2],
-                                                   uint32_t& top, uint32_t& bottom) {
-  const float p00 = Exp2Ftz(s[4 * j] - m_use[0]), p01 = Exp2Ftz(s[4 * j + 1] - m_use[0]);
-  const float p10 = Exp2Ftz(s[4 * j + 2] - m_use[1]), p11 = Exp2Ftz(s[4 * j + 3] - m_use[1]);
-  sums[0] = p00 + p01;
-  sums[1] = p10 + p11;
-  top = PackBf16(p00, p01);
-  bottom = PackBf16(p10, p11);
 }
 
 // WG0: scores, softmax and the left half of O for the item's pairs. t: the thread in the WG.
@@ -207,7 +189,7 @@ __device__ __forceinline__ void Sm90RolesScore(const Sm90RolesShared& sh, float 
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         uint32_t top, bottom;
-        Sm90RolesExpScores(s, j, m_use, sums[j], top, bottom);
+        Sm90ExpScores<true>(s, j, m_use, sums[j], top, bottom);
         Sm90StoreScores(p_tile, rows, j, c, top, bottom);
       }
 #pragma unroll

@@ -35,15 +35,25 @@ __device__ __forceinline__ void Sm90MaskScores(float (&s)[32], const int32_t* bl
   block_max[1] = QuadMax(block_max[1]);
 }
 
+// 2^x as one ex2.approx.ftz (a result below 2^-126 is 0).
+__device__ __forceinline__ float Exp2Ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // P = 2^(S - m_use) of fragment column group j (keys 8 j + 2 c, + 1) for this thread's two
-// rows, added to the row sums l and packed as bf16 pairs (top: row g, bottom: row g + 8).
+// rows, packed as bf16 pairs (top: row g, bottom: row g + 8); sums gets each row's pair sum.
+// kFtz: 2^x through Exp2Ftz (the roles scorer), else exp2f (the pairs schedule, as measured).
+template <bool kFtz>
 __device__ __forceinline__ void Sm90ExpScores(const float (&s)[32], int j,
-                                              const float (&m_use)[2], float (&l)[2],
+                                              const float (&m_use)[2], float (&sums)[2],
                                               uint32_t& top, uint32_t& bottom) {
-  const float p00 = exp2f(s[4 * j] - m_use[0]), p01 = exp2f(s[4 * j + 1] - m_use[0]);
-  const float p10 = exp2f(s[4 * j + 2] - m_use[1]), p11 = exp2f(s[4 * j + 3] - m_use[1]);
-  l[0] += p00 + p01;
-  l[1] += p10 + p11;
+  auto exp2 = [](float x) { return kFtz ? Exp2Ftz(x) : exp2f(x); };
+  const float p00 = exp2(s[4 * j] - m_use[0]), p01 = exp2(s[4 * j + 1] - m_use[0]);
+  const float p10 = exp2(s[4 * j + 2] - m_use[1]), p11 = exp2(s[4 * j + 3] - m_use[1]);
+  sums[0] = p00 + p01;
+  sums[1] = p10 + p11;
   top = PackBf16(p00, p01);
   bottom = PackBf16(p10, p11);
 }
