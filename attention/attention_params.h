@@ -131,6 +131,12 @@ struct SparseMqaParams {
   // merged by LSE afterwards: 0 = chosen from the SM count and the sizes
   // (cuda::SparseMqaChooseSplits), >= 1 forced (clamped to what the kernel can use).
   int num_splits = 0;
+  // CUDA only, a hint for those choices (the split count, the heads per CTA, the consumer
+  // schedule): the valid keys a token is expected to have, where valid_counts leaves fewer than
+  // topk (a rank's share of the selection under DCP, about topk / W; a context shorter than
+  // topk). 0 = topk. The kernels still walk each token's own count, whatever it is: a wrong
+  // hint costs time, never results.
+  int expected_keys = 0;
   // CUDA only, the wgmma kernel (the mma.sync kernel ignores it): query heads per CTA, 16, 32
   // or 64. A CTA computes a 64-row tile either way; below 64 the rows past block_heads are zero
   // padding, neither loaded nor stored, so a few tokens' Q, K and partial-output bytes spread

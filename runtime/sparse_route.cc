@@ -27,6 +27,7 @@ SparseMqaParams SparseRoute::KernelParams(const KvCacheView& cache, const void* 
   p.head_dim = width;
   p.v_dim = r;
   p.topk = topk_width_;
+  p.expected_keys = expected_keys_;
   p.num_slots = cache.num_slots();
   p.q_token_stride = int64_t{all_heads} * width;
   p.q_head_stride = width;
@@ -37,6 +38,19 @@ SparseMqaParams SparseRoute::KernelParams(const KvCacheView& cache, const void* 
   p.lse_token_stride = all_heads;
   p.scale = scale_;
   return p;
+}
+
+int SparseRoute::ExpectedKeys(const std::vector<int32_t>& token_position, int topk_width) const {
+  // Token t sees the positions 0..p(t); its top-k selects min(topk, p(t) + 1) of them, and this
+  // rank holds local_length(p(t) + 1) of those positions: its expected share of the selection.
+  int64_t most = 1;
+  for (const int32_t position : token_position) {
+    const int64_t length = int64_t{position} + 1;
+    const int64_t selected = std::min<int64_t>(topk_width, length);
+    const int64_t owned = layout_.local_length(length, rank_);
+    most = std::max(most, (selected * owned + length - 1) / length);
+  }
+  return static_cast<int>(std::min<int64_t>(most, std::max(topk_width, 1)));
 }
 
 absl::Status SparseRoute::Prepare(const Plan& plan, const StepTables& tables, int64_t tx,
@@ -78,6 +92,7 @@ absl::Status SparseRoute::Prepare(const Plan& plan, const StepTables& tables, in
     DCP_RETURN_IF_ERROR(Upload(device_, causal_topk_, causal).status());
   }
   topk_width_ = topk_width;
+  expected_keys_ = ExpectedKeys(token_position, topk_width);
   num_requests_ = num_requests;
   max_blocks_ = max_blocks;
   DCP_RETURN_IF_ERROR(Upload(device_, token_request_, token_request).status());

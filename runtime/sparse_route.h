@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "collectives/communicator.h"
@@ -54,6 +55,11 @@ class SparseRoute {
   // kernel reads the 656-byte rows (every key, the step's new tokens once written) directly.
   SparseMqaParams KernelParams(const KvCacheView& cache, const void* q, const int32_t* slots,
                                const int32_t* valid_counts, float* out, float* lse) const;
+  // The kernel's SparseMqaParams::expected_keys: the most keys of this rank a token of the step
+  // is expected to have (its selection, min(topk, its context), times the share of those
+  // positions this rank holds), at least 1. The kernel's split and tiling are planned for it
+  // rather than for the top-k width: at W ranks a rank walks about 1 / W of each selection.
+  int ExpectedKeys(const std::vector<int32_t>& token_position, int topk_width) const;
 
   Device& device_;
   Communicator& comm_;
@@ -67,6 +73,7 @@ class SparseRoute {
   // The step: tokens, top-k width (the causal top-k's when none is given), slot-mapping inputs.
   int64_t num_tokens_ = 0;
   int topk_width_ = 0;
+  int expected_keys_ = 0;  // ExpectedKeys of the step
   bool causal_ = false;
   int num_requests_ = 0, max_blocks_ = 0, block_size_ = 0;
   ScratchBuffer token_request_, token_position_, block_tables_, causal_topk_, slots_;

@@ -81,6 +81,7 @@ bool ClusterMergeByDefault() {
 }
 
 absl::Status Check(const SparseMqaParams& p) {
+  DCP_CHECK_ARG(p.expected_keys >= 0, "SparseMqa: expected_keys %d is negative", p.expected_keys);
   DCP_CHECK_ARG(p.num_tokens >= 0 && p.num_heads >= 0 && p.topk >= 0 && p.num_slots >= 0,
                 "SparseMqa: negative size (tokens %d, heads %d, topk %d, slots %d)", p.num_tokens,
                 p.num_heads, p.topk, p.num_slots);
@@ -180,12 +181,18 @@ int SparseMqaResolveKernel(const SparseMqaParams& params) {
   return SparseMqaSm90Available() ? 2 : 1;
 }
 
+int SparseMqaPlannedKeys(const SparseMqaParams& p) {
+  const int topk = std::max(p.topk, 0);
+  return p.expected_keys > 0 ? std::min(p.expected_keys, topk) : topk;
+}
+
 SparseMqaTiling SparseMqaChooseTiling(const SparseMqaParams& p, int kernel, int num_sms) {
   // Ties keep the first candidate: 64 heads, then fewer splits.
   SparseMqaTiling best;
-  if (p.num_tokens <= 0 || p.num_heads <= 0 || p.topk <= 0 || num_sms <= 0) return best;
+  const int keys = SparseMqaPlannedKeys(p);
+  if (p.num_tokens <= 0 || p.num_heads <= 0 || keys <= 0 || num_sms <= 0) return best;
   const int align = BlockAlign(kernel);
-  const int blocks = (p.topk + kBlockKeys - 1) / kBlockKeys;
+  const int blocks = (keys + kBlockKeys - 1) / kBlockKeys;
   const int most = std::max(1, std::min(kMaxMergeSplits, blocks / align));
   // Modelled time in microseconds, fitted to H200 measurements of one decode token at 128 heads
   // (docs/sparse_mqa_sm90.md, v2): one CTA per SM; a CTA costs `fixed` (launch, Q tile, first
@@ -230,7 +237,7 @@ int SparseMqaChooseSplits(const SparseMqaParams& p, int kernel, int num_sms) {
 
 int SparseMqaChooseSchedule(const SparseMqaParams& p, int splits) {
   if (p.kv_format != KvCacheDType::kBF16) return 1;
-  const int64_t blocks = (int64_t{std::max(p.topk, 0)} + 63) / 64;
+  const int64_t blocks = (int64_t{SparseMqaPlannedKeys(p)} + 63) / 64;
   const int64_t per_split = (blocks + std::max(splits, 1) - 1) / std::max(splits, 1);
   const int64_t pairs = (per_split + 1) / 2;
   return pairs >= 2 ? 2 : 1;

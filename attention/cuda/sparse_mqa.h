@@ -34,11 +34,16 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream);
 // The kernel SparseMqa runs for params.kernel on the current device: 1 (mma.sync) or 2 (wgmma).
 int SparseMqaResolveKernel(const SparseMqaParams& params);
 
+// The keys per token the choices below plan for: params.expected_keys where it is set (at most
+// topk), else topk.
+int SparseMqaPlannedKeys(const SparseMqaParams& params);
+
 // The split count the launcher uses when params.num_splits == 0, for `kernel` (1 or 2) on a
 // device with num_sms SMs, before the workspace limit: 1 when tokens x head blocks fill the SMs,
 // else the count that minimises a time model fitted to H200 measurements (waves x (fixed +
 // blocks per split x block time) + the merge's cost per split; ties: fewer splits), at most 64
-// and at most one split per 64-key block (per pair for the wgmma kernel).
+// and at most one split per 64-key block (per pair for the wgmma kernel), for
+// SparseMqaPlannedKeys keys a token.
 int SparseMqaChooseSplits(const SparseMqaParams& params, int kernel, int num_sms);
 
 // The split count and, for the wgmma kernel (kernel 2), the heads per CTA (16, 32 or 64;

@@ -695,6 +695,7 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
     p.kernel = kernel;
     p.num_splits = splits;
     p.block_heads = block_heads;
+    p.expected_keys = shape.keys;  // as the sparse route plans a rank's share
     absl::Status ready = fp8 ? fp8_prepared : prepared;
     if (ready.ok()) {
       const std::vector<int32_t> host(shape.tokens, shape.keys);

@@ -46,6 +46,7 @@ struct MqaCase {
   // hold other valid slots, which the kernel must not read.
   std::vector<int> counts;
   std::vector<int> splits = {0, 3};  // split counts to run (0: the heuristic's)
+  int expected_keys = 0;              // SparseMqaParams::expected_keys (the heuristic's hint)
   // The wgmma kernel's heads per CTA to run (SparseMqaParams::block_heads; 0: the heuristic's),
   // each with every split count; the mma.sync kernel runs 0 only.
   std::vector<int> block_heads = {0};
@@ -335,6 +336,7 @@ class SparseMqaCudaTest : public GpuTest {
     DeviceArray<uint8_t> workspace(std::max<int64_t>(16, cuda::SparseMqaWorkspaceBytes(p, 64)));
     p.workspace = workspace.get();
     p.workspace_bytes = cuda::SparseMqaWorkspaceBytes(p, 64);
+    p.expected_keys = c.expected_keys;
 
     // The reference rows.
     const std::vector<double> qd = ToDouble(d.q), kvd = ToDouble(d.kv);
@@ -705,6 +707,23 @@ TEST_F(SparseMqaCudaTest, ValidCountsMixedWithinABatch) {
   RunAndCheck(c);
 }
 
+// SparseMqaParams::expected_keys plans the split and the tiling; each token's own count is
+// still walked in full, whether the hint is far below the counts or far above them.
+TEST_F(SparseMqaCudaTest, ExpectedKeysOnlyPlan) {
+  MqaCase c;
+  c.tokens = 7;
+  c.heads = 32;
+  c.topk = 2048;
+  c.slots = 6000;
+  c.counts = {0, 1, 65, 700, 2048};
+  c.splits = {0};
+  for (int expected : {1, 64, 512, 2048}) {
+    SCOPED_TRACE(::testing::Message() << "expected_keys " << expected);
+    c.expected_keys = expected;
+    RunAndCheck(c);
+  }
+}
+
 TEST_F(SparseMqaCudaTest, SmallSplitsAndCounts) {
   MqaCase c;  // small enough for racecheck: a split of a short list leaves empty splits
   c.tokens = 3;
@@ -872,6 +891,46 @@ TEST(SparseMqaSplitTest, ScheduleFollowsThePairsPerSplit) {
   p.topk = 2048;
   p.kv_format = KvCacheDType::kFp8DsMla;
   EXPECT_EQ(cuda::SparseMqaChooseSchedule(p, 1), 1);
+}
+
+// The choices plan for SparseMqaParams::expected_keys (at most topk) where it is set: a rank's
+// share of each selection under DCP, not the top-k width.
+TEST(SparseMqaSplitTest, ExpectedKeysPlanLikeThatTopk) {
+  SparseMqaParams p;
+  p.num_heads = 128;
+  p.head_dim = 576;
+  p.v_dim = 512;
+  for (int kernel : {1, 2}) {
+    for (int tokens : {1, 2, 8, 64}) {
+      for (int keys : {64, 512, 1000}) {
+        SCOPED_TRACE(::testing::Message() << "kernel " << kernel << " tokens " << tokens
+                                          << " keys " << keys);
+        p.num_tokens = tokens;
+        p.topk = keys;
+        p.expected_keys = 0;
+        const cuda::SparseMqaTiling want = cuda::SparseMqaChooseTiling(p, kernel, 132);
+        const int want_schedule = cuda::SparseMqaChooseSchedule(p, want.splits);
+        p.topk = 2048;
+        p.expected_keys = keys;
+        EXPECT_EQ(cuda::SparseMqaPlannedKeys(p), keys);
+        const cuda::SparseMqaTiling got = cuda::SparseMqaChooseTiling(p, kernel, 132);
+        EXPECT_EQ(got.splits, want.splits);
+        EXPECT_EQ(got.block_heads, want.block_heads);
+        EXPECT_EQ(cuda::SparseMqaChooseSchedule(p, got.splits), want_schedule);
+      }
+    }
+  }
+  // One decode token at W = 4 (512 of 2048 keys): fewer splits than at 2048 keys.
+  p.num_tokens = 1;
+  p.topk = 2048;
+  p.expected_keys = 0;
+  const int full = cuda::SparseMqaChooseSplits(p, 2, 132);
+  p.expected_keys = 512;
+  EXPECT_LT(cuda::SparseMqaChooseSplits(p, 2, 132), full);
+  // Above topk it is topk.
+  p.expected_keys = 4096;
+  EXPECT_EQ(cuda::SparseMqaPlannedKeys(p), 2048);
+  EXPECT_EQ(cuda::SparseMqaChooseSplits(p, 2, 132), full);
 }
 
 TEST(SparseMqaSplitTest, PersistentGridForLongRolesLaunches) {
@@ -1110,6 +1169,11 @@ TEST_F(SparseMqaCudaTest, RejectsUncompiledSizesAndDtypes) {
   status = cuda::SparseMqa(p, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("sm90_ctas -1"), std::string::npos) << status;
+  p.sm90_ctas = 0;
+  p.expected_keys = -5;
+  status = cuda::SparseMqa(p, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("expected_keys -5"), std::string::npos) << status;
 }
 
 }  // namespace
