@@ -40,14 +40,15 @@ SparseMqaParams SparseRoute::KernelParams(const KvCacheView& cache, const void* 
   return p;
 }
 
-int SparseRoute::ExpectedKeys(const std::vector<int32_t>& token_position, int topk_width) const {
+int ExpectedSparseKeys(const KvLayout& layout, int rank, const std::vector<int32_t>& token_position,
+                       int topk_width) {
   // Token t sees the positions 0..p(t); its top-k selects min(topk, p(t) + 1) of them, and this
   // rank holds local_length(p(t) + 1) of those positions: its expected share of the selection.
   int64_t most = 1;
   for (const int32_t position : token_position) {
     const int64_t length = int64_t{position} + 1;
     const int64_t selected = std::min<int64_t>(topk_width, length);
-    const int64_t owned = layout_.local_length(length, rank_);
+    const int64_t owned = layout.local_length(length, rank);
     most = std::max(most, (selected * owned + length - 1) / length);
   }
   return static_cast<int>(std::min<int64_t>(most, std::max(topk_width, 1)));
@@ -92,7 +93,7 @@ absl::Status SparseRoute::Prepare(const Plan& plan, const StepTables& tables, in
     DCP_RETURN_IF_ERROR(Upload(device_, causal_topk_, causal).status());
   }
   topk_width_ = topk_width;
-  expected_keys_ = ExpectedKeys(token_position, topk_width);
+  expected_keys_ = ExpectedSparseKeys(layout_, rank_, token_position, topk_width);
   num_requests_ = num_requests;
   max_blocks_ = max_blocks;
   DCP_RETURN_IF_ERROR(Upload(device_, token_request_, token_request).status());

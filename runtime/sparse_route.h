@@ -33,6 +33,15 @@ struct SparseRouteInputs {
                         // order; nullptr when Prepare was told topk_width 0 (every causal key)
 };
 
+// The sparse MQA kernel's SparseMqaParams::expected_keys for `rank`: the most keys of the rank a
+// token is expected to have, over tokens at positions token_position (a token at p sees
+// positions 0..p): its selection, min(topk_width, p + 1), times the share of those positions
+// the rank holds (layout.local_length), rounded up; at least 1, at most max(topk_width, 1).
+// The kernel's split and tiling are planned for it rather than for the top-k width: at W ranks
+// a rank walks about 1 / W of each selection.
+int ExpectedSparseKeys(const KvLayout& layout, int rank, const std::vector<int32_t>& token_position,
+                       int topk_width);
+
 class SparseRoute {
  public:
   SparseRoute(Device& device, Communicator& comm, const ModelDims& model, float scale,
@@ -55,11 +64,6 @@ class SparseRoute {
   // kernel reads the 656-byte rows (every key, the step's new tokens once written) directly.
   SparseMqaParams KernelParams(const KvCacheView& cache, const void* q, const int32_t* slots,
                                const int32_t* valid_counts, float* out, float* lse) const;
-  // The kernel's SparseMqaParams::expected_keys: the most keys of this rank a token of the step
-  // is expected to have (its selection, min(topk, its context), times the share of those
-  // positions this rank holds), at least 1. The kernel's split and tiling are planned for it
-  // rather than for the top-k width: at W ranks a rank walks about 1 / W of each selection.
-  int ExpectedKeys(const std::vector<int32_t>& token_position, int topk_width) const;
 
   Device& device_;
   Communicator& comm_;
@@ -73,7 +77,7 @@ class SparseRoute {
   // The step: tokens, top-k width (the causal top-k's when none is given), slot-mapping inputs.
   int64_t num_tokens_ = 0;
   int topk_width_ = 0;
-  int expected_keys_ = 0;  // ExpectedKeys of the step
+  int expected_keys_ = 0;  // ExpectedSparseKeys of the step
   bool causal_ = false;
   int num_requests_ = 0, max_blocks_ = 0, block_size_ = 0;
   ScratchBuffer token_request_, token_position_, block_tables_, causal_topk_, slots_;
