@@ -29,7 +29,7 @@
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
 # "build test bench variants engine nopdl sanitize"; ncu, ncu_sections, ncu_engine, worker,
 # nogather and trace are extra), DCP_VARIANTS (stage variants: ';'-separated environments to bench under,
-# default the wgmma kernel's persistent CTAs), DCP_TEST_FILTER,
+# default the wgmma kernel's persistent CTAs), DCP_TEST_FILTER, DCP_TEST_TIMEOUT (seconds, default 180),
 # DCP_BENCH_ARGS (appended), DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k), DCP_TRACE_ROWS (kernel
 # rows of stage trace, ';'-separated).
 set -uo pipefail
@@ -91,7 +91,7 @@ fi
 if has_stage test; then
   # After a hang, the mma.sync kernel's tests alone.
   [ "$hung" -eq 1 ] && export DCP_TEST_MQA_KERNELS=1
-  DCP_REQUIRE_GPU=1 timeout 120 "$test_exe" --gtest_color=no \
+  DCP_REQUIRE_GPU=1 timeout "${DCP_TEST_TIMEOUT:-180}" "$test_exe" --gtest_color=no \
       --gtest_filter="${DCP_TEST_FILTER:-SparseMqa*:TopkToSlots*:MergeStates*}" \
       >>"$out/test.log" 2>&1
   code=$?
