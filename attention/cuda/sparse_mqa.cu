@@ -276,6 +276,9 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   split.block_heads = kernel == 2 ? tiling.block_heads : kBlockHeads;
   split.prefetch_pairs = PrefetchPairs();
   split.rescale_slack = RescaleSlack();
+  // The grid in two steps: a forced one (params.sm90_ctas, DCP_SPARSE_MQA_PERSISTENT=1) here,
+  // since it rules out the cluster merge below; a chosen one after the schedule, which it depends
+  // on and which depends on the cluster merge.
   if (kernel == 2 && params.sm90_ctas > 0) split.persistent_ctas = params.sm90_ctas;
   if (kernel == 2 && params.sm90_ctas == 0 && PersistentFromEnvironment() == 1) {
     split.persistent_ctas = NumSms();
