@@ -38,7 +38,8 @@ ABSL_FLAG(int64_t, workspace_rows, 0,
 ABSL_FLAG(int, index_topk, 2048, "top-k width K of the sparse attention");
 ABSL_FLAG(int, decode_threshold, 1, "a request with query_len <= this is a decode");
 ABSL_FLAG(bool, force_mqa, false, "always take the sparse MQA route");
-ABSL_FLAG(bool, validate_topk, true, "check the top-k indices on the device every step");
+ABSL_FLAG(bool, validate_topk, true,
+          "check the top-k indices on the device every step that reads them");
 ABSL_FLAG(std::string, prefill_backend, "auto", "dense MHA prefill backend: auto, none or a name");
 ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
           "KV cache rows: bf16 or fp8_ds_mla (vLLM's 656-byte FP8 rows; R 512, Dr 64)");

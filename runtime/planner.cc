@@ -62,6 +62,21 @@ Route ChooseRoute(const AttentionConfig& attention, bool dense_mha_available, in
   return use_mha ? Route::kDenseMha : Route::kSparseMqa;
 }
 
+bool BatchReadsTopk(absl::Span<const BatchRequest> batch, const PlannerConfig& config) {
+  int num_decodes = 0, num_prefills = 0, max_prefill_seq_len = 0;
+  for (const BatchRequest& r : batch) {
+    if (r.query_len <= config.scheduler.decode_threshold) {
+      ++num_decodes;
+    } else {
+      ++num_prefills;
+      max_prefill_seq_len = std::max(max_prefill_seq_len, r.seq_len);
+    }
+  }
+  const Route route = ChooseRoute(config.attention, config.dense_mha_available, num_prefills,
+                                  max_prefill_seq_len);
+  return route == Route::kSparseMqa || num_decodes > 0;
+}
+
 absl::StatusOr<Plan> BuildPlan(absl::Span<const BatchRequest> batch, const PlannerConfig& config) {
   DCP_RETURN_IF_ERROR(ValidateBatch(batch, config.scheduler));
   Plan plan;

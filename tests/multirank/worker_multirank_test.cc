@@ -564,6 +564,33 @@ TEST_F(WorkerTest, FewerTokensThanRanksWithATopkMatch) {
   }
 }
 
+// The top-k is checked where the step reads it: a dense step of prefills reads no row (they
+// attend to every causal key), so a future key in one of its rows is no error and changes
+// nothing; the same row on the sparse route (force_mqa) is an error on every rank.
+TEST_F(WorkerTest, TopkIsCheckedWhereTheStepReadsIt) {
+  const uint64_t seed = SharedSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Dims dims = TestDims(UseCuda() ? 8 : 12);
+  Scenario s;
+  s.give_topk = true;
+  s.seq_lens = {40, 24};
+  s.query_lens = {40, 10};
+  const Problem p = BuildProblem(s, dims, seed);
+  Problem bad = p;
+  // Token 3 of request 0 (position 3; its row holds keys 0-3) selects position 9.
+  bad.whole.topk[3 * s.index_topk] = 9;
+  {
+    const RankRun run = RunRank(mpi_comm(), s, dims, bad);
+    ExpectMatchesReference(run, p, dims, world(), rank());
+    EXPECT_EQ(run.stats.route, Route::kDenseMha);
+  }
+  s.force_mqa = true;
+  const RankRun run = RunRank(mpi_comm(), s, dims, bad);
+  EXPECT_EQ(run.status.code(), absl::StatusCode::kInvalidArgument) << run.status;
+  EXPECT_NE(std::string(run.status.message()).find("future key"), std::string::npos)
+      << run.status;
+}
+
 TEST_F(WorkerTest, PrefillLongerThanTopkTakesSparseMqaAndMatches) {
   const uint64_t seed = SharedSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -885,8 +912,11 @@ TEST_F(WorkerTest, BadInputFailsOnEveryRankWithOneMessage) {
     cases.push_back({"query_len > seq_len", s, "query_len"});
   }
   {
+    // On the sparse route, which reads every row (a dense step of prefills reads none and does
+    // not check it: TopkIsCheckedWhereTheStepReadsIt).
     Scenario s = good;
     s.give_topk = true;
+    s.force_mqa = true;
     cases.push_back({"invalid top-k", s, "top-k"});
     // The last token's row: checked by the last rank (each rank checks its share of the rows),
     // named by its index in the caller's batch.
@@ -926,6 +956,7 @@ TEST_F(WorkerTest, BadInputFailsOnEveryRankWithOneMessage) {
     // by TopkToSlots instead of rejected, and the batch runs.
     Scenario s = good;
     s.give_topk = true;
+    s.force_mqa = true;
     s.validate_topk = false;
     Problem p = BuildProblem(s, dims, 7);
     p.whole.topk[3] = 19;

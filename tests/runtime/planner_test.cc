@@ -1,5 +1,7 @@
 #include "runtime/planner.h"
 
+#include <algorithm>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,41 @@ TEST(PlannerTest, RoutingRuleIsTheSeeds) {
   attention.force_mqa = false;
   attention.is_sparse = false;
   EXPECT_EQ(ChooseRoute(attention, true, 2, 64), Route::kSparseMqa);
+}
+
+// BatchReadsTopk against the plan itself, on hand-picked and random batches: true exactly when
+// the plan has sparse-route tokens (every token on the sparse route, the decodes on the dense).
+TEST(PlannerTest, BatchReadsTopkFollowsThePlan) {
+  PlannerConfig config = MakeConfig(2, 1);
+  using Batch = std::vector<BatchRequest>;
+  EXPECT_FALSE(BatchReadsTopk(Batch{{1, 64, 64}, {2, 128, 32}}, config));  // dense prefills
+  EXPECT_TRUE(BatchReadsTopk(Batch{{1, 64, 64}, {2, 40, 1}}, config));     // + a decode
+  EXPECT_TRUE(BatchReadsTopk(Batch{{1, 64, 64}, {2, 600, 32}}, config));   // seq_len > K
+  EXPECT_TRUE(BatchReadsTopk(Batch{{1, 40, 1}}, config));                  // decodes only
+  config.attention.force_mqa = true;
+  EXPECT_TRUE(BatchReadsTopk(Batch{{1, 64, 64}}, config));
+  config.attention.force_mqa = false;
+  config.dense_mha_available = false;
+  EXPECT_TRUE(BatchReadsTopk(Batch{{1, 64, 64}}, config));
+
+  std::mt19937_64 rng(20261203);
+  for (int trial = 0; trial < 2000; ++trial) {
+    config = MakeConfig(1 + int(rng() % 4), 1);
+    config.dense_mha_available = rng() % 4 != 0;
+    config.attention.force_mqa = rng() % 8 == 0;
+    config.scheduler.decode_threshold = 1 + int(rng() % 3);
+    Batch batch;
+    const int count = 1 + int(rng() % 6);
+    for (int i = 0; i < count; ++i) {
+      const int seq_len = 1 + int(rng() % 700);
+      const int query_len = rng() % 2 ? 1 + int(rng() % 3) : 1 + int(rng() % seq_len);
+      batch.push_back({i, seq_len, std::min(query_len, seq_len)});
+    }
+    auto plan = BuildPlan(batch, config);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const bool reads = plan->route == Route::kSparseMqa || plan->num_decode_tokens > 0;
+    EXPECT_EQ(BatchReadsTopk(batch, config), reads) << "trial " << trial;
+  }
 }
 
 TEST(PlannerTest, DecodesFirstInCallerOrderAndChunks) {
