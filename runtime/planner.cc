@@ -62,8 +62,14 @@ Route ChooseRoute(const AttentionConfig& attention, bool dense_mha_available, in
   return use_mha ? Route::kDenseMha : Route::kSparseMqa;
 }
 
-bool BatchReadsTopk(absl::Span<const BatchRequest> batch, const PlannerConfig& config) {
-  int num_decodes = 0, num_prefills = 0, max_prefill_seq_len = 0;
+namespace {
+
+// The batch's route by the seed's rule (ChooseRoute over its prefills); `num_decodes` gets its
+// decode count. The one place BuildPlan and BatchReadsTopk take the route from.
+Route BatchRoute(absl::Span<const BatchRequest> batch, const PlannerConfig& config,
+                 int& num_decodes) {
+  int num_prefills = 0, max_prefill_seq_len = 0;
+  num_decodes = 0;
   for (const BatchRequest& r : batch) {
     if (r.query_len <= config.scheduler.decode_threshold) {
       ++num_decodes;
@@ -72,9 +78,15 @@ bool BatchReadsTopk(absl::Span<const BatchRequest> batch, const PlannerConfig& c
       max_prefill_seq_len = std::max(max_prefill_seq_len, r.seq_len);
     }
   }
-  const Route route = ChooseRoute(config.attention, config.dense_mha_available, num_prefills,
-                                  max_prefill_seq_len);
-  return route == Route::kSparseMqa || num_decodes > 0;
+  return ChooseRoute(config.attention, config.dense_mha_available, num_prefills,
+                     max_prefill_seq_len);
+}
+
+}  // namespace
+
+bool BatchReadsTopk(absl::Span<const BatchRequest> batch, const PlannerConfig& config) {
+  int num_decodes = 0;
+  return BatchRoute(batch, config, num_decodes) == Route::kSparseMqa || num_decodes > 0;
 }
 
 absl::StatusOr<Plan> BuildPlan(absl::Span<const BatchRequest> batch, const PlannerConfig& config) {
@@ -86,7 +98,6 @@ absl::StatusOr<Plan> BuildPlan(absl::Span<const BatchRequest> batch, const Plann
   for (size_t i = 0; i < batch.size(); ++i) caller_begin[i + 1] = caller_begin[i] + batch[i].query_len;
   plan.num_tokens = caller_begin.back();
 
-  int max_prefill_seq_len = 0;
   for (int pass = 0; pass < 2; ++pass) {  // decodes, then prefills
     for (size_t i = 0; i < batch.size(); ++i) {
       const bool is_decode = batch[i].query_len <= config.scheduler.decode_threshold;
@@ -106,14 +117,13 @@ absl::StatusOr<Plan> BuildPlan(absl::Span<const BatchRequest> batch, const Plann
         plan.num_decode_tokens += r.query_len;
       } else {
         ++plan.num_prefills;
-        max_prefill_seq_len = std::max(max_prefill_seq_len, r.seq_len);
       }
       plan.requests.push_back(r);
     }
   }
 
-  plan.route = ChooseRoute(config.attention, config.dense_mha_available, plan.num_prefills,
-                           max_prefill_seq_len);
+  int num_decodes = 0;
+  plan.route = BatchRoute(batch, config, num_decodes);
   if (plan.route == Route::kDenseMha) {
     std::vector<int64_t> context_lengths;
     for (int p = 0; p < plan.num_prefills; ++p) {
