@@ -57,11 +57,11 @@ struct AttentionConfig {
   int index_topk = 2048;              // K
   bool is_sparse = true;
   bool force_mqa = false;
-  // Check the given top-k on the device every Forward that reads it (DESIGN.md section 3; a
-  // step whose tokens are all dense-route prefills reads none: BatchReadsTopk), each rank its
-  // share of the rows. An engine that trusts its indexer may turn it off: the kernels never read
-  // memory through a bad index anyway (TopkToSlots drops positions past the token's own or
-  // outside the block table), but a bad row then silently attends over fewer keys.
+  // Check the given top-k on the device every Forward, the rows the step reads (DESIGN.md
+  // section 3; dense-route prefills read none: TopkRowsRead), each rank its share of them. An
+  // engine that trusts its indexer may turn it off: the kernels never read memory through a bad
+  // index anyway (TopkToSlots drops positions past the token's own or outside the block table),
+  // but a bad row then silently attends over fewer keys.
   bool validate_topk = true;
   std::string prefill_backend = "auto";  // auto | none | native | cudnn
   // Row format of the KV cache (FORMATS.md): bf16 rows of the storage dtype, or vLLM's 656-byte

@@ -65,7 +65,7 @@ Route ChooseRoute(const AttentionConfig& attention, bool dense_mha_available, in
 namespace {
 
 // The batch's route by the seed's rule (ChooseRoute over its prefills); `num_decodes` gets its
-// decode count. The one place BuildPlan and BatchReadsTopk take the route from.
+// decode count. The one place BuildPlan and TopkRowsRead take the route from.
 Route BatchRoute(absl::Span<const BatchRequest> batch, const PlannerConfig& config,
                  int& num_decodes) {
   int num_prefills = 0, max_prefill_seq_len = 0;
@@ -84,9 +84,21 @@ Route BatchRoute(absl::Span<const BatchRequest> batch, const PlannerConfig& conf
 
 }  // namespace
 
-bool BatchReadsTopk(absl::Span<const BatchRequest> batch, const PlannerConfig& config) {
+TopkRows TopkRowsRead(absl::Span<const BatchRequest> batch, const PlannerConfig& config) {
   int num_decodes = 0;
-  return BatchRoute(batch, config, num_decodes) == Route::kSparseMqa || num_decodes > 0;
+  const Route route = BatchRoute(batch, config, num_decodes);
+  TopkRows rows;
+  int64_t token = 0;
+  bool first = true;
+  for (const BatchRequest& r : batch) {
+    if (route == Route::kSparseMqa || r.query_len <= config.scheduler.decode_threshold) {
+      if (first) rows.begin = token;
+      first = false;
+      rows.end = token + r.query_len;
+    }
+    token += r.query_len;
+  }
+  return rows;
 }
 
 absl::StatusOr<Plan> BuildPlan(absl::Span<const BatchRequest> batch, const PlannerConfig& config) {

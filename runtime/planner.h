@@ -42,11 +42,18 @@ absl::Status ValidateBatch(absl::Span<const BatchRequest> batch, const Scheduler
 Route ChooseRoute(const AttentionConfig& attention, bool dense_mha_available, int num_prefills,
                   int max_prefill_seq_len);
 
-// Whether a step over `batch` (valid: ValidateBatch) reads any top-k row, by the rule
-// BuildPlan applies: on the sparse route every token reads its row; on the dense route only the
-// decodes do (the prefills attend to every causal key, which is what a top-k of width
-// index_topk >= seq_len selects). The Worker checks the top-k only where it is read.
-bool BatchReadsTopk(absl::Span<const BatchRequest> batch, const PlannerConfig& config);
+// The caller's token rows [begin, end) of the top-k that a step over `batch` (valid:
+// ValidateBatch) reads, by the rule BuildPlan applies: on the sparse route every token reads its
+// row; on the dense route only the decodes do (the prefills attend to every causal key, which is
+// what a top-k of width index_topk >= seq_len selects), so the range runs from the first decode
+// token to the last one's end: exactly the decodes when the caller lists them first (as vLLM
+// does), a superset otherwise, empty when the step reads no row. The Worker checks the top-k only
+// there.
+struct TopkRows {
+  int64_t begin = 0, end = 0;
+  bool empty() const { return begin == end; }
+};
+TopkRows TopkRowsRead(absl::Span<const BatchRequest> batch, const PlannerConfig& config);
 
 // Deterministic: the same batch and config give the same plan on every rank.
 absl::StatusOr<Plan> BuildPlan(absl::Span<const BatchRequest> batch, const PlannerConfig& config);

@@ -119,16 +119,16 @@ absl::Status Worker::StageTopk(absl::Span<const BatchRequest> batch, const Tenso
   *checking = false;
   DCP_ASSIGN_OR_RETURN(const void* staged, StageInput(device_, topk_, topk, DType::kI32));
   topk_data_ = static_cast<const int32_t*>(staged);
-  // Checked where the step reads it: a dense step whose tokens are all prefills reads no row,
-  // so a bad row there changes nothing it computes (on the H200 the check of 4 x 2k rows of
-  // 2048 and the wait for its verdict were ~50 us of a ~370 us 16-head dense layer).
-  if (!options_.attention.validate_topk || !BatchReadsTopk(batch, engine_->planner())) {
-    return absl::OkStatus();
-  }
-  // This rank's share of the caller's rows: [begin, end) of T.
-  const int64_t num_tokens = topk.shape[0], width = topk.shape[1];
+  // Checked where the step reads it: on the dense route the prefills read no row, so a bad row
+  // there changes nothing the step computes (on the H200 the check of 4 x 2k rows of 2048 and
+  // the wait for its verdict were ~50 us of a ~370 us 16-head dense layer).
+  const TopkRows read = TopkRowsRead(batch, engine_->planner());
+  if (!options_.attention.validate_topk || read.empty()) return absl::OkStatus();
+  // This rank's share of the rows read: [begin, end) of T.
+  const int64_t width = topk.shape[1], count = read.end - read.begin;
   const int64_t world = comm_.world_size(), rank = comm_.rank();
-  const int64_t begin = rank * num_tokens / world, end = (rank + 1) * num_tokens / world;
+  const int64_t begin = read.begin + rank * count / world;
+  const int64_t end = read.begin + (rank + 1) * count / world;
   if (begin == end) return absl::OkStatus();
   // Each token's position, a request's share of [begin, end) at a time (8192 prefill tokens:
   // a loop of stores, not a branch per token).

@@ -584,10 +584,33 @@ TEST_F(WorkerTest, TopkIsCheckedWhereTheStepReadsIt) {
     ExpectMatchesReference(run, p, dims, world(), rank());
     EXPECT_EQ(run.stats.route, Route::kDenseMha);
   }
-  s.force_mqa = true;
-  const RankRun run = RunRank(mpi_comm(), s, dims, bad);
+  {
+    s.force_mqa = true;
+    const RankRun run = RunRank(mpi_comm(), s, dims, bad);
+    EXPECT_EQ(run.status.code(), absl::StatusCode::kInvalidArgument) << run.status;
+    EXPECT_NE(std::string(run.status.message()).find("future key"), std::string::npos)
+        << run.status;
+  }
+  // A dense step with decodes, listed first as vLLM does: only the decodes' rows are read and
+  // checked (each rank its share of them), so the prefill's bad row is still no error ...
+  s.force_mqa = false;
+  s.seq_lens = {30, 17, 40, 24};
+  s.query_lens = {1, 1, 40, 10};
+  const Problem mixed = BuildProblem(s, dims, seed);
+  Problem mixed_bad = mixed;
+  mixed_bad.whole.topk[(2 + 3) * s.index_topk] = 9;  // token 3 of the first prefill
+  {
+    const RankRun run = RunRank(mpi_comm(), s, dims, mixed_bad);
+    ExpectMatchesReference(run, mixed, dims, world(), rank());
+    EXPECT_EQ(run.stats.route, Route::kDenseMha);
+  }
+  // ... and a decode's is, named by its token.
+  mixed_bad = mixed;
+  mixed_bad.whole.topk[1 * s.index_topk + 2] = 17;  // the second decode sits at position 16
+  const RankRun run = RunRank(mpi_comm(), s, dims, mixed_bad);
   EXPECT_EQ(run.status.code(), absl::StatusCode::kInvalidArgument) << run.status;
-  EXPECT_NE(std::string(run.status.message()).find("future key"), std::string::npos)
+  EXPECT_NE(std::string(run.status.message()).find("top-k index 17 of token 1 (column 2)"),
+            std::string::npos)
       << run.status;
 }
 

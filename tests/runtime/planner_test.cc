@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -38,20 +39,29 @@ TEST(PlannerTest, RoutingRuleIsTheSeeds) {
   EXPECT_EQ(ChooseRoute(attention, true, 2, 64), Route::kSparseMqa);
 }
 
-// BatchReadsTopk against the plan itself, on hand-picked and random batches: true exactly when
-// the plan has sparse-route tokens (every token on the sparse route, the decodes on the dense).
-TEST(PlannerTest, BatchReadsTopkFollowsThePlan) {
+// TopkRowsRead against the plan itself, on hand-picked and random batches: the range holds every
+// token the plan reads a row for (every token on the sparse route, the decodes on the dense), it
+// is empty exactly when there is none, and it is exactly those rows when the caller lists the
+// decodes first.
+TEST(PlannerTest, TopkRowsReadFollowsThePlan) {
   PlannerConfig config = MakeConfig(2, 1);
   using Batch = std::vector<BatchRequest>;
-  EXPECT_FALSE(BatchReadsTopk(Batch{{1, 64, 64}, {2, 128, 32}}, config));  // dense prefills
-  EXPECT_TRUE(BatchReadsTopk(Batch{{1, 64, 64}, {2, 40, 1}}, config));     // + a decode
-  EXPECT_TRUE(BatchReadsTopk(Batch{{1, 64, 64}, {2, 600, 32}}, config));   // seq_len > K
-  EXPECT_TRUE(BatchReadsTopk(Batch{{1, 40, 1}}, config));                  // decodes only
+  using Range = std::pair<int64_t, int64_t>;
+  auto rows = [&](const Batch& batch) {
+    const TopkRows r = TopkRowsRead(batch, config);
+    return Range(r.begin, r.end);
+  };
+  EXPECT_TRUE(TopkRowsRead(Batch{{1, 64, 64}, {2, 128, 32}}, config).empty());  // dense prefills
+  EXPECT_EQ(rows(Batch{{1, 64, 64}, {2, 40, 1}}), Range(64, 65));               // + a decode
+  EXPECT_EQ(rows(Batch{{2, 40, 1}, {3, 9, 1}, {1, 64, 64}}), Range(0, 2));      // decodes first
+  EXPECT_EQ(rows(Batch{{2, 40, 1}, {1, 64, 64}, {3, 9, 1}}), Range(0, 66));     // around a prefill
+  EXPECT_EQ(rows(Batch{{1, 64, 64}, {2, 600, 32}}), Range(0, 96));              // seq_len > K
+  EXPECT_EQ(rows(Batch{{1, 40, 1}}), Range(0, 1));                              // decodes only
   config.attention.force_mqa = true;
-  EXPECT_TRUE(BatchReadsTopk(Batch{{1, 64, 64}}, config));
+  EXPECT_EQ(rows(Batch{{1, 64, 64}}), Range(0, 64));
   config.attention.force_mqa = false;
   config.dense_mha_available = false;
-  EXPECT_TRUE(BatchReadsTopk(Batch{{1, 64, 64}}, config));
+  EXPECT_EQ(rows(Batch{{1, 64, 64}}), Range(0, 64));
 
   std::mt19937_64 rng(20261203);
   for (int trial = 0; trial < 2000; ++trial) {
@@ -59,6 +69,9 @@ TEST(PlannerTest, BatchReadsTopkFollowsThePlan) {
     config.dense_mha_available = rng() % 4 != 0;
     config.attention.force_mqa = rng() % 8 == 0;
     config.scheduler.decode_threshold = 1 + int(rng() % 3);
+    auto is_decode = [&](const BatchRequest& r) {
+      return r.query_len <= config.scheduler.decode_threshold;
+    };
     Batch batch;
     const int count = 1 + int(rng() % 6);
     for (int i = 0; i < count; ++i) {
@@ -66,10 +79,32 @@ TEST(PlannerTest, BatchReadsTopkFollowsThePlan) {
       const int query_len = rng() % 2 ? 1 + int(rng() % 3) : 1 + int(rng() % seq_len);
       batch.push_back({i, seq_len, std::min(query_len, seq_len)});
     }
+    // Half the trials list the decodes first, as vLLM does.
+    if (rng() % 2) std::stable_partition(batch.begin(), batch.end(), is_decode);
     auto plan = BuildPlan(batch, config);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    const bool reads = plan->route == Route::kSparseMqa || plan->num_decode_tokens > 0;
-    EXPECT_EQ(BatchReadsTopk(batch, config), reads) << "trial " << trial;
+    // The caller's rows the plan reads, a flag per token.
+    std::vector<char> reads(plan->num_tokens, 0);
+    for (const PlannedRequest& r : plan->requests) {
+      if (plan->route == Route::kDenseMha && !r.is_decode) continue;
+      std::fill_n(reads.begin() + r.caller_token_begin, r.query_len, 1);
+    }
+    int64_t first = plan->num_tokens, last = -1;
+    for (int64_t t = 0; t < plan->num_tokens; ++t) {
+      if (!reads[t]) continue;
+      first = std::min(first, t);
+      last = t;
+    }
+    const TopkRows got = TopkRowsRead(batch, config);
+    if (last < 0) {
+      EXPECT_TRUE(got.empty()) << "trial " << trial;
+    } else {
+      EXPECT_EQ(Range(got.begin, got.end), Range(first, last + 1)) << "trial " << trial;
+    }
+    // Decodes first: the range holds no row the plan does not read.
+    if (std::is_partitioned(batch.begin(), batch.end(), is_decode)) {
+      for (int64_t t = got.begin; t < got.end; ++t) EXPECT_TRUE(reads[t]) << "trial " << trial;
+    }
   }
 }
 
