@@ -65,6 +65,7 @@ absl::StatusOr<ProblemHeader> BroadcastProblemHeader(Communicator& comm, const P
     nlohmann::json requests = nlohmann::json::array();
     for (const RequestShape& r : problem->requests) requests.push_back({r.seq_len, r.query_len});
     header["requests"] = requests;
+    header["topk_selects_every_causal_key"] = problem->topk_selects_every_causal_key;
     text = header.dump();
   }
   int64_t length = static_cast<int64_t>(text.size());
@@ -86,6 +87,8 @@ absl::StatusOr<ProblemHeader> BroadcastProblemHeader(Communicator& comm, const P
   for (const nlohmann::json& r : header["requests"]) {
     result.requests.push_back({r[0].get<int32_t>(), r[1].get<int32_t>()});
   }
+  result.topk_selects_every_causal_key =
+      header["topk_selects_every_causal_key"].get<std::vector<bool>>();
   return result;
 }
 

@@ -20,6 +20,7 @@ struct ProblemHeader {
   int index_topk = 0;
   int topk_width = 0;  // 0 = no topk_indices
   std::vector<RequestShape> requests;
+  std::vector<bool> topk_selects_every_causal_key;  // per request, as Problem's
   std::string input_dtype;
 };
 

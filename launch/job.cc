@@ -314,6 +314,15 @@ absl::Status Job::FitConfig() {
     }
     config_.model = header_->model;
     config_.attention.index_topk = header_->index_topk;
+    // The dense route attends to every causal key of a prefill, which is what the file's top-k
+    // selects only when its rows hold every causal position: a prefill whose rows select fewer
+    // keys sends the batch down the sparse route, which reads the rows (DESIGN.md section 3).
+    for (size_t i = 0; i < header_->requests.size(); ++i) {
+      if (header_->requests[i].query_len > config_.scheduler.decode_threshold &&
+          !header_->topk_selects_every_causal_key[i]) {
+        config_.attention.force_mqa = true;
+      }
+    }
   }
   if (config_.model.num_heads % world != 0) {
     return DCP_ERROR(InvalidArgument,

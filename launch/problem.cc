@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -239,7 +240,20 @@ absl::StatusOr<Problem> ProblemFromFile(const SafetensorsFile& file, std::string
     problem.topk_width = int(topk->shape[1]);
     problem.topk.assign(topk->as<int32_t>(), topk->as<int32_t>() + topk->num_elements());
     DCP_RETURN_IF_ERROR(ValidateTopk(problem.requests, problem.topk, problem.topk_width, name));
+    // Valid rows hold distinct causal positions: a row selects all of them when it holds
+    // position + 1 entries.
+    int64_t t = 0;
+    for (const RequestShape& request : problem.requests) {
+      bool every = true;
+      for (int64_t k = 0; k < request.query_len; ++k, ++t) {
+        const int32_t* row = &problem.topk[size_t(t * problem.topk_width)];
+        const int64_t selected = problem.topk_width - std::count(row, row + problem.topk_width, -1);
+        every = every && selected == request.seq_len - request.query_len + k + 1;
+      }
+      problem.topk_selects_every_causal_key.push_back(every);
+    }
   } else {
+    problem.topk_selects_every_causal_key.assign(problem.requests.size(), true);
     for (size_t i = 0; i < problem.requests.size(); ++i) {
       if (problem.requests[i].seq_len > problem.index_topk) {
         return DCP_ERROR(InvalidArgument,

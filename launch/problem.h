@@ -27,6 +27,10 @@ struct Problem {
   std::vector<float> w_uv;             // [H, R, Dv]
   std::vector<int32_t> topk;           // [T, topk_width]; empty when the file has none
   int topk_width = 0;
+  // Per request: its top-k rows select every causal position (true without topk_indices). The
+  // dense route attends to every causal key of a prefill, so it computes what the rows say only
+  // where this holds.
+  std::vector<bool> topk_selects_every_causal_key;
   std::string input_dtype;  // "F32", "BF16" or "mixed" (for the summary)
 
   int64_t num_tokens() const;

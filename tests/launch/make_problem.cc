@@ -164,6 +164,7 @@ std::vector<float> RandomValues(size_t count, uint64_t seed, float scale) {
 struct Options {
   bool bf16 = false;
   int topk_width = 0;  // 0: no topk_indices
+  int row_entries = 0;  // at most this many positions a row selects (0: topk_width)
   Dims dims;
   std::vector<Request> requests = kRequests;
 };
@@ -192,6 +193,7 @@ File MakeProblem(const Options& options) {
     // Random causal subsets in random order, padded with -1, the newest token always in;
     // except the fourth request (a decode), which selects nothing (out 0, lse -inf).
     const int k = options.topk_width;
+    const int entries = options.row_entries > 0 ? options.row_entries : k;
     std::vector<int32_t> topk;
     uint64_t state = 99;
     for (size_t index = 0; index < options.requests.size(); ++index) {
@@ -209,7 +211,7 @@ File MakeProblem(const Options& options) {
           std::swap(candidates[j], candidates[swap]);
         }
         std::vector<int32_t> row = {position};
-        const int extra = std::min<int>(position, k - 1 - (i % 3 == 1 ? 2 : 0));
+        const int extra = std::min<int>(position, entries - 1 - (i % 3 == 1 ? 2 : 0));
         row.insert(row.end(), candidates.begin(), candidates.begin() + std::max(extra, 0));
         std::rotate(row.begin(), row.begin() + row.size() / 2, row.end());
         row.resize(k, -1);
@@ -246,6 +248,9 @@ std::map<std::string, std::string> Variants() {
   Options full;
   full.topk_width = 80;  // wide enough for every causal position: the dense route
   images["topk_full"] = Image(MakeProblem(full));
+  Options partial = full;
+  partial.row_entries = 8;  // as wide, but the prefills' rows select fewer than every position
+  images["topk_partial"] = Image(MakeProblem(partial));
 
   // DeepSeek-V3.2 head dims (R 512, Dn 128, Dr 64, Dv 128: the CUDA kernels' sizes), 8 heads.
   Options deepseek;

@@ -168,6 +168,30 @@ TEST(ProblemTest, TopkIndicesMustBeCausalAndUnique) {
   EXPECT_NE(ErrorOf(file).find("'topk_indices' has shape [4, 2]"), std::string::npos);
 }
 
+// Whether each request's rows select every causal position: what decides whether the dense
+// route, which attends to all of them, computes what the rows say.
+TEST(ProblemTest, TellsWhichRequestsSelectEveryCausalPosition) {
+  const auto every = [](std::vector<int32_t> values, int width) {
+    SafetensorsFile file = ValidFile();
+    file.tensors["topk_indices"] = MakeTensor<int32_t>({kTokens, width}, values);
+    absl::StatusOr<Problem> problem = ProblemFromFile(file, "p", 2048);
+    EXPECT_TRUE(problem.ok()) << problem.status();
+    return problem.ok() ? problem->topk_selects_every_causal_key : std::vector<bool>{};
+  };
+  // Positions 3, 4 (request 0) and 2 (request 1), in any order, padded with -1.
+  EXPECT_EQ(every({3, -1, 1, 0, 2, -1, 4, 0, 2, 1, 3, -1, -1, 2, 0, 1, -1, -1}, 6),
+            (std::vector<bool>{true, true}));
+  // Token 1 leaves position 4 out; request 1 is untouched.
+  EXPECT_EQ(every({3, -1, 1, 0, 2, -1, 0, 2, 1, 3, -1, -1, -1, 2, 0, 1, -1, -1}, 6),
+            (std::vector<bool>{false, true}));
+  EXPECT_EQ(every({3, 0, -1, 4, 2, 1, -1, -1, -1}, 3), (std::vector<bool>{false, false}));
+  SafetensorsFile file = ValidFile();
+  file.tensors.erase("topk_indices");
+  absl::StatusOr<Problem> problem = ProblemFromFile(file, "p", 2048);
+  ASSERT_TRUE(problem.ok()) << problem.status();
+  EXPECT_EQ(problem->topk_selects_every_causal_key, (std::vector<bool>{true, true}));
+}
+
 TEST(ProblemTest, SlicesCoverTheProblemExactlyOnce) {
   absl::StatusOr<Problem> problem = ProblemFromFile(ValidFile(), "p", 2048);
   ASSERT_TRUE(problem.ok());
