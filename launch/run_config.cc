@@ -260,7 +260,9 @@ absl::Status ValidateRunSection(const RunConfig& config) {
                 "nothing to run: give --batch (e.g. 8q1kv1k) or --problem FILE, or a config "
                 "whose run section lists batches");
   DCP_CHECK_ARG(run.problem.empty() || run.batches.empty(), "give --batch or --problem, not both");
-  DCP_CHECK_ARG(run.output.empty() || !run.problem.empty() || run.batches.size() == 1,
+  // --print-plan runs nothing and writes nothing: it plans the first batch of any number.
+  DCP_CHECK_ARG(run.output.empty() || run.print_plan || !run.problem.empty() ||
+                    run.batches.size() == 1,
                 "--output writes one batch's result, but %d batches are listed",
                 run.batches.size());
   return absl::OkStatus();

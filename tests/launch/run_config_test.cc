@@ -202,6 +202,13 @@ TEST_F(RunConfigTest, RunSectionValidation) {
   EXPECT_NE(error({"--batch=q4,q8", "--output=x"}).find("2 batches"), std::string::npos);
 }
 
+TEST_F(RunConfigTest, PrintPlanTakesAnyNumberOfBatchesWithAnOutput) {
+  // The plan of the first batch is printed and nothing is written, so --output is moot.
+  absl::StatusOr<RunConfig> config = Configure("", {"--batch=q4,q8", "--output=x", "--print-plan"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(ValidateRunSection(*config).ok());
+}
+
 TEST_F(RunConfigTest, KvCacheDtypeFromTheFileAndTheFlag) {
   absl::StatusOr<RunConfig> config =
       Configure("model: {preset: deepseek_v32}\nattention: {kv_cache_dtype: fp8_ds_mla}\n",
