@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -73,9 +74,11 @@ absl::StatusOr<std::vector<float>> ToFloats(std::string_view file_name, const st
   return values;
 }
 
-absl::StatusOr<std::string> MetadataValue(const SafetensorsFile& file, const std::string& key) {
+// The value of an optional metadata key; nullopt when absent (an empty value is present, and
+// malformed).
+std::optional<std::string> MetadataValue(const SafetensorsFile& file, const std::string& key) {
   auto it = file.metadata.find(key);
-  if (it == file.metadata.end()) return std::string();
+  if (it == file.metadata.end()) return std::nullopt;
   return it->second;
 }
 
@@ -202,25 +205,23 @@ absl::StatusOr<Problem> ProblemFromFile(const SafetensorsFile& file, std::string
   }
 
   // Metadata.
-  DCP_ASSIGN_OR_RETURN(std::string scale_text, MetadataValue(file, "softmax_scale"));
-  if (!scale_text.empty()) {
+  if (const std::optional<std::string> scale_text = MetadataValue(file, "softmax_scale")) {
     float scale = 0;
-    if (!absl::SimpleAtof(scale_text, &scale) || !std::isfinite(scale) || scale <= 0) {
+    if (!absl::SimpleAtof(*scale_text, &scale) || !std::isfinite(scale) || scale <= 0) {
       return DCP_ERROR(InvalidArgument,
                        "%s: __metadata__ softmax_scale '%s' is not a positive "
                        "number",
-                       name, scale_text);
+                       name, *scale_text);
     }
     model.softmax_scale = scale;
   }
-  DCP_ASSIGN_OR_RETURN(std::string topk_text, MetadataValue(file, "index_topk"));
-  if (!topk_text.empty()) {
+  if (const std::optional<std::string> topk_text = MetadataValue(file, "index_topk")) {
     int value = 0;
-    if (!absl::SimpleAtoi(topk_text, &value) || value < 1) {
+    if (!absl::SimpleAtoi(*topk_text, &value) || value < 1) {
       return DCP_ERROR(InvalidArgument,
                        "%s: __metadata__ index_topk '%s' is not a positive "
                        "integer",
-                       name, topk_text);
+                       name, *topk_text);
     }
     problem.index_topk = value;
   } else if (topk != nullptr) {

@@ -143,6 +143,13 @@ TEST(ProblemTest, NamesEveryDefect) {
   file = ValidFile();
   file.metadata["index_topk"] = "lots";
   EXPECT_NE(ErrorOf(file).find("index_topk 'lots'"), std::string::npos);
+  // An empty value is a malformed one, not an absent one (no silent default).
+  file = ValidFile();
+  file.metadata["softmax_scale"] = "";
+  EXPECT_NE(ErrorOf(file).find("softmax_scale '' is not a positive number"), std::string::npos);
+  file = ValidFile();
+  file.metadata["index_topk"] = "";
+  EXPECT_NE(ErrorOf(file).find("index_topk '' is not a positive integer"), std::string::npos);
 }
 
 TEST(ProblemTest, TopkIndicesMustBeCausalAndUnique) {
