@@ -3,6 +3,7 @@
 #include <cstring>
 #include <new>
 #include <utility>
+#include <vector>
 
 #include "attention/cpu/attention_cpu.h"
 #include "attention/topk_validation.h"
@@ -35,6 +36,29 @@ class CpuDevice final : public Device {
 
   absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) override {
     return Copy(dst, src, bytes);
+  }
+  // A batch defers its copies to the flush, as a device with a stream may, and fills each
+  // destination with 0xff bytes meanwhile (int32 -1, a float NaN): a kernel that reads one
+  // before the flush computes with poison, so the tests catch an upload used too early.
+  absl::Status StageToDevice(void* dst, const void* src, size_t bytes) override {
+    if (!batching_ || bytes == 0) return Copy(dst, src, bytes);
+    const auto* from = static_cast<const char*>(src);
+    deferred_.push_back({dst, std::vector<char>(from, from + bytes)});
+    std::memset(dst, 0xff, bytes);
+    return absl::OkStatus();
+  }
+  void BeginStagingBatch() override {
+    deferred_.clear();
+    batching_ = true;
+  }
+  absl::Status FlushStagingBatch() override {
+    for (const Deferred& d : deferred_) std::memcpy(d.dst, d.bytes.data(), d.bytes.size());
+    DiscardStagingBatch();
+    return absl::OkStatus();
+  }
+  void DiscardStagingBatch() override {
+    deferred_.clear();
+    batching_ = false;
   }
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override {
     return Copy(dst, src, bytes);
@@ -103,7 +127,13 @@ class CpuDevice final : public Device {
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
  private:
+  struct Deferred {
+    void* dst;
+    std::vector<char> bytes;
+  };
   DType storage_dtype_;
+  bool batching_ = false;
+  std::vector<Deferred> deferred_;  // StageToDevice's copies in a batch
   absl::Status topk_verdict_;  // BeginValidateTopk's, until FinishValidateTopk
 };
 

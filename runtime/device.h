@@ -82,6 +82,14 @@ class Device {
   virtual absl::Status StageToDevice(void* dst, const void* src, size_t bytes) {
     return CopyFromHost(dst, src, bytes);
   }
+  // A step's uploads in one go (DcpEngine::Plan, through StagingBatch in runtime/scratch.h):
+  // after BeginStagingBatch a device may defer StageToDevice's copies (their sources are still
+  // taken at the call) and enqueue them together at FlushStagingBatch; nothing that reads a
+  // destination may be enqueued in between. DiscardStagingBatch drops what is deferred (an
+  // error path: the destinations hold anything). The default copies at once.
+  virtual void BeginStagingBatch() {}
+  virtual absl::Status FlushStagingBatch() { return absl::OkStatus(); }
+  virtual void DiscardStagingBatch() {}
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status Copy(void* dst, const void* src, size_t bytes) = 0;
   // rows x row_bytes, strides in bytes, device to device.

@@ -86,6 +86,7 @@ absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTab
 
   // Device metadata of the step, uploaded once; buffers sized for every layer's Run.
   auto prepare = [&]() -> absl::Status {
+    StagingBatch uploads(device_);  // every array below lands with one flush at the end
     const int64_t t = plan_.num_tokens;
     const ModelDims& m = options_.model;
     const size_t element = dtype_size(device_.storage_dtype());
@@ -155,7 +156,7 @@ absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTab
     if (plan_.route == Route::kDenseMha) DCP_RETURN_IF_ERROR(dense_->Prepare(plan_, tables));
     // No wait: the uploads are staged (Device::StageToDevice), in stream order before every
     // later launch, so this step's plan can be made while the previous step still runs.
-    return absl::OkStatus();
+    return uploads.Flush();
   };
   DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, prepare()));
   topk_width_ = topk_width;

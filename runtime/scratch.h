@@ -41,6 +41,26 @@ absl::StatusOr<T*> Upload(Device& device, ScratchBuffer& buffer, const std::vect
   return static_cast<T*>(data);
 }
 
+// The uploads of one step as one batch (Device::BeginStagingBatch): Flush enqueues them; a
+// batch left without a Flush (an error path) is discarded.
+class StagingBatch {
+ public:
+  explicit StagingBatch(Device& device) : device_(device) { device_.BeginStagingBatch(); }
+  ~StagingBatch() {
+    if (open_) device_.DiscardStagingBatch();
+  }
+  StagingBatch(const StagingBatch&) = delete;
+  StagingBatch& operator=(const StagingBatch&) = delete;
+  absl::Status Flush() {
+    open_ = false;
+    return device_.FlushStagingBatch();
+  }
+
+ private:
+  Device& device_;
+  bool open_ = true;
+};
+
 // A device copy of `view` converted to `dtype` (host views are copied, then converted).
 absl::StatusOr<void*> Stage(Device& device, ScratchBuffer& buffer, const TensorView& view,
                             DType dtype);

@@ -123,16 +123,28 @@ absl::Status CudaDevice::CopyFromHost(void* dst, const void* src, size_t bytes) 
   return absl::OkStatus();
 }
 
-bool CudaDevice::SyncUploadsRequested() {
-  const char* value = std::getenv("DCP_SYNC_UPLOADS");
+bool CudaDevice::EnvironmentFlag(const char* name) {
+  const char* value = std::getenv(name);
   return value != nullptr && std::string(value) == "1";
 }
 
 absl::Status CudaDevice::StageToDevice(void* dst, const void* src, size_t bytes) {
   if (sync_uploads_) return CopyFromHost(dst, src, bytes);
   DCP_RETURN_IF_ERROR(Activate());
-  return staging_.Copy(dst, src, bytes, stream_);
+  return staging_.Append(dst, src, bytes, stream_);  // Copy outside a batch
 }
+
+void CudaDevice::BeginStagingBatch() {
+  if (batch_uploads_ && !sync_uploads_) staging_.BeginBatch();
+}
+
+absl::Status CudaDevice::FlushStagingBatch() {
+  if (!staging_.batching()) return absl::OkStatus();
+  DCP_RETURN_IF_ERROR(Activate());
+  return staging_.FlushBatch(stream_);
+}
+
+void CudaDevice::DiscardStagingBatch() { staging_.DiscardBatch(); }
 
 absl::Status CudaDevice::CopyToHost(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();

@@ -67,6 +67,12 @@ class CudaDevice final : public Device {
   // Through a ring of pinned host memory (pinned_staging.h): returns without waiting for the
   // stream. DCP_SYNC_UPLOADS=1 makes it CopyFromHost (waits), for comparison and debugging.
   absl::Status StageToDevice(void* dst, const void* src, size_t bytes) override;
+  // With DCP_BATCH_UPLOADS=1 a batch's copies are deferred to the flush and land with one kernel
+  // (PinnedStaging's batch mode); without it (the default until it has been measured on a GPU)
+  // each StageToDevice enqueues its own copy as before.
+  void BeginStagingBatch() override;
+  absl::Status FlushStagingBatch() override;
+  void DiscardStagingBatch() override;
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
   absl::Status Copy(void* dst, const void* src, size_t bytes) override;
   absl::Status Copy2D(void* dst, size_t dst_stride, const void* src, size_t src_stride,
@@ -113,8 +119,9 @@ class CudaDevice final : public Device {
   CudaDevice(int ordinal, cudaStream_t stream, cublasHandle_t cublas)
       : ordinal_(ordinal), own_stream_(stream), stream_(stream), cublas_(cublas),
         gemm_tuner_(std::make_unique<cuda::GemmTuner>(cublas, cuda::GemmTuner::FromEnvironment())),
-        sync_uploads_(SyncUploadsRequested()) {}
-  static bool SyncUploadsRequested();
+        sync_uploads_(EnvironmentFlag("DCP_SYNC_UPLOADS")),
+        batch_uploads_(EnvironmentFlag("DCP_BATCH_UPLOADS")) {}
+  static bool EnvironmentFlag(const char* name);  // set to "1"
   // Makes this device current for the calling thread (cheap when it already is).
   absl::Status Activate() const;
 
@@ -135,7 +142,8 @@ class CudaDevice final : public Device {
   DenseBackend dense_backend_ = DenseBackend::kNative;
   std::unique_ptr<cuda::CudnnSdpa> cudnn_;  // created by SelectPrefillBackend
   PinnedStaging staging_;      // StageToDevice's ring
-  bool sync_uploads_ = false;  // DCP_SYNC_UPLOADS=1
+  bool sync_uploads_ = false;   // DCP_SYNC_UPLOADS=1
+  bool batch_uploads_ = false;  // DCP_BATCH_UPLOADS=1
   cudaEvent_t switch_event_ = nullptr;  // SetStream's hand-over from the old stream to the new
   // BeginSide / EndSide / JoinSide: created with the device (none of them inside a capture).
   cudaStream_t side_stream_ = nullptr;

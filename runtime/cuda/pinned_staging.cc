@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/cuda/copy_segments.h"
 #include "core/cuda/cuda_status.h"
 #include "core/status.h"
 
@@ -17,7 +18,7 @@ size_t RoundUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 PinnedStaging::~PinnedStaging() {
   for (const Region& r : pending_) {
     cudaEventSynchronize(r.done);
-    cudaEventDestroy(r.done);
+    if (r.owns_event) cudaEventDestroy(r.done);
   }
   for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
   if (ring_ != nullptr) cudaFreeHost(ring_);
@@ -31,6 +32,10 @@ absl::Status PinnedStaging::TakeEvent(cudaEvent_t* event) {
   }
   DCP_CUDA_CHECK(cudaEventCreateWithFlags(event, cudaEventDisableTiming));
   return absl::OkStatus();
+}
+
+void PinnedStaging::Release(const Region& region) {
+  if (region.owns_event) spare_events_.push_back(region.done);
 }
 
 absl::Status PinnedStaging::Claim(size_t begin, size_t end) {
@@ -51,7 +56,7 @@ absl::Status PinnedStaging::Claim(size_t begin, size_t end) {
       }
     }
     if (done) {
-      spare_events_.push_back(r.done);
+      Release(r);
     } else {
       pending_[kept++] = r;
     }
@@ -71,24 +76,32 @@ absl::Status PinnedStaging::Grow(size_t bytes) {
                      pending_.size());
   }
   if (ring_ != nullptr) DCP_CUDA_CHECK(cudaFreeHost(ring_));
-  ring_ = nullptr;
+  ring_ = ring_device_ = nullptr;
   capacity_ = head_ = 0;
   void* ring = nullptr;
-  DCP_CUDA_CHECK(cudaMallocHost(&ring, capacity));
+  DCP_CUDA_CHECK(cudaHostAlloc(&ring, capacity, cudaHostAllocMapped));
   ring_ = static_cast<char*>(ring);
   capacity_ = capacity;
+  void* mapped = nullptr;
+  DCP_CUDA_CHECK(cudaHostGetDevicePointer(&mapped, ring, 0));
+  ring_device_ = static_cast<char*>(mapped);
   return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> PinnedStaging::Place(size_t need) {
+  if (need > capacity_) DCP_RETURN_IF_ERROR(Grow(need));
+  size_t begin = head_;
+  if (begin + need > capacity_) begin = 0;  // wrap: the tail is too short
+  DCP_RETURN_IF_ERROR(Claim(begin, begin + need));
+  head_ = begin + need;
+  return begin;
 }
 
 absl::Status PinnedStaging::Copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return absl::OkStatus();
   DCP_CHECK_ARG(dst != nullptr && src != nullptr, "StageToDevice: null pointer");
-  const size_t need = RoundUp(bytes);
-  if (need > capacity_) DCP_RETURN_IF_ERROR(Grow(need));
-  size_t begin = head_;
-  if (begin + need > capacity_) begin = 0;  // wrap: the tail is too short
-  DCP_RETURN_IF_ERROR(Claim(begin, begin + need));
-  Region region{begin, begin + need, nullptr};
+  DCP_ASSIGN_OR_RETURN(const size_t begin, Place(RoundUp(bytes)));
+  Region region{begin, begin + RoundUp(bytes), nullptr};
   DCP_RETURN_IF_ERROR(TakeEvent(&region.done));
   std::memcpy(ring_ + begin, src, bytes);
   absl::Status copied = CudaCodeToStatus(
@@ -105,7 +118,75 @@ absl::Status PinnedStaging::Copy(void* dst, const void* src, size_t bytes, cudaS
     return copied;
   }
   pending_.push_back(region);
-  head_ = begin + need;
+  return absl::OkStatus();
+}
+
+void PinnedStaging::BeginBatch() {
+  batch_.clear();
+  batching_ = true;
+}
+
+void PinnedStaging::DiscardBatch() {
+  batch_.clear();  // nothing was enqueued: the regions are free again at once
+  batching_ = false;
+}
+
+absl::Status PinnedStaging::Append(void* dst, const void* src, size_t bytes,
+                                   cudaStream_t stream) {
+  if (!batching_) return Copy(dst, src, bytes, stream);
+  if (bytes == 0) return absl::OkStatus();
+  DCP_CHECK_ARG(dst != nullptr && src != nullptr, "StageToDevice: null pointer");
+  const size_t need = RoundUp(bytes);
+  // The batch's own regions are not pending yet (Claim cannot see them): flush first where the
+  // new region could land on one of them (a wrap, or a grow that frees the ring).
+  auto lands_on_batch = [&] {
+    if (need > capacity_) return true;
+    const size_t begin = head_ + need > capacity_ ? 0 : head_;
+    for (const Deferred& d : batch_) {
+      if (d.begin < begin + need && begin < d.begin + RoundUp(d.bytes)) return true;
+    }
+    return false;
+  };
+  if (!batch_.empty() && lands_on_batch()) {
+    DCP_RETURN_IF_ERROR(FlushBatch(stream));
+    batching_ = true;
+  }
+  DCP_ASSIGN_OR_RETURN(const size_t begin, Place(need));
+  std::memcpy(ring_ + begin, src, bytes);
+  batch_.push_back({dst, begin, bytes});
+  return absl::OkStatus();
+}
+
+absl::Status PinnedStaging::FlushBatch(cudaStream_t stream) {
+  batching_ = false;
+  if (batch_.empty()) return absl::OkStatus();
+  cudaEvent_t done = nullptr;
+  absl::Status status = TakeEvent(&done);
+  for (size_t first = 0; status.ok() && first < batch_.size();
+       first += cuda::kMaxCopySegments) {
+    cuda::CopySegments launch;
+    for (size_t k = first; k < batch_.size() && launch.count < cuda::kMaxCopySegments; ++k) {
+      launch.segment[launch.count++] = {batch_[k].dst, ring_device_ + batch_[k].begin,
+                                        batch_[k].bytes};
+    }
+    status = cuda::LaunchCopySegments(launch, stream);
+  }
+  if (status.ok()) {
+    status = CudaCodeToStatus(cudaEventRecord(done, stream), "cudaEventRecord", __FILE__,
+                              __LINE__);
+  }
+  if (!status.ok()) {
+    // A launch may have been enqueued and still read the ring: drain before reusing it.
+    cudaStreamSynchronize(stream);
+    if (done != nullptr) spare_events_.push_back(done);
+    batch_.clear();
+    return status;
+  }
+  for (size_t k = 0; k < batch_.size(); ++k) {
+    pending_.push_back(
+        {batch_[k].begin, batch_[k].begin + RoundUp(batch_[k].bytes), done, k + 1 == batch_.size()});
+  }
+  batch_.clear();
   return absl::OkStatus();
 }
 

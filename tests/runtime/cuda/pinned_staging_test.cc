@@ -1,12 +1,14 @@
 // PinnedStaging and CudaDevice::StageToDevice (runtime/cuda/pinned_staging.h): a staged upload
 // returns while the stream is still busy, the source may be overwritten at once, the copy lands
 // in stream order (after earlier work, before later work), the ring wraps and waits only for
-// regions still in flight, a copy larger than the ring grows it, and switching the device's
-// stream orders the new stream after the old one.
+// regions still in flight, a copy larger than the ring grows it, switching the device's stream
+// orders the new stream after the old one, and a batch (BeginBatch .. FlushBatch) lands every
+// array at its flush with the copy kernel.
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstdint>
 #include <random>
 #include <thread>
@@ -196,6 +198,99 @@ TEST_F(PinnedStagingTest, DeviceStreamSwitchOrdersTheNewStreamAfterTheOld) {
   ASSERT_TRUE(device.Synchronize().ok());
   cudaStreamSynchronize(first);
   cudaStreamDestroy(first);
+}
+
+// Batch mode: appends defer the device side (sources reused at once, nothing enqueued, the
+// destinations untouched) until the flush, which lands every array, of any size and alignment,
+// in stream order; more than one launch's worth of arrays, a batch larger than the ring (flushed
+// early), and a discarded batch (nothing lands, the ring is reusable).
+TEST_F(PinnedStagingTest, ABatchLandsAtItsFlushInStreamOrder) {
+  std::mt19937_64 rng(TestSeed());
+  PinnedStaging staging(4096);
+  constexpr int kArrays = 75;  // three launches of at most 32
+  constexpr size_t kSlot = 1100;
+  DeviceArray<uint8_t> dst(kArrays * kSlot + 16);
+  dst.Poison();
+  const std::vector<uint8_t> poison = Read(dst.get(), kArrays * kSlot);
+  std::vector<std::vector<uint8_t>> sent(kArrays);
+  staging.BeginBatch();
+  std::vector<uint8_t> source;
+  for (int i = 0; i < kArrays; ++i) {
+    const size_t bytes = 1 + rng() % (kSlot - 1);
+    source = Random(bytes, rng);
+    sent[i] = source;
+    // Every third destination is 1 byte past a 16-byte boundary: the kernel's byte path.
+    uint8_t* to = dst.get() + i * kSlot + (i % 3 == 0 ? 1 : 0);
+    ASSERT_TRUE(staging.Append(to, source.data(), bytes, stream_).ok());
+    std::fill(source.begin(), source.end(), 0xEF);  // reused at once
+  }
+  // 75 arrays of up to 1.1 KB do not fit a 4 KiB ring: parts of the batch were flushed early
+  // and the rest is still deferred.
+  EXPECT_GT(staging.deferred(), 0u);
+  EXPECT_LT(staging.deferred(), size_t{kArrays});
+  EXPECT_EQ(staging.capacity(), 4096u);
+  ASSERT_TRUE(staging.FlushBatch(stream_).ok());
+  EXPECT_FALSE(staging.batching());
+  EXPECT_EQ(staging.deferred(), 0u);
+  const std::vector<uint8_t> got = Read(dst.get(), kArrays * kSlot);
+  for (int i = 0; i < kArrays; ++i) {
+    const size_t at = i * kSlot + (i % 3 == 0 ? 1 : 0);
+    ASSERT_TRUE(std::equal(sent[i].begin(), sent[i].end(), got.begin() + at)) << "array " << i;
+    // Nothing written past the array (up to the next slot).
+    ASSERT_TRUE(std::equal(got.begin() + at + sent[i].size(), got.begin() + (i + 1) * kSlot,
+                           poison.begin() + at + sent[i].size()))
+        << "array " << i;
+  }
+}
+
+TEST_F(PinnedStagingTest, ABatchDefersEverythingToItsFlushAndADiscardedOneLandsNothing) {
+  std::mt19937_64 rng(TestSeed());
+  PinnedStaging staging;
+  DeviceArray<uint8_t> dst(3 * 4096);
+  dst.Poison();
+  const std::vector<uint8_t> poison = Read(dst.get(), 3 * 4096);
+  const std::vector<uint8_t> a = Random(4096, rng), b = Random(4000, rng), c = Random(100, rng);
+  staging.BeginBatch();
+  ASSERT_TRUE(staging.Append(dst.get(), a.data(), a.size(), stream_).ok());
+  ASSERT_TRUE(staging.Append(dst.get() + 4096, b.data(), b.size(), stream_).ok());
+  EXPECT_EQ(staging.deferred(), 2u);
+  EXPECT_EQ(staging.pending(), 0u);  // nothing enqueued
+  EXPECT_EQ(Read(dst.get(), 3 * 4096), poison);
+  staging.DiscardBatch();
+  EXPECT_EQ(Read(dst.get(), 3 * 4096), poison);
+  // A batch of one array after it, then a plain copy: both land, in order.
+  staging.BeginBatch();
+  ASSERT_TRUE(staging.Append(dst.get() + 8192, c.data(), c.size(), stream_).ok());
+  ASSERT_TRUE(staging.FlushBatch(stream_).ok());
+  ASSERT_TRUE(staging.Append(dst.get(), a.data(), a.size(), stream_).ok());  // not batching
+  EXPECT_EQ(staging.deferred(), 0u);
+  const std::vector<uint8_t> got = Read(dst.get(), 3 * 4096);
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), got.begin()));
+  EXPECT_TRUE(std::equal(got.begin() + 4096, got.begin() + 8192, poison.begin() + 4096));
+  EXPECT_TRUE(std::equal(c.begin(), c.end(), got.begin() + 8192));
+}
+
+// CudaDevice with DCP_BATCH_UPLOADS=1: StageToDevice inside a batch lands at the flush, before
+// the device's next work on its stream.
+TEST_F(PinnedStagingTest, DeviceBatchLandsBeforeTheNextWork) {
+  setenv("DCP_BATCH_UPLOADS", "1", 1);
+  auto created = CudaDevice::Create(0);
+  unsetenv("DCP_BATCH_UPLOADS");
+  ASSERT_TRUE(created.ok()) << created.status();
+  CudaDevice& device = **created;
+  ASSERT_TRUE(device.SetStream(stream_).ok());
+  std::mt19937_64 rng(TestSeed());
+  DeviceArray<uint8_t> dst(2 * 8192), copied(2 * 8192);
+  copied.Poison();
+  const std::vector<uint8_t> values = Random(2 * 8192, rng);
+  device.BeginStagingBatch();
+  ASSERT_TRUE(device.StageToDevice(dst.get(), values.data(), 8192).ok());
+  ASSERT_TRUE(device.StageToDevice(dst.get() + 8192, values.data() + 8192, 8192).ok());
+  ASSERT_TRUE(device.FlushStagingBatch().ok());
+  ASSERT_TRUE(device.Copy(copied.get(), dst.get(), values.size()).ok());
+  EXPECT_EQ(Read(copied.get(), values.size()), values);
+  ASSERT_TRUE(device.SetStream(nullptr).ok());
+  ASSERT_TRUE(device.Synchronize().ok());
 }
 
 }  // namespace

@@ -1,0 +1,61 @@
+#include "core/cuda/copy_segments.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/cuda/cuda_status.h"
+#include "core/status.h"
+
+namespace dcp::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// Bytes a block moves: one 16-byte unit a thread, twice. Reads of mapped host memory take a bus
+// round trip each, so a large segment is cut into many blocks that all have loads in flight.
+constexpr uint64_t kSliceBytes = 2 * kThreads * 16;
+
+// Thread mapping: blockIdx.x is the segment, blockIdx.y its slice of kSliceBytes; consecutive
+// threads on consecutive 16-byte units (or bytes) of the slice.
+__global__ void __launch_bounds__(kThreads) CopySegmentsKernel(const CopySegments segments) {
+  const CopySegment s = segments.segment[blockIdx.x];
+  const uint64_t begin = uint64_t(blockIdx.y) * kSliceBytes;
+  if (begin >= s.bytes) return;
+  const uint64_t end = std::min(s.bytes, begin + kSliceBytes);
+  auto* dst = static_cast<unsigned char*>(s.dst);
+  const auto* src = static_cast<const unsigned char*>(s.src);
+  const bool vector = reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  uint64_t i = begin;
+  if (vector) {  // the slice's whole units (begin is a multiple of 16)
+    const uint64_t units_end = begin + (end - begin) / 16 * 16;
+    for (uint64_t u = begin + 16 * threadIdx.x; u < units_end; u += 16 * kThreads) {
+      *reinterpret_cast<uint4*>(dst + u) = *reinterpret_cast<const uint4*>(src + u);
+    }
+    i = units_end;
+  }
+  for (uint64_t b = i + threadIdx.x; b < end; b += kThreads) dst[b] = src[b];
+}
+
+}  // namespace
+
+absl::Status LaunchCopySegments(const CopySegments& segments, cudaStream_t stream) {
+  DCP_CHECK_ARG(segments.count >= 0 && segments.count <= kMaxCopySegments,
+                "CopySegments: %d segments, at most %d a launch", segments.count,
+                kMaxCopySegments);
+  uint64_t most = 0;
+  for (int k = 0; k < segments.count; ++k) {
+    const CopySegment& s = segments.segment[k];
+    DCP_CHECK_ARG(s.bytes == 0 || (s.dst != nullptr && s.src != nullptr),
+                  "CopySegments: segment %d of %d bytes has a null pointer", k, s.bytes);
+    most = std::max(most, s.bytes);
+  }
+  if (most == 0) return absl::OkStatus();
+  const uint64_t slices = (most + kSliceBytes - 1) / kSliceBytes;
+  DCP_CHECK_ARG(slices <= 65535, "CopySegments: a segment of %d bytes is too large", most);
+  CopySegmentsKernel<<<dim3(segments.count, static_cast<unsigned>(slices)), kThreads, 0,
+                       stream>>>(segments);
+  DCP_CUDA_LAUNCH_CHECK("CopySegmentsKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace dcp::cuda
