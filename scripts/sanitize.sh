@@ -32,7 +32,7 @@ if [ ! -f "$build_dir/CMakeCache.txt" ]; then
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1" \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1" -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DDCP_WITH_CUDA=OFF \
-    -DDCP_FUZZ_SECONDS="${DCP_FUZZ_SECONDS:-20}"
+    -DDCP_FUZZ_COVERAGE=ON -DDCP_FUZZ_SECONDS="${DCP_FUZZ_SECONDS:-20}"
 fi
 ctest_filter=()
 if [ "$quick" -eq 1 ]; then
