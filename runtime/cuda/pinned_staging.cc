@@ -137,13 +137,18 @@ absl::Status PinnedStaging::Append(void* dst, const void* src, size_t bytes,
   if (bytes == 0) return absl::OkStatus();
   DCP_CHECK_ARG(dst != nullptr && src != nullptr, "StageToDevice: null pointer");
   const size_t need = RoundUp(bytes);
-  // The batch's own regions are not pending yet (Claim cannot see them): flush first where the
-  // new region could land on one of them (a wrap, or a grow that frees the ring).
+  // Flush first where the new copy could collide with the batch: its ring region landing on
+  // one of the batch's (they are not pending yet, so Claim cannot see them: a wrap, or a grow
+  // that frees the ring), or its destination overlapping a deferred one (one launch copies its
+  // segments in no order; a later copy to the same bytes must win, as outside a batch).
   auto lands_on_batch = [&] {
     if (need > capacity_) return true;
     const size_t begin = head_ + need > capacity_ ? 0 : head_;
+    const auto* to = static_cast<const char*>(dst);
     for (const Deferred& d : batch_) {
       if (d.begin < begin + need && begin < d.begin + RoundUp(d.bytes)) return true;
+      const auto* other = static_cast<const char*>(d.dst);
+      if (other < to + bytes && to < other + d.bytes) return true;
     }
     return false;
   };

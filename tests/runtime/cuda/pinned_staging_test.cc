@@ -258,6 +258,16 @@ TEST_F(PinnedStagingTest, ABatchDefersEverythingToItsFlushAndADiscardedOneLandsN
   EXPECT_EQ(Read(dst.get(), 3 * 4096), poison);
   staging.DiscardBatch();
   EXPECT_EQ(Read(dst.get(), 3 * 4096), poison);
+  // Two copies to the same bytes in one batch: the later one wins, as outside a batch.
+  staging.BeginBatch();
+  ASSERT_TRUE(staging.Append(dst.get() + 8192, b.data(), 100, stream_).ok());
+  ASSERT_TRUE(staging.Append(dst.get() + 8192 + 50, c.data(), c.size(), stream_).ok());
+  ASSERT_TRUE(staging.FlushBatch(stream_).ok());
+  {
+    const std::vector<uint8_t> got = Read(dst.get() + 8192, 150);
+    EXPECT_TRUE(std::equal(b.begin(), b.begin() + 50, got.begin()));
+    EXPECT_TRUE(std::equal(c.begin(), c.end(), got.begin() + 50));
+  }
   // A batch of one array after it, then a plain copy: both land, in order.
   staging.BeginBatch();
   ASSERT_TRUE(staging.Append(dst.get() + 8192, c.data(), c.size(), stream_).ok());
