@@ -40,11 +40,15 @@ void PinnedStaging::Release(const Region& region) {
 
 absl::Status PinnedStaging::Claim(size_t begin, size_t end) {
   size_t kept = 0;
+  // A batch's regions sit next to each other and share one event: ask once for all of them.
+  cudaEvent_t known_done = nullptr;
   for (size_t i = 0; i < pending_.size(); ++i) {
     Region& r = pending_[i];
     const bool overlaps = r.begin < end && begin < r.end;
     bool done = false;
-    if (overlaps) {
+    if (r.done == known_done) {
+      done = true;
+    } else if (overlaps) {
       DCP_CUDA_CHECK(cudaEventSynchronize(r.done));
       done = true;
     } else {
@@ -56,6 +60,7 @@ absl::Status PinnedStaging::Claim(size_t begin, size_t end) {
       }
     }
     if (done) {
+      known_done = r.done;
       Release(r);
     } else {
       pending_[kept++] = r;
