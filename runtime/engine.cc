@@ -78,14 +78,13 @@ absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTab
   if (local.ok() && topk_width == 0) {
     local = CheckLengthsWithoutTopk(batch, options_.attention.index_topk);
   }
-  DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, local));
-
   const bool damage = damage_next_plan_;
   damage_next_plan_ = false;
-  DCP_ASSIGN_OR_RETURN(plan_, ExchangePlan(comm_, batch, planner_, damage));
 
-  // Device metadata of the step, uploaded once; buffers sized for every layer's Run.
-  auto prepare = [&]() -> absl::Status {
+  // Device metadata of the step, uploaded once; buffers sized for every layer's Run. Runs on
+  // the checked plan inside ExchangePlan, whose last agreement covers it.
+  auto prepare = [&](const dcp::Plan& checked) -> absl::Status {
+    plan_ = checked;
     StagingBatch uploads(device_);  // every array below lands with one flush at the end
     const int64_t t = plan_.num_tokens;
     const ModelDims& m = options_.model;
@@ -158,7 +157,9 @@ absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTab
     // later launch, so this step's plan can be made while the previous step still runs.
     return uploads.Flush();
   };
-  DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, prepare()));
+  // Three host collectives at W > 1: the inputs' check with the planning, the plan, and the
+  // plan's check with the preparation (ExchangePlan).
+  DCP_RETURN_IF_ERROR(ExchangePlan(comm_, batch, planner_, local, prepare, damage).status());
   topk_width_ = topk_width;
   min_cache_blocks_ = tables.num_blocks;
   planned_ = true;

@@ -6,7 +6,8 @@
 //                                                  // rank checks; metadata uploaded once
 //   per layer: engine->Run(weights, cache, inputs, outputs, stream);   // launches only
 //
-// Plan is collective (every rank, same batch) and may allocate and exchange host messages. Run
+// Plan is collective (every rank, same batch) and may allocate and exchange host messages: three
+// host collectives at W > 1 (ExchangePlan, runtime/planner.h), none at W = 1. Run
 // enqueues kernels and collectives on `stream` and returns: no host synchronisation, no
 // allocation, no host collective (unless stats are on). A step's plan stays valid until the
 // next Plan; every layer of the step runs against it.

@@ -1,6 +1,7 @@
 #include "runtime/planner.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -149,26 +150,48 @@ absl::StatusOr<Plan> BuildPlan(absl::Span<const BatchRequest> batch, const Plann
 }
 
 absl::StatusOr<Plan> ExchangePlan(Communicator& comm, absl::Span<const BatchRequest> batch,
-                                  const PlannerConfig& config, bool damage_for_testing) {
+                                  const PlannerConfig& config, const absl::Status& local,
+                                  absl::FunctionRef<absl::Status(const Plan&)> then,
+                                  bool damage_for_testing) {
   // Every rank plans from its own view; rank 0's plan is the one that runs.
-  absl::StatusOr<Plan> own = BuildPlan(batch, config);
+  absl::StatusOr<Plan> own = local.ok() ? BuildPlan(batch, config) : local;
   DCP_RETURN_IF_ERROR(AgreeOnStatus(comm, own.status()));
   // A world of one has no other view to check against: its plan is the one that runs (the
   // testing hook still sends it through the bytes, so the check is tested at any W).
-  if (comm.world_size() == 1 && !damage_for_testing) return own;
+  if (comm.world_size() == 1 && !damage_for_testing) {
+    DCP_RETURN_IF_ERROR(then(*own));
+    return own;
+  }
 
+  // One frame: the length, then the plan's first bytes; a plan longer than the frame sends the
+  // rest in a second broadcast.
+  constexpr size_t kHead = sizeof(int64_t), kFirst = kPlanFrameBytes - kHead;
+  std::string frame(kPlanFrameBytes, '\0');
   std::string bytes;
   if (comm.rank() == 0) {
     bytes = SerializePlan(*own);
     if (damage_for_testing) bytes[bytes.size() / 2] ^= 0x5a;
+    const int64_t length = static_cast<int64_t>(bytes.size());
+    std::memcpy(frame.data(), &length, kHead);
+    std::memcpy(frame.data() + kHead, bytes.data(), std::min(bytes.size(), kFirst));
   }
-  int64_t length = static_cast<int64_t>(bytes.size());
-  DCP_RETURN_IF_ERROR(comm.HostBroadcast(&length, sizeof(length), 0));
-  bytes.resize(static_cast<size_t>(length));
-  DCP_RETURN_IF_ERROR(comm.HostBroadcast(bytes.data(), bytes.size(), 0));
+  DCP_RETURN_IF_ERROR(comm.HostBroadcast(frame.data(), frame.size(), 0));
+  int64_t length = 0;
+  std::memcpy(&length, frame.data(), kHead);
+  absl::Status check = absl::OkStatus();
+  if (length < 0 || length > (int64_t{1} << 31)) {
+    // Every rank reads the same frame, so every rank stops here: no broadcast is left waiting.
+    check = DCP_ERROR(DataLoss, "the plan from rank 0 claims %d bytes", length);
+  } else {
+    bytes.resize(static_cast<size_t>(length));
+    std::memcpy(bytes.data(), frame.data() + kHead, std::min(bytes.size(), kFirst));
+    if (bytes.size() > kFirst) {
+      DCP_RETURN_IF_ERROR(comm.HostBroadcast(bytes.data() + kFirst, bytes.size() - kFirst, 0));
+    }
+  }
 
-  absl::StatusOr<Plan> received = DeserializePlan(bytes);
-  absl::Status check = received.status();
+  absl::StatusOr<Plan> received = check.ok() ? DeserializePlan(bytes) : check;
+  check = received.status();
   // The checked bytes against this rank's own plan in the same form (rank 0 sent its own;
   // DeserializePlan took every byte, so equal bytes are equal plans).
   if (check.ok() && (comm.rank() != 0 || damage_for_testing) && bytes != SerializePlan(*own)) {
@@ -176,8 +199,16 @@ absl::StatusOr<Plan> ExchangePlan(Communicator& comm, absl::Span<const BatchRequ
                       "the plan from rank 0 differs from this rank's view of the batch "
                       "(different requests, lengths or configuration on some rank)");
   }
+  if (check.ok()) check = then(*received);
   DCP_RETURN_IF_ERROR(AgreeOnStatus(comm, check));
   return received;
+}
+
+absl::StatusOr<Plan> ExchangePlan(Communicator& comm, absl::Span<const BatchRequest> batch,
+                                  const PlannerConfig& config, bool damage_for_testing) {
+  return ExchangePlan(
+      comm, batch, config, absl::OkStatus(), [](const Plan&) { return absl::OkStatus(); },
+      damage_for_testing);
 }
 
 }  // namespace dcp

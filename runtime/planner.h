@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "collectives/communicator.h"
@@ -62,6 +63,18 @@ absl::StatusOr<Plan> BuildPlan(absl::Span<const BatchRequest> batch, const Plann
 // and that the plan equals the one it builds from its own view of the batch. Any failure, on
 // any rank, is returned on every rank. `damage_for_testing` flips a byte of rank 0's broadcast
 // after the checksum was taken (the plan-mismatch tests).
+//
+// The caller's own verdicts ride in the same agreements, so a step's plan costs three host
+// collectives at W > 1 (one at W = 1: none): `local` (this rank's check of its inputs; an
+// error skips its planning) is agreed together with this rank's BuildPlan, then rank 0's plan
+// travels in one broadcast (two when it is over kPlanFrameBytes), then the check of the
+// received plan is agreed together with `then(plan)`, which runs on every rank whose check
+// passed (DcpEngine::Plan prepares the step's metadata there).
+inline constexpr size_t kPlanFrameBytes = 32 << 10;
+absl::StatusOr<Plan> ExchangePlan(Communicator& comm, absl::Span<const BatchRequest> batch,
+                                  const PlannerConfig& config, const absl::Status& local,
+                                  absl::FunctionRef<absl::Status(const Plan&)> then,
+                                  bool damage_for_testing = false);
 absl::StatusOr<Plan> ExchangePlan(Communicator& comm, absl::Span<const BatchRequest> batch,
                                   const PlannerConfig& config, bool damage_for_testing = false);
 
