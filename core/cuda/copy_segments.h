@@ -30,8 +30,9 @@ struct CopySegments {
 
 // Enqueues every copy of `segments` on `stream` (a plain launch, not a programmatic dependent:
 // later work waits for all of it). 16-byte units where a segment's dst, src and size allow it,
-// bytes otherwise. Segments must not overlap one another (they are copied in no order). count 0: nothing to do; count outside
-// [0, kMaxCopySegments] or a null pointer with bytes > 0: InvalidArgument.
+// bytes otherwise. Segments must not overlap one another (they are copied in no order).
+// count 0: nothing to do; count outside [0, kMaxCopySegments] or a null pointer with bytes > 0:
+// InvalidArgument.
 absl::Status LaunchCopySegments(const CopySegments& segments, cudaStream_t stream);
 
 }  // namespace dcp::cuda

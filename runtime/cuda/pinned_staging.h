@@ -45,7 +45,8 @@ class PinnedStaging {
   // Batch mode: between BeginBatch and FlushBatch / DiscardBatch, Append defers the device
   // copy (the source may still be reused when Append returns). Outside a batch Append is Copy.
   // Nothing that reads a destination may be enqueued before the flush. DiscardBatch forgets
-  // the deferred copies (their destinations keep what they held).
+  // the copies still deferred (their destinations keep what they held; copies of the batch
+  // that an early flush enqueued land).
   void BeginBatch();
   absl::Status Append(void* dst, const void* src, size_t bytes, cudaStream_t stream);
   absl::Status FlushBatch(cudaStream_t stream);
