@@ -27,7 +27,7 @@ namespace dcp::bench {
 namespace {
 
 constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
-constexpr uint64_t kStreamA = 11, kStreamB = 12, kStreamC = 13, kStreamRows = 14;
+constexpr uint64_t kStreamA = 11, kStreamB = 12, kStreamC = 13;
 
 // The batches of the kernels mode when --batches is not given: the route comparison's
 // shapes that matter for the targets (prefills at and beyond K, extends).
