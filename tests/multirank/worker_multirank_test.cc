@@ -18,32 +18,13 @@
 #include "runtime/dcp.h"
 #include "runtime/engine.h"
 #include "runtime/scratch.h"
+#include "tests/multirank/layer_test_harness.h"
 #include "tests/multirank/multirank_test.h"
 #include "tests/reference/fp8_ds_mla_reference.h"
 #include "tests/reference/mla_reference.h"
 
-#if DCP_WITH_CUDA
-#include <cuda_runtime.h>
-
-#include "collectives/cuda/cuda_communicator_factory.h"
-#include "runtime/cuda/cuda_device.h"
-#endif
-
 namespace dcp::testing {
 namespace {
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Uniform in [-scale, scale), a pure function of (seed, tensor, index).
-float Value(uint64_t seed, int tensor, int64_t index, float scale) {
-  const uint64_t bits = Mix(seed ^ Mix(uint64_t(tensor) * 1000003ull + uint64_t(index)));
-  return scale * (static_cast<float>(bits >> 40) / float(1 << 24) * 2.0f - 1.0f);
-}
 
 enum Tensor { kQNope = 1, kQRope, kKvC, kKPe, kWUk, kWUv };
 
@@ -65,39 +46,6 @@ struct Scenario {
   bool fp8 = false;  // attention.kv_cache_dtype fp8_ds_mla (needs R = 512, Dr = 64)
   bool bf16_out = false;  // the layer writes out as BF16 (host buffer of bf16 values)
 };
-
-// DCP_TEST_DEVICE=cuda runs the same tests on CUDA ranks (bf16 storage; ranks may share a GPU,
-// then the communicator is MPI with host staging). Default: CPU ranks, fp32.
-bool UseCuda() {
-  const char* value = std::getenv("DCP_TEST_DEVICE");
-  return value != nullptr && std::string(value) == "cuda";
-}
-
-struct Dims {
-  int heads = 12, r = 32, dn = 16, dr = 8, dv = 16;
-};
-
-// The CUDA kernels are compiled for DeepSeek's head sizes (qk 192 / v 128, latent 576 / 512).
-Dims TestDims(int heads) {
-  Dims d;
-  d.heads = heads;
-  if (UseCuda()) {
-    d.r = 512;
-    d.dn = 128;
-    d.dr = 64;
-    d.dv = 128;
-  }
-  return d;
-}
-
-// fp32 storage on CPU ranks; bf16 storage (inputs, cache, projected K/V rounded) on CUDA ranks.
-double Tolerance() { return UseCuda() ? 3e-2 : 2e-4; }
-
-// DCP_REQUIRE_GPU=1 (the GPU machine's run): cuDNN must be there too.
-bool GpuRequiredHere() {
-  const char* value = std::getenv("DCP_REQUIRE_GPU");
-  return value != nullptr && std::string(value) == "1";
-}
 
 // The whole problem, as the reference sees it, and each rank's share of it.
 struct Problem {
@@ -189,34 +137,6 @@ DcpOptions ScenarioOptions(const Scenario& s, const Dims& d, int world, int rank
   if (s.fp8) options.attention.kv_cache_dtype = KvCacheDType::kFp8DsMla;
   options.workspace_rows_override = s.workspace_rows;
   return options;
-}
-
-// This rank's device and the communicator its data plane runs on: a CPU device over `mpi`, or
-// (DCP_TEST_DEVICE=cuda) a GPU and the CUDA communicator the factory picks.
-struct RankDevice {
-  std::unique_ptr<Device> device;
-  std::unique_ptr<Communicator> owned_comm;
-  Communicator* comm = nullptr;
-};
-
-absl::StatusOr<RankDevice> MakeRankDevice(MpiCommunicator& mpi) {
-  RankDevice r;
-  r.comm = &mpi;
-  if (!UseCuda()) {
-    r.device = MakeCpuDevice(DType::kF32);
-    return r;
-  }
-#if DCP_WITH_CUDA
-  int count = 0;
-  cudaGetDeviceCount(&count);
-  DCP_ASSIGN_OR_RETURN(auto cuda, CudaDevice::Create(mpi.rank() % std::max(count, 1)));
-  DCP_ASSIGN_OR_RETURN(r.owned_comm, MakeCudaCommunicator(mpi, "auto", 60.0, cuda->stream()));
-  r.device = std::move(cuda);
-  r.comm = r.owned_comm.get();
-  return r;
-#else
-  return absl::FailedPreconditionError("DCP_TEST_DEVICE=cuda in a build without CUDA");
-#endif
 }
 
 // Runs the scenario on this rank; the context is loaded as earlier steps would have left it.
@@ -337,59 +257,12 @@ RankRun RunRank(MpiCommunicator& mpi, const Scenario& s, const Dims& d, const Pr
   return run;
 }
 
-// RMS of v[h][j] over every head and (up to 64 of) the kv rows, straight from the weights.
-double ValueRms(const Problem& p, const Dims& d) {
-  const auto& w = p.whole;
-  const int64_t rows = std::min<int64_t>(64, p.row_begin.back());
-  double sum_squares = 0;
-  for (int h = 0; h < d.heads; ++h) {
-    for (int64_t j = 0; j < rows; ++j) {
-      for (int c = 0; c < d.dv; ++c) {
-        double v = 0;
-        for (int k = 0; k < d.r; ++k) v += w.w_uv[(size_t(h) * d.r + k) * d.dv + c] * w.kv_c[j * d.r + k];
-        sum_squares += v * v;
-      }
-    }
-  }
-  return std::sqrt(sum_squares / std::max<double>(1.0, double(d.heads) * rows * d.dv));
-}
-
-// Every value of this rank's heads against the reference; NaN never passes. The output
-// tolerance is relative to the RMS of the per-head values v[h][j] = w_uv[h]^T kv_c[j] that the
-// output averages: with bf16 storage (CUDA ranks: K/V, q' and the softmax weights rounded) a
-// softmax weight carries an error of order 1e-2 that multiplies whole values, whatever the
-// size of the (cancelling) average. A wrong key set, merge or combine moves outputs by O(v).
+// Every value of this rank's heads against the reference (layer_test_harness.h).
 void ExpectMatchesReference(const RankRun& run, const Problem& p, const Dims& d, int world,
                             int rank) {
   ASSERT_TRUE(run.status.ok()) << run.status;
-  const reference::MlaResult ref = reference::ReferenceAttention(p.whole);
-  const int hl = d.heads / world;
-  const int64_t t = p.token_begin.back();
-  const double scale = ValueRms(p, d);
-  for (int64_t token = 0; token < t; ++token) {
-    for (int hh = 0; hh < hl; ++hh) {
-      const int h = rank * hl + hh;
-      const double ref_lse = ref.lse[token * d.heads + h];
-      const float got_lse = run.lse[token * hl + hh];
-      ASSERT_FALSE(std::isnan(got_lse)) << "token " << token << " head " << h;
-      if (std::isinf(ref_lse)) {
-        ASSERT_TRUE(std::isinf(got_lse) && got_lse < 0) << "token " << token << " head " << h;
-      } else {
-        ASSERT_NEAR(got_lse, ref_lse, Tolerance() * (1 + std::abs(ref_lse)))
-            << "lse token " << token << " head " << h;
-      }
-      for (int c = 0; c < d.dv; ++c) {
-        const double want = ref.out[(token * d.heads + h) * d.dv + c];
-        const float got = run.out[(token * hl + hh) * d.dv + c];
-        ASSERT_FALSE(std::isnan(got)) << "token " << token << " head " << h << " c " << c;
-        // A bf16 out adds its own rounding: at most half a unit in the last place, 2^-9.
-        const double rounding = run.bf16_out ? std::abs(want) / 256 : 0.0;
-        ASSERT_NEAR(got, want, Tolerance() * (scale + std::abs(want)) + rounding)
-            << "out token " << token << " head " << h << " c " << c << " (value RMS " << scale
-            << ")";
-      }
-    }
-  }
+  ExpectRankOutputsMatch(run.out, run.lse, run.bf16_out, p.whole,
+                         reference::ReferenceAttention(p.whole), d, world, rank);
 }
 
 // The problem the ranks solve with an fp8_ds_mla cache, as vLLM defines it: every key read from
@@ -425,31 +298,7 @@ Problem DequantizedProblem(const Problem& p, const Scenario& s, const Dims& d, R
   return q;
 }
 
-class WorkerTest : public MultiRankTest {
- protected:
-  void SetUp() override {
-    MultiRankTest::SetUp();
-    if (!UseCuda()) return;
-    int count = 0;
-#if DCP_WITH_CUDA
-    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
-#endif
-    if (count == 0) {
-      const char* required = std::getenv("DCP_REQUIRE_GPU");
-      if (required != nullptr && std::string(required) == "1") {
-        FAIL() << "DCP_TEST_DEVICE=cuda but no CUDA GPU is visible, and DCP_REQUIRE_GPU=1";
-      }
-      GTEST_SKIP() << "DCP_TEST_DEVICE=cuda but no CUDA GPU is visible";
-    }
-  }
-
-  // One seed per test from rank 0, so that every rank draws the same batch.
-  uint64_t SharedSeed() {
-    uint64_t seed = std::random_device{}() | (uint64_t(std::random_device{}()) << 32);
-    EXPECT_TRUE(comm().HostBroadcast(&seed, sizeof(seed), 0).ok());
-    return seed;
-  }
-};
+class WorkerTest : public LayerRankTest {};
 
 // Random mixed batch: decodes, short prefills, prefills with context, seq_len 1, lengths not
 // multiples of B or W*I; all seq_len <= K so the dense route applies.
@@ -848,7 +697,7 @@ TEST_F(WorkerTest, Fp8DsMlaCacheMatchesTheReferenceOnDequantizedRows) {
           for (size_t i = 0; i < original.out.size(); ++i) {
             diff = std::max(diff, std::abs(original.out[i] - want.out[i]));
           }
-          EXPECT_GT(diff, 100 * Tolerance() * ValueRms(p, dims));
+          EXPECT_GT(diff, 100 * Tolerance() * ValueRms(p.whole, dims));
         }
       }
     }

@@ -1,0 +1,499 @@
+// A random engine session: DcpEngine driven as an inference engine drives it, over many steps.
+// Requests arrive (fresh prefills, or extends that start on a live request's prefix blocks, as
+// prefix caching does), decode, verify drafts and roll rejected ones back (a shorter seq_len
+// the next time they run), sit steps out, and finish (their blocks go back to the rank's pool and
+// are handed out again). Every step plans once and runs two layers, each with its own weights
+// and paged cache over the same block tables. Block ids come from each rank's own shuffled pool;
+// table entries past what a request needs hold garbage; the caches start as NaN, so a read of a
+// row no step wrote cannot pass. Every layer of every step must equal the float64 reference of
+// the sequences as they stand, whatever the route, combine, interleave, cache format (bf16 or
+// fp8_ds_mla), decode threshold, workspace size and output dtype the session drew.
+//
+// The request lifecycle is drawn from one seed every rank shares; block ids from a seed per rank.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "runtime/engine.h"
+#include "runtime/scratch.h"
+#include "tests/multirank/layer_test_harness.h"
+#include "tests/reference/fp8_ds_mla_reference.h"
+#include "tests/reference/mla_reference.h"
+
+namespace dcp::testing {
+namespace {
+
+constexpr int kLayers = 2;
+enum Tensor { kQNope = 1, kQRope, kKvC, kKPe, kWUk, kWUv, kTensors };
+
+// What one session draws: the options every rank runs with.
+struct Session {
+  Dims dims;
+  int block_size = 16, interleave = 1, index_topk = 64, decode_threshold = 1;
+  CombineBackend combine = CombineBackend::kAllGatherReduceScatter;
+  bool fp8 = false, force_mqa = false;
+  int64_t workspace_rows = 0;  // 0: the formula's size; else small, for several chunks
+  int max_seq_len = 160;
+};
+
+std::string Describe(const Session& s) {
+  std::string text = "B " + std::to_string(s.block_size) + " I " + std::to_string(s.interleave) +
+                     " K " + std::to_string(s.index_topk) + " threshold " +
+                     std::to_string(s.decode_threshold) + " combine " +
+                     combine_backend_name(s.combine) + " workspace " +
+                     std::to_string(s.workspace_rows) + (s.fp8 ? " fp8_ds_mla" : " bf16") +
+                     (s.force_mqa ? " force_mqa" : "");
+  return text;
+}
+
+Session DrawSession(std::mt19937_64& rng, int world) {
+  Session s;
+  s.fp8 = rng() % 3 == 0;
+  s.dims = TestDims(UseCuda() ? 8 : 2 * world);
+  if (s.fp8) {  // fp8_ds_mla is defined for R = 512, Dr = 64
+    s.dims.r = 512;
+    s.dims.dr = 64;
+  }
+  const int blocks[] = {4, 8, 16};
+  s.block_size = blocks[rng() % 3];
+  const int interleaves[] = {1, 2, s.block_size};
+  s.interleave = interleaves[rng() % 3];
+  s.index_topk = rng() % 2 ? 64 : 32;
+  const int thresholds[] = {1, 1, 2, 4};
+  s.decode_threshold = thresholds[rng() % 4];
+  s.combine = rng() % 2 ? CombineBackend::kAllGatherReduceScatter : CombineBackend::kAllToAll;
+  s.force_mqa = rng() % 6 == 0;
+  s.workspace_rows = rng() % 2 ? 0 : int64_t(8 + rng() % 40);
+  return s;
+}
+
+DcpOptions SessionOptions(const Session& s, int world, int rank) {
+  DcpOptions options;
+  options.model.num_heads = s.dims.heads;
+  options.model.kv_lora_rank = s.dims.r;
+  options.model.qk_nope_head_dim = s.dims.dn;
+  options.model.qk_rope_head_dim = s.dims.dr;
+  options.model.v_head_dim = s.dims.dv;
+  options.dcp.world_size = world;
+  options.dcp.rank = rank;
+  options.dcp.interleave = s.interleave;
+  options.dcp.combine = s.combine;
+  options.dcp.comm_timeout_s = 60;
+  options.scheduler.block_size = s.block_size;
+  options.scheduler.decode_threshold = s.decode_threshold;
+  options.scheduler.max_num_seqs = 16;
+  options.scheduler.max_model_len = 1024;
+  options.attention.index_topk = s.index_topk;
+  options.attention.force_mqa = s.force_mqa;
+  if (s.fp8) options.attention.kv_cache_dtype = KvCacheDType::kFp8DsMla;
+  options.workspace_rows_override = s.workspace_rows;
+  return options;
+}
+
+// Owner of global position g and its local row, from DESIGN.md section 4 written out again
+// (the engine's KvLayout is not used here).
+int OwnerOf(int64_t g, int interleave, int world) { return int((g / interleave) % world); }
+int64_t LocalRowOf(int64_t g, int interleave, int world) {
+  return (g / (int64_t(interleave) * world)) * interleave + g % interleave;
+}
+int64_t LocalLength(int64_t length, int interleave, int world, int rank) {
+  int64_t count = 0;
+  for (int64_t g = 0; g < length; ++g) count += OwnerOf(g, interleave, world) == rank;
+  return count;
+}
+
+// One request as both the engine (its blocks on this rank) and the reference (the identity of
+// every position's kv row) see it.
+struct Request {
+  int64_t id = 0;
+  int cached = 0;                 // tokens in the cache: the seq_len of its last step
+  std::vector<int64_t> row_keys;  // per position: the row's identity (shared prefixes share keys)
+  std::vector<int32_t> blocks;    // this rank's blocks, local row j in blocks[j / B]
+  int pinned = 0;                 // positions below this are shared blocks: never rolled back
+};
+
+// This rank's block pool: ids handed out in a random order, reference-counted (prefix blocks
+// belong to several requests).
+class BlockPool {
+ public:
+  BlockPool(int64_t num_blocks, uint64_t seed) : refs_(num_blocks, 0) {
+    free_.resize(num_blocks);
+    std::iota(free_.begin(), free_.end(), 0);
+    std::mt19937_64 rng(seed);
+    std::shuffle(free_.begin(), free_.end(), rng);
+  }
+  int32_t Take() {
+    EXPECT_FALSE(free_.empty()) << "the test's block pool ran dry";
+    if (free_.empty()) return 0;
+    const int32_t id = free_.back();
+    free_.pop_back();
+    refs_[id] = 1;
+    return id;
+  }
+  void Share(int32_t id) { ++refs_[id]; }
+  void Release(int32_t id) {
+    if (--refs_[id] == 0) free_.insert(free_.begin(), id);  // reused last: stale rows linger
+  }
+
+ private:
+  std::vector<int32_t> free_;
+  std::vector<int> refs_;
+};
+
+// Values: a row's kv_c / k_pe from its key and layer; weights from the layer; queries from
+// (step, layer, token).
+float RowValue(uint64_t seed, int layer, int tensor, int64_t key, int width, int c) {
+  return Value(seed, tensor + kTensors * layer, key * width + c, 1.0f);
+}
+
+// The value as the rank stores it: f32 on CPU ranks, bf16 (nearest-even) on CUDA ranks.
+float Stored(float x) {
+  if (!UseCuda()) return x;
+  return std::bit_cast<float>(uint32_t{reference::Bf16Nearest(x)} << 16);
+}
+
+struct StepBatch {
+  std::vector<int> members;  // indices into the live requests, caller order
+  std::vector<BatchRequest> batch;
+  bool give_topk = false;
+};
+
+class EngineSessionTest : public LayerRankTest {
+ protected:
+  // Runs `steps` steps of one drawn session; every layer of every step is compared.
+  void RunSession(uint64_t seed, int steps);
+};
+
+void EngineSessionTest::RunSession(uint64_t seed, int steps) {
+  std::mt19937_64 rng(seed);  // the same on every rank
+  const Session s = DrawSession(rng, world());
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << ": " << Describe(s));
+  const Dims& d = s.dims;
+  const int hl = d.heads / world(), width = d.r + d.dr, B = s.block_size;
+  const int I = s.interleave, W = world();
+
+  auto rank_device = MakeRankDevice(mpi_comm());
+  ASSERT_TRUE(rank_device.ok()) << rank_device.status();
+  Device& device = *rank_device->device;
+  auto made = DcpEngine::Create(SessionOptions(s, W, rank()), *rank_device->comm, device);
+  ASSERT_TRUE(made.ok()) << made.status();
+  DcpEngine& engine = **made;
+  const DType storage = device.storage_dtype();
+
+  // The caches (NaN bytes until a step writes a row) and the weights of each layer.
+  const int max_live = 6;
+  const int64_t num_blocks = int64_t(max_live + 2) * ((s.max_seq_len + B - 1) / B + 2);
+  BlockPool pool(num_blocks, Mix(seed + 7919 * (rank() + 1)));
+  const size_t row_bytes = s.fp8 ? size_t(reference::kFp8RowBytes) : width * dtype_size(storage);
+  ScratchBuffer caches[kLayers], w_uk[kLayers], w_uv[kLayers];
+  void* cache_data[kLayers];
+  const void* weights_uk[kLayers];
+  const void* weights_uv[kLayers];
+  for (int layer = 0; layer < kLayers; ++layer) {
+    const size_t bytes = size_t(num_blocks) * B * row_bytes;
+    auto data = caches[layer].Reserve(device, bytes);
+    ASSERT_TRUE(data.ok()) << data.status();
+    ASSERT_TRUE(device.Memset(*data, 0xff, bytes).ok());
+    cache_data[layer] = *data;
+    std::vector<float> uk(size_t(hl) * d.dn * d.r), uv(size_t(hl) * d.r * d.dv);
+    for (size_t i = 0; i < uk.size(); ++i) {
+      uk[i] = Value(seed, kWUk + kTensors * layer, int64_t(rank()) * hl * d.dn * d.r + i, 0.3f);
+    }
+    for (size_t i = 0; i < uv.size(); ++i) {
+      uv[i] = Value(seed, kWUv + kTensors * layer, int64_t(rank()) * hl * d.r * d.dv + i, 0.3f);
+    }
+    auto staged_uk = Stage(device, w_uk[layer], {uk.data(), DType::kF32, {hl, d.dn, d.r}}, storage);
+    auto staged_uv = Stage(device, w_uv[layer], {uv.data(), DType::kF32, {hl, d.r, d.dv}}, storage);
+    ASSERT_TRUE(staged_uk.ok() && staged_uv.ok());
+    weights_uk[layer] = *staged_uk;
+    weights_uv[layer] = *staged_uv;
+  }
+  auto cache_view = [&](int layer) {
+    KvCacheView view{cache_data[layer], storage, num_blocks, B, width};
+    if (s.fp8) {
+      view.row_stride = reference::kFp8RowBytes;
+      view.format = KvCacheDType::kFp8DsMla;
+    }
+    return view;
+  };
+
+  std::vector<Request> live;
+  int64_t next_id = 1, next_key = 1;
+  // The rank's blocks for local rows [0, LocalLength(length)).
+  auto grow = [&](Request& r, int length) {
+    const int64_t need = (LocalLength(length, I, W, rank()) + B - 1) / B;
+    while (int64_t(r.blocks.size()) < need) r.blocks.push_back(pool.Take());
+  };
+  auto finish = [&](size_t i) {
+    for (int32_t id : live[i].blocks) pool.Release(id);
+    live.erase(live.begin() + i);
+  };
+
+  int checked_layers = 0;
+  std::map<Route, int> routes;
+  for (int step = 0; step < steps; ++step) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    // The requests already running: finish, sit out, roll back, decode, verify, extend.
+    StepBatch sb;
+    std::vector<int> query_lens;
+    for (size_t i = 0; i < live.size();) {
+      Request& r = live[i];
+      const int action = int(rng() % 20);
+      if (action < 2 && live.size() > 1) {
+        finish(i);
+        continue;
+      }
+      if (action >= 2 && action < 5) {  // rejected drafts: the next seq_len is shorter
+        const int drop = 1 + int(rng() % 3);
+        if (r.cached - drop >= std::max(r.pinned, 1)) r.cached -= drop;
+      }
+      if (action == 5) {  // sits this step out
+        ++i;
+        continue;
+      }
+      int q = 1;
+      if (action >= 14 && action < 18) q = 2 + int(rng() % 3);  // a draft to verify
+      if (action >= 18) q = 5 + int(rng() % 20);                // a chunk of a long prompt
+      if (r.cached + q > s.max_seq_len) {
+        finish(i);
+        continue;
+      }
+      sb.members.push_back(int(i));
+      query_lens.push_back(q);
+      ++i;
+    }
+    // Arrivals: fresh prompts (some longer than the top-k width), or extends on a live
+    // request's prefix blocks (whole blocks on every rank: W * B positions a unit).
+    const int arrivals = live.size() < 2 ? 2 : int(rng() % 3);
+    for (int a = 0; a < arrivals && int(live.size()) < max_live; ++a) {
+      Request r;
+      r.id = next_id++;
+      int q = 1 + int(rng() % (rng() % 4 == 0 ? 100 : 40));
+      const int unit = W * B;
+      const int donor = live.empty() ? -1 : int(rng() % live.size());
+      if (donor >= 0 && rng() % 3 == 0 && live[donor].cached >= unit &&
+          live[donor].cached < s.max_seq_len) {
+        Request& from = live[donor];
+        const int prefix = unit * (1 + int(rng() % (from.cached / unit)));
+        q = std::min(q, s.max_seq_len - prefix);
+        r.row_keys.assign(from.row_keys.begin(), from.row_keys.begin() + prefix);
+        const int64_t shared = LocalLength(prefix, I, W, rank()) / B;
+        for (int64_t k = 0; k < shared; ++k) {
+          r.blocks.push_back(from.blocks[k]);
+          pool.Share(from.blocks[k]);
+        }
+        r.cached = r.pinned = prefix;
+        from.pinned = std::max(from.pinned, prefix);
+      }
+      live.push_back(std::move(r));
+      sb.members.push_back(int(live.size()) - 1);
+      query_lens.push_back(q);
+    }
+    if (sb.members.empty()) continue;
+    // Caller order: decodes and prefills mixed.
+    std::vector<size_t> order(sb.members.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<int> members;
+    std::vector<int> qs;
+    for (size_t k : order) {
+      members.push_back(sb.members[k]);
+      qs.push_back(query_lens[k]);
+    }
+    sb.members = members;
+    bool any_long = false;
+    for (size_t k = 0; k < members.size(); ++k) {
+      Request& r = live[members[k]];
+      const int seq = r.cached + qs[k];
+      r.row_keys.resize(seq);
+      for (int g = r.cached; g < seq; ++g) r.row_keys[g] = next_key++;  // fresh rows
+      grow(r, seq);
+      sb.batch.push_back({r.id, seq, qs[k]});
+      any_long = any_long || seq > s.index_topk;
+    }
+    sb.give_topk = any_long || rng() % 2 == 0;
+    const size_t b = sb.batch.size();
+
+    // This rank's tables; entries past a request's blocks hold garbage (ignored by contract).
+    int64_t stride = 1;
+    for (int m : members) stride = std::max<int64_t>(stride, live[m].blocks.size());
+    stride += 1;
+    std::vector<int32_t> tables(b * stride, 0x5eed);
+    for (size_t k = 0; k < b; ++k) {
+      std::copy(live[members[k]].blocks.begin(), live[members[k]].blocks.end(),
+                tables.begin() + k * stride);
+    }
+    const StepTables step_tables{tables.data(), stride, num_blocks, B};
+
+    // Tokens in caller order; top-k rows as an indexer gives them: every causal position while
+    // there are at most K, else K of them (the newest kept), a few rows padded with -1.
+    std::vector<int64_t> token_begin(b + 1, 0);
+    for (size_t k = 0; k < b; ++k) token_begin[k + 1] = token_begin[k] + sb.batch[k].query_len;
+    const int64_t t = token_begin[b];
+    const int K = s.index_topk;
+    std::vector<int32_t> topk;
+    if (sb.give_topk) {
+      topk.assign(t * K, -1);
+      for (size_t k = 0; k < b; ++k) {
+        for (int q = 0; q < sb.batch[k].query_len; ++q) {
+          const int position = int(sb.batch[k].seq_len) - int(sb.batch[k].query_len) + q;
+          std::vector<int32_t> keys(position + 1);
+          std::iota(keys.begin(), keys.end(), 0);
+          if (int(keys.size()) > K) {
+            std::swap(keys.back(), keys.front());  // the newest first, kept
+            std::shuffle(keys.begin() + 1, keys.end(), rng);
+            keys.resize(K - int(rng() % 3));
+          }
+          std::shuffle(keys.begin(), keys.end(), rng);
+          std::copy(keys.begin(), keys.end(), topk.begin() + (token_begin[k] + q) * K);
+        }
+      }
+    }
+    const absl::Status planned = engine.Plan(sb.batch, step_tables, sb.give_topk ? K : 0);
+    ASSERT_TRUE(planned.ok()) << planned;
+    const Route route = engine.plan().route;
+    ++routes[route];
+
+    for (int layer = 0; layer < kLayers; ++layer) {
+      SCOPED_TRACE(::testing::Message() << "layer " << layer);
+      const uint64_t qseed = Mix(seed ^ Mix(uint64_t(step) * kLayers + layer + 1));
+      // The whole problem (reference) and this rank's inputs, both in caller order.
+      reference::MlaProblem whole;
+      whole.num_heads = d.heads;
+      whole.kv_lora_rank = d.r;
+      whole.qk_nope_head_dim = d.dn;
+      whole.qk_rope_head_dim = d.dr;
+      whole.v_head_dim = d.dv;
+      for (int64_t i = 0; i < int64_t(d.heads) * d.dn * d.r; ++i) {
+        whole.w_uk.push_back(Value(seed, kWUk + kTensors * layer, i, 0.3f));
+      }
+      for (int64_t i = 0; i < int64_t(d.heads) * d.r * d.dv; ++i) {
+        whole.w_uv.push_back(Value(seed, kWUv + kTensors * layer, i, 0.3f));
+      }
+      std::vector<float> q_nope, q_rope, kv_new;
+      std::vector<float> kv_c(d.r), k_pe(d.dr);
+      for (size_t k = 0; k < b; ++k) {
+        const Request& r = live[members[k]];
+        const int seq = int(sb.batch[k].seq_len), q_len = int(sb.batch[k].query_len);
+        whole.seq_lens.push_back(seq);
+        whole.query_lens.push_back(q_len);
+        // The dense route reads a prefill's new tokens fresh; every other key from the cache.
+        const bool fresh_new = route == Route::kDenseMha && q_len > s.decode_threshold;
+        for (int g = 0; g < seq; ++g) {
+          const int64_t key = r.row_keys[g];
+          for (int c = 0; c < d.r; ++c) kv_c[c] = RowValue(seed, layer, kKvC, key, d.r, c);
+          for (int c = 0; c < d.dr; ++c) k_pe[c] = RowValue(seed, layer, kKPe, key, d.dr, c);
+          if (g >= seq - q_len) {
+            kv_new.insert(kv_new.end(), kv_c.begin(), kv_c.end());
+            kv_new.insert(kv_new.end(), k_pe.begin(), k_pe.end());
+          }
+          if (s.fp8 && !(fresh_new && g >= seq - q_len)) {
+            std::vector<float> stored_c(d.r), stored_pe(d.dr);
+            for (int c = 0; c < d.r; ++c) stored_c[c] = Stored(kv_c[c]);
+            for (int c = 0; c < d.dr; ++c) stored_pe[c] = Stored(k_pe[c]);
+            const std::vector<uint8_t> row =
+                reference::QuantizeFp8DsMlaRow(stored_c.data(), stored_pe.data());
+            const std::vector<double> values = reference::DequantizeFp8DsMlaRow(row.data());
+            whole.kv_c.insert(whole.kv_c.end(), values.begin(), values.begin() + d.r);
+            whole.k_pe.insert(whole.k_pe.end(), values.begin() + d.r, values.end());
+          } else {
+            whole.kv_c.insert(whole.kv_c.end(), kv_c.begin(), kv_c.end());
+            whole.k_pe.insert(whole.k_pe.end(), k_pe.begin(), k_pe.end());
+          }
+        }
+        for (int q = 0; q < q_len; ++q) {
+          const int64_t token = token_begin[k] + q;
+          for (int h = 0; h < d.heads; ++h) {
+            for (int c = 0; c < d.dn; ++c) {
+              const float v = Value(qseed, kQNope, (token * d.heads + h) * d.dn + c, 1.0f);
+              whole.q_nope.push_back(v);
+              if (h / hl == rank()) q_nope.push_back(v);
+            }
+            for (int c = 0; c < d.dr; ++c) {
+              const float v = Value(qseed, kQRope, (token * d.heads + h) * d.dr + c, 1.0f);
+              whole.q_rope.push_back(v);
+              if (h / hl == rank()) q_rope.push_back(v);
+            }
+          }
+        }
+      }
+      if (sb.give_topk) {
+        whole.topk = topk;
+        whole.topk_width = K;
+      }
+
+      const bool bf16_out = rng() % 2 == 0;
+      ScratchBuffer qn, qr, kn, tk, ob, lb;
+      auto d_q_nope = Stage(device, qn, {q_nope.data(), DType::kF32, {t, hl, d.dn}}, storage);
+      auto d_q_rope = Stage(device, qr, {q_rope.data(), DType::kF32, {t, hl, d.dr}}, storage);
+      auto d_kv_new = Stage(device, kn, {kv_new.data(), DType::kF32, {t, width}}, storage);
+      absl::StatusOr<void*> d_topk = nullptr;
+      if (sb.give_topk) d_topk = Stage(device, tk, {topk.data(), DType::kI32, {t, K}}, DType::kI32);
+      const size_t out_bytes = size_t(t) * hl * d.dv * (bf16_out ? 2 : 4);
+      auto d_out = ob.Reserve(device, out_bytes);
+      auto d_lse = lb.Reserve(device, size_t(t) * hl * 4);
+      for (const absl::Status& st : {d_q_nope.status(), d_q_rope.status(), d_kv_new.status(),
+                                     d_topk.status(), d_out.status(), d_lse.status()}) {
+        ASSERT_TRUE(st.ok()) << st;
+      }
+      ASSERT_TRUE(device.Memset(*d_out, 0xff, out_bytes).ok());  // NaN until written
+      ASSERT_TRUE(device.Memset(*d_lse, 0xff, size_t(t) * hl * 4).ok());
+      LayerTensors tensors{*d_q_nope,
+                           *d_q_rope,
+                           *d_kv_new,
+                           static_cast<const int32_t*>(*d_topk),
+                           *d_out,
+                           static_cast<float*>(*d_lse),
+                           bf16_out ? DType::kBF16 : DType::kF32};
+      const LayerWeightsView weights{weights_uk[layer], weights_uv[layer]};
+      absl::Status ran = engine.Run(weights, cache_view(layer), tensors);
+      if (ran.ok()) ran = device.Synchronize();
+      ASSERT_TRUE(ran.ok()) << ran;
+
+      std::vector<float> out(size_t(t) * hl * d.dv), lse(size_t(t) * hl);
+      if (bf16_out) {
+        std::vector<uint16_t> bits(out.size());
+        ASSERT_TRUE(device.CopyToHost(bits.data(), *d_out, out_bytes).ok());
+        for (size_t i = 0; i < out.size(); ++i) {
+          out[i] = std::bit_cast<float>(uint32_t{bits[i]} << 16);
+        }
+      } else {
+        ASSERT_TRUE(device.CopyToHost(out.data(), *d_out, out_bytes).ok());
+      }
+      ASSERT_TRUE(device.CopyToHost(lse.data(), *d_lse, lse.size() * 4).ok());
+      const reference::MlaResult ref = reference::ReferenceAttention(whole);
+      ExpectRankOutputsMatch(out, lse, bf16_out, whole, ref, d, W, rank());
+      if (::testing::Test::HasFatalFailure()) return;
+      ++checked_layers;
+    }
+    for (size_t k = 0; k < b; ++k) live[members[k]].cached = int(sb.batch[k].seq_len);
+  }
+  EXPECT_GE(checked_layers, steps);  // most steps ran (a step without requests is skipped)
+  if (rank() == 0) {
+    std::printf("session %s: %d layers checked (%d dense-route steps, %d sparse-route)\n",
+                Describe(s).c_str(), checked_layers, routes[Route::kDenseMha],
+                routes[Route::kSparseMqa]);
+  }
+}
+
+// Sessions of 16 steps; each draws its own options. DCP_SESSION_COUNT sets how many (the
+// sanitizer stage and a GPU run may want fewer or more).
+TEST_F(EngineSessionTest, RandomSessionsMatchTheReferenceAtEveryStep) {
+  const uint64_t seed = SharedSeed();
+  int sessions = UseCuda() ? 2 : 8;  // the float64 reference at DeepSeek dims is slow
+  if (const char* count = std::getenv("DCP_SESSION_COUNT"))
+    sessions = std::max(1, std::atoi(count));
+  for (int i = 0; i < sessions; ++i) {
+    RunSession(Mix(seed + i), 16);
+    if (HasFatalFailure()) return;
+  }
+}
+
+}  // namespace
+}  // namespace dcp::testing

@@ -1,0 +1,147 @@
+#include "tests/multirank/layer_test_harness.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "core/status.h"
+
+#if DCP_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "collectives/cuda/cuda_communicator_factory.h"
+#include "runtime/cuda/cuda_device.h"
+#endif
+
+namespace dcp::testing {
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+float Value(uint64_t seed, int tensor, int64_t index, float scale) {
+  const uint64_t bits = Mix(seed ^ Mix(uint64_t(tensor) * 1000003ull + uint64_t(index)));
+  return scale * (static_cast<float>(bits >> 40) / float(1 << 24) * 2.0f - 1.0f);
+}
+
+bool UseCuda() {
+  const char* value = std::getenv("DCP_TEST_DEVICE");
+  return value != nullptr && std::string(value) == "cuda";
+}
+
+bool GpuRequiredHere() {
+  const char* value = std::getenv("DCP_REQUIRE_GPU");
+  return value != nullptr && std::string(value) == "1";
+}
+
+Dims TestDims(int heads) {
+  Dims d;
+  d.heads = heads;
+  if (UseCuda()) {
+    d.r = 512;
+    d.dn = 128;
+    d.dr = 64;
+    d.dv = 128;
+  }
+  return d;
+}
+
+double Tolerance() { return UseCuda() ? 3e-2 : 2e-4; }
+
+absl::StatusOr<RankDevice> MakeRankDevice(MpiCommunicator& mpi) {
+  RankDevice r;
+  r.comm = &mpi;
+  if (!UseCuda()) {
+    r.device = MakeCpuDevice(DType::kF32);
+    return r;
+  }
+#if DCP_WITH_CUDA
+  int count = 0;
+  cudaGetDeviceCount(&count);
+  DCP_ASSIGN_OR_RETURN(auto cuda, CudaDevice::Create(mpi.rank() % std::max(count, 1)));
+  DCP_ASSIGN_OR_RETURN(r.owned_comm, MakeCudaCommunicator(mpi, "auto", 60.0, cuda->stream()));
+  r.device = std::move(cuda);
+  r.comm = r.owned_comm.get();
+  return r;
+#else
+  return absl::FailedPreconditionError("DCP_TEST_DEVICE=cuda in a build without CUDA");
+#endif
+}
+
+double ValueRms(const reference::MlaProblem& w, const Dims& d) {
+  const int64_t rows = std::min<int64_t>(64, int64_t(w.kv_c.size()) / d.r);
+  double sum_squares = 0;
+  for (int h = 0; h < d.heads; ++h) {
+    for (int64_t j = 0; j < rows; ++j) {
+      for (int c = 0; c < d.dv; ++c) {
+        double v = 0;
+        for (int k = 0; k < d.r; ++k)
+          v += w.w_uv[(size_t(h) * d.r + k) * d.dv + c] * w.kv_c[j * d.r + k];
+        sum_squares += v * v;
+      }
+    }
+  }
+  return std::sqrt(sum_squares / std::max<double>(1.0, double(d.heads) * rows * d.dv));
+}
+
+void ExpectRankOutputsMatch(absl::Span<const float> out, absl::Span<const float> lse, bool bf16_out,
+                            const reference::MlaProblem& whole, const reference::MlaResult& ref,
+                            const Dims& d, int world, int rank) {
+  const int hl = d.heads / world;
+  const int64_t t = int64_t(ref.lse.size()) / d.heads;
+  ASSERT_EQ(lse.size(), size_t(t) * hl);
+  ASSERT_EQ(out.size(), size_t(t) * hl * d.dv);
+  const double scale = ValueRms(whole, d);
+  for (int64_t token = 0; token < t; ++token) {
+    for (int hh = 0; hh < hl; ++hh) {
+      const int h = rank * hl + hh;
+      const double ref_lse = ref.lse[token * d.heads + h];
+      const float got_lse = lse[token * hl + hh];
+      ASSERT_FALSE(std::isnan(got_lse)) << "token " << token << " head " << h;
+      if (std::isinf(ref_lse)) {
+        ASSERT_TRUE(std::isinf(got_lse) && got_lse < 0) << "token " << token << " head " << h;
+      } else {
+        ASSERT_NEAR(got_lse, ref_lse, Tolerance() * (1 + std::abs(ref_lse)))
+            << "lse token " << token << " head " << h;
+      }
+      for (int c = 0; c < d.dv; ++c) {
+        const double want = ref.out[(token * d.heads + h) * d.dv + c];
+        const float got = out[(token * hl + hh) * d.dv + c];
+        ASSERT_FALSE(std::isnan(got)) << "token " << token << " head " << h << " c " << c;
+        // A bf16 out adds its own rounding: at most half a unit in the last place, 2^-9.
+        const double rounding = bf16_out ? std::abs(want) / 256 : 0.0;
+        ASSERT_NEAR(got, want, Tolerance() * (scale + std::abs(want)) + rounding)
+            << "out token " << token << " head " << h << " c " << c << " (value RMS " << scale
+            << ")";
+      }
+    }
+  }
+}
+
+void LayerRankTest::SetUp() {
+  MultiRankTest::SetUp();
+  if (!UseCuda()) return;
+  int count = 0;
+#if DCP_WITH_CUDA
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+#endif
+  if (count == 0) {
+    if (GpuRequiredHere()) {
+      FAIL() << "DCP_TEST_DEVICE=cuda but no CUDA GPU is visible, and DCP_REQUIRE_GPU=1";
+    }
+    GTEST_SKIP() << "DCP_TEST_DEVICE=cuda but no CUDA GPU is visible";
+  }
+}
+
+uint64_t LayerRankTest::SharedSeed() {
+  uint64_t seed = std::random_device{}() | (uint64_t(std::random_device{}()) << 32);
+  EXPECT_TRUE(comm().HostBroadcast(&seed, sizeof(seed), 0).ok());
+  return seed;
+}
+
+}  // namespace dcp::testing
