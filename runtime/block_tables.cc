@@ -58,6 +58,18 @@ absl::Status BlockTables::Grow(int64_t request_id, int64_t seq_len) {
   return allocator_.Allocate(static_cast<int>(needed - have), &it->second);
 }
 
+absl::Status BlockTables::Shrink(int64_t request_id, int64_t seq_len) {
+  auto it = tables_.find(request_id);
+  DCP_CHECK_ARG(it != tables_.end(), "request %d is not registered", request_id);
+  const int64_t rows = layout_.local_length(seq_len, 0);
+  const int64_t needed = (rows + block_size_ - 1) / block_size_;
+  std::vector<int32_t>& blocks = it->second;
+  if (needed >= static_cast<int64_t>(blocks.size())) return absl::OkStatus();
+  allocator_.Free(absl::MakeConstSpan(blocks).subspan(needed));
+  blocks.resize(needed);
+  return absl::OkStatus();
+}
+
 absl::Status BlockTables::FreeRequest(int64_t request_id) {
   auto it = tables_.find(request_id);
   DCP_CHECK_ARG(it != tables_.end(), "request %d is not registered", request_id);

@@ -48,6 +48,9 @@ class BlockTables {
   // Makes room for `seq_len` global tokens (no-op when there is room). Blocks follow rank 0's
   // local length, the largest of any rank, so that tables agree across ranks.
   absl::Status Grow(int64_t request_id, int64_t seq_len);
+  // Returns the blocks past those `seq_len` global tokens need (rank 0's local length, as Grow)
+  // to the pool: the same blocks on every rank.
+  absl::Status Shrink(int64_t request_id, int64_t seq_len);
   absl::Status FreeRequest(int64_t request_id);
   bool HasRequest(int64_t request_id) const { return tables_.contains(request_id); }
 

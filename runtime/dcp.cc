@@ -22,6 +22,9 @@ absl::Status DcpContext::AddRequest(int64_t request_id) {
 absl::Status DcpContext::FreeRequest(int64_t request_id) {
   return AgreeOnStatus(worker_->comm(), worker_->FreeRequest(request_id));
 }
+absl::Status DcpContext::TruncateRequest(int64_t request_id, int64_t num_tokens) {
+  return AgreeOnStatus(worker_->comm(), worker_->TruncateRequest(request_id, num_tokens));
+}
 absl::Status DcpContext::LoadCachedKv(int64_t request_id, int64_t num_tokens,
                                       const TensorView& local_rows) {
   return AgreeOnStatus(worker_->comm(), worker_->LoadCachedKv(request_id, num_tokens, local_rows));

@@ -4,6 +4,7 @@
 //   auto ctx = dcp::DcpContext::Create(options, comm, device, weights);   // every rank
 //   ctx->AddRequest(id);                           // same calls, same order, on every rank
 //   ctx->Forward(batch, inputs, outputs);           // one attention layer for the batch
+//   ctx->TruncateRequest(id, n);                   // speculative decoding: drop rejected drafts
 //   ctx->FreeRequest(id);
 //
 // Every call is collective: all ranks make it with the same batch description (request ids,
@@ -49,6 +50,11 @@ class DcpContext {
   // Registers a request with no cached tokens.
   absl::Status AddRequest(int64_t request_id);
   absl::Status FreeRequest(int64_t request_id);
+  // Speculative decoding's rollback: keeps the request's first num_tokens cached tokens
+  // (0 <= num_tokens <= cached) and drops the rest (the drafts the engine rejected); the next
+  // Forward gives the request seq_len - query_len == num_tokens. Blocks past the kept tokens go
+  // back to the pool. A request shorter than num_tokens, or not registered: InvalidArgument.
+  absl::Status TruncateRequest(int64_t request_id, int64_t num_tokens);
   // Places the request's first num_tokens cached tokens, as earlier steps would have left them:
   // local_rows are this rank's rows of them, [local_length(num_tokens, rank), R + Dr] in local
   // order. Replaces whatever was cached.

@@ -54,6 +54,17 @@ absl::Status KvCache::FreeRequest(int64_t request_id) {
   return absl::OkStatus();
 }
 
+absl::Status KvCache::Truncate(int64_t request_id, int64_t num_tokens) {
+  const int64_t cached = cached_tokens(request_id);
+  DCP_CHECK_ARG(cached >= 0, "request %d is not registered", request_id);
+  DCP_CHECK_ARG(num_tokens >= 0 && num_tokens <= cached,
+                "request %d: cannot keep %d tokens, it has %d cached", request_id, num_tokens,
+                cached);
+  DCP_RETURN_IF_ERROR(tables_.Shrink(request_id, num_tokens));
+  cached_[request_id] = num_tokens;
+  return absl::OkStatus();
+}
+
 int64_t KvCache::cached_tokens(int64_t request_id) const {
   auto it = cached_.find(request_id);
   return it == cached_.end() ? -1 : it->second;

@@ -139,34 +139,13 @@ DcpOptions ScenarioOptions(const Scenario& s, const Dims& d, int world, int rank
   return options;
 }
 
-// Runs the scenario on this rank; the context is loaded as earlier steps would have left it.
-RankRun RunRank(MpiCommunicator& mpi, const Scenario& s, const Dims& d, const Problem& p,
-                bool damage_plan = false) {
-  const int world = mpi.world_size(), rank = mpi.rank();
+// One Forward of the scenario's batch through `ctx` (its requests registered and their context
+// cached), inputs and outputs in `s.order`; the outputs come back in the problem's order.
+RankRun ForwardScenario(DcpContext& ctx, const Scenario& s, const Dims& d, const Problem& p,
+                        int world, int rank, bool damage_plan = false) {
   const int hl = d.heads / world, width = d.r + d.dr;
-  RankRun run;
-  const DcpOptions options = ScenarioOptions(s, d, world, rank);
-
-  // This rank's heads of the weights and queries.
   const auto& w = p.whole;
-  std::vector<float> w_uk(size_t(hl) * d.dn * d.r), w_uv(size_t(hl) * d.r * d.dv);
-  for (size_t i = 0; i < w_uk.size(); ++i) w_uk[i] = float(w.w_uk[size_t(rank) * hl * d.dn * d.r + i]);
-  for (size_t i = 0; i < w_uv.size(); ++i) w_uv[i] = float(w.w_uv[size_t(rank) * hl * d.r * d.dv + i]);
-  LayerWeights weights{{w_uk.data(), DType::kF32, {hl, d.dn, d.r}},
-                       {w_uv.data(), DType::kF32, {hl, d.r, d.dv}}};
-  auto rank_device = MakeRankDevice(mpi);
-  if (!rank_device.ok()) {
-    run.status = rank_device.status();
-    return run;
-  }
-  Device* device = rank_device->device.get();
-  Communicator* comm = rank_device->comm;
-  auto ctx = DcpContext::Create(options, *comm, *device, weights);
-  if (!ctx.ok()) {
-    run.status = ctx.status();
-    return run;
-  }
-
+  RankRun run;
   const size_t b = s.seq_lens.size();
   std::vector<int> order = s.order;
   if (order.empty()) {
@@ -177,29 +156,6 @@ RankRun RunRank(MpiCommunicator& mpi, const Scenario& s, const Dims& d, const Pr
     for (int c = 0; c < d.r; ++c) dst.push_back(float(w.kv_c[global_row * d.r + c]));
     for (int c = 0; c < d.dr; ++c) dst.push_back(float(w.k_pe[global_row * d.dr + c]));
   };
-  for (size_t i = 0; i < b; ++i) {
-    if (absl::Status st = (*ctx)->AddRequest(int64_t(i) + 100); !st.ok()) {
-      run.status = st;
-      return run;
-    }
-    // Cached rows this rank owns: scan the context's positions for runs dealt to this rank.
-    const int context = std::max(0, s.seq_lens[i] - s.query_lens[i]);
-    std::vector<float> rows;
-    int64_t count = 0;
-    for (int g = 0; g < context; ++g) {
-      if ((g / s.interleave) % world == rank) {
-        row(p.row_begin[i] + g, rows);
-        ++count;
-      }
-    }
-    absl::Status st = (*ctx)->LoadCachedKv(int64_t(i) + 100, context,
-                                           TensorView{rows.data(), DType::kF32, {count, width}});
-    if (!st.ok()) {
-      run.status = st;
-      return run;
-    }
-  }
-
   // The batch in `order`; inputs follow it.
   std::vector<BatchRequest> batch;
   std::vector<float> q_nope, q_rope, kv_new;
@@ -230,13 +186,13 @@ RankRun RunRank(MpiCommunicator& mpi, const Scenario& s, const Dims& d, const Pr
   BatchOutputs outputs{{out.data(), DType::kF32, {t, hl, d.dv}},
                        {lse.data(), DType::kF32, {t, hl}}};
   if (s.bf16_out) outputs.out = {out_bf16.data(), DType::kBF16, {t, hl, d.dv}};
-  if (damage_plan && rank == 0) (*ctx)->DamageNextPlanForTesting();
-  run.status = (*ctx)->Forward(batch, inputs, outputs);
+  if (damage_plan && rank == 0) ctx.DamageNextPlanForTesting();
+  run.status = ctx.Forward(batch, inputs, outputs);
   run.bf16_out = s.bf16_out;
   for (size_t i = 0; i < out_bf16.size(); ++i) {
     out[i] = std::bit_cast<float>(uint32_t{out_bf16[i]} << 16);
   }
-  run.stats = (*ctx)->last_stats();
+  run.stats = ctx.last_stats();
   // Back to the reference's request order for comparison.
   std::vector<int64_t> caller_begin;
   int64_t offset = 0;
@@ -255,6 +211,55 @@ RankRun RunRank(MpiCommunicator& mpi, const Scenario& s, const Dims& d, const Pr
     }
   }
   return run;
+}
+
+// A DcpContext on this rank (the scenario's options, this rank's heads of the problem's
+// weights) with every request of the scenario registered and its context cached as earlier
+// steps would have left it.
+struct RankContext {
+  RankDevice device;
+  std::unique_ptr<DcpContext> ctx;
+};
+
+absl::StatusOr<RankContext> MakeLoadedContext(MpiCommunicator& mpi, const Scenario& s,
+                                              const Dims& d, const Problem& p) {
+  const int world = mpi.world_size(), rank = mpi.rank();
+  const int hl = d.heads / world, width = d.r + d.dr;
+  const auto& w = p.whole;
+  std::vector<float> w_uk(size_t(hl) * d.dn * d.r), w_uv(size_t(hl) * d.r * d.dv);
+  for (size_t i = 0; i < w_uk.size(); ++i) w_uk[i] = float(w.w_uk[size_t(rank) * hl * d.dn * d.r + i]);
+  for (size_t i = 0; i < w_uv.size(); ++i) w_uv[i] = float(w.w_uv[size_t(rank) * hl * d.r * d.dv + i]);
+  LayerWeights weights{{w_uk.data(), DType::kF32, {hl, d.dn, d.r}},
+                       {w_uv.data(), DType::kF32, {hl, d.r, d.dv}}};
+  RankContext rc;
+  DCP_ASSIGN_OR_RETURN(rc.device, MakeRankDevice(mpi));
+  DCP_ASSIGN_OR_RETURN(rc.ctx, DcpContext::Create(ScenarioOptions(s, d, world, rank),
+                                                  *rc.device.comm, *rc.device.device, weights));
+  for (size_t i = 0; i < s.seq_lens.size(); ++i) {
+    DCP_RETURN_IF_ERROR(rc.ctx->AddRequest(int64_t(i) + 100));
+    // Cached rows this rank owns: scan the context's positions for runs dealt to this rank.
+    const int context = std::max(0, s.seq_lens[i] - s.query_lens[i]);
+    std::vector<float> rows;
+    int64_t count = 0;
+    for (int g = 0; g < context; ++g) {
+      if ((g / s.interleave) % world != rank) continue;
+      const int64_t j = p.row_begin[i] + g;
+      for (int c = 0; c < d.r; ++c) rows.push_back(float(w.kv_c[j * d.r + c]));
+      for (int c = 0; c < d.dr; ++c) rows.push_back(float(w.k_pe[j * d.dr + c]));
+      ++count;
+    }
+    DCP_RETURN_IF_ERROR(rc.ctx->LoadCachedKv(
+        int64_t(i) + 100, context, TensorView{rows.data(), DType::kF32, {count, width}}));
+  }
+  return rc;
+}
+
+// Runs the scenario on this rank; the context is loaded as earlier steps would have left it.
+RankRun RunRank(MpiCommunicator& mpi, const Scenario& s, const Dims& d, const Problem& p,
+                bool damage_plan = false) {
+  absl::StatusOr<RankContext> rc = MakeLoadedContext(mpi, s, d, p);
+  if (!rc.ok()) return RankRun{rc.status()};
+  return ForwardScenario(*rc->ctx, s, d, p, mpi.world_size(), mpi.rank(), damage_plan);
 }
 
 // Every value of this rank's heads against the reference (layer_test_harness.h).
@@ -1104,6 +1109,68 @@ TEST_F(WorkerTest, EngineRejectsBadTablesAndCaches) {
   planned = (*engine)->Plan({{1, 8, 8}, {2, 8, 8}}, {tables.data(), 4, 8, 16}, 0);
   EXPECT_EQ(planned.code(), absl::StatusCode::kInvalidArgument) << planned;
   EXPECT_NE(planned.message().find("block tables overlap"), std::string::npos) << planned;
+}
+
+
+// Speculative decoding through the convenience layer: a step of extends (drafts being verified)
+// and decodes, then TruncateRequest drops one request's rejected drafts (the blocks past the
+// kept tokens go back to the pool, and a new request's rows land in them), and the next step's
+// decodes equal the reference over the kept rows. Keeping more than is cached, or truncating an
+// unknown request: InvalidArgument on every rank, nothing changed.
+TEST_F(WorkerTest, TruncateRequestRollsBackRejectedDrafts) {
+  const uint64_t seed = SharedSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Dims dims = TestDims(UseCuda() ? 8 : 4 * world());
+  for (bool force_mqa : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "force_mqa " << force_mqa);
+    EngineStep first;
+    Scenario& s = first.scenario;
+    s.seq_lens = {100, 90, 7, 40};
+    s.query_lens = {20, 26, 1, 1};
+    s.index_topk = 128;
+    s.interleave = 2;
+    s.force_mqa = force_mqa;
+    s.workspace_rows = 32;  // several context chunks
+    first.problem = BuildProblem(s, dims, seed + force_mqa);
+    absl::StatusOr<RankContext> rc = MakeLoadedContext(mpi_comm(), s, dims, first.problem);
+    ASSERT_TRUE(rc.ok()) << rc.status();
+    DcpContext& ctx = *rc->ctx;
+    {
+      SCOPED_TRACE("first step");
+      ExpectMatchesReference(ForwardScenario(ctx, s, dims, first.problem, world(), rank()),
+                             first.problem, dims, world(), rank());
+    }
+    const absl::Status too_many = ctx.TruncateRequest(101, 91);
+    EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument) << too_many;
+    EXPECT_NE(too_many.message().find("cannot keep 91 tokens, it has 90 cached"),
+              std::string::npos)
+        << too_many;
+    const absl::Status unknown = ctx.TruncateRequest(7, 1);
+    EXPECT_NE(unknown.message().find("request 7 is not registered"), std::string::npos)
+        << unknown;
+
+    // Request 100 keeps 50 of its 100 tokens; request 300 takes the blocks it gave back and
+    // fills them with rows of its own (request 100's kept rows must survive that).
+    const int keep = 50;
+    ASSERT_TRUE(ctx.TruncateRequest(100, keep).ok());
+    ASSERT_TRUE(ctx.AddRequest(300).ok());
+    const int other = 60, width = dims.r + dims.dr;
+    std::vector<float> rows;
+    int64_t count = 0;
+    for (int g = 0; g < other; ++g) {
+      if ((g / s.interleave) % world() != rank()) continue;
+      for (int c = 0; c < width; ++c) rows.push_back(Value(seed + 17, kKvC, g * width + c, 1.0f));
+      ++count;
+    }
+    ASSERT_TRUE(
+        ctx.LoadCachedKv(300, other, TensorView{rows.data(), DType::kF32, {count, width}}).ok());
+
+    const EngineStep second = RollbackStep(first, dims, /*rolled=*/0, keep, seed + 3);
+    SCOPED_TRACE("second step, after the rollback");
+    ExpectMatchesReference(ForwardScenario(ctx, second.scenario, dims, second.problem, world(),
+                                           rank()),
+                           second.problem, dims, world(), rank());
+  }
 }
 
 }  // namespace
