@@ -7,7 +7,9 @@
 // table entries past what a request needs hold garbage; the caches start as NaN, so a read of a
 // row no step wrote cannot pass. Every layer of every step must equal the float64 reference of
 // the sequences as they stand, whatever the route, combine, interleave, cache format (bf16 or
-// fp8_ds_mla), decode threshold, workspace size and output dtype the session drew.
+// fp8_ds_mla), decode threshold, workspace size and output dtype the session drew. Some steps
+// first offer a table with a bad block id on rank 0: refused on every rank, and the step runs
+// once the right tables are planned.
 //
 // The request lifecycle is drawn from one seed every rank shares; block ids from a seed per rank.
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "runtime/engine.h"
@@ -354,6 +357,22 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
           std::copy(keys.begin(), keys.end(), topk.begin() + (token_begin[k] + q) * K);
         }
       }
+    }
+    if (rng() % 4 == 0) {
+      // A bad table on rank 0 first (a block id outside the cache, or negative, in a block the
+      // request needs: rank 0 holds position 0, so every request needs its first block there):
+      // the error on every rank, and no Run of the step until a Plan succeeds.
+      std::vector<int32_t> bad = tables;
+      const size_t k = rng() % b;
+      const int32_t id = rng() % 2 ? int32_t(num_blocks) : -1;
+      if (rank() == 0) bad[k * stride] = id;
+      const absl::Status refused =
+          engine.Plan(sb.batch, {bad.data(), stride, num_blocks, B}, sb.give_topk ? K : 0);
+      EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+      EXPECT_NE(refused.message().find(std::to_string(id)), std::string::npos) << refused;
+      const absl::Status unplanned = engine.Run({weights_uk[0], weights_uv[0]}, cache_view(0), {});
+      EXPECT_NE(unplanned.message().find("before a successful Plan"), std::string::npos)
+          << unplanned;
     }
     const absl::Status planned = engine.Plan(sb.batch, step_tables, sb.give_topk ? K : 0);
     ASSERT_TRUE(planned.ok()) << planned;
