@@ -129,6 +129,18 @@ absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTab
         i += run.length;
       }
     }
+    if (tables.slot_mapping != nullptr) {
+      for (const PlannedRequest& r : plan_.requests) {
+        for (int i = 0; i < r.query_len; ++i) {
+          const int64_t token = r.caller_token_begin + i;
+          DCP_CHECK_ARG(tables.slot_mapping[token] == write_slots[token],
+                        "slot_mapping[%d] = %d, but the block tables put new token %d of request "
+                        "id %d (position %d) at slot %d on rank %d",
+                        token, tables.slot_mapping[token], i, r.request_id,
+                        r.context_len() + i, write_slots[token], rank);
+        }
+      }
+    }
     std::sort(runs.begin(), runs.end(),
               [](const SlotRun& a, const SlotRun& b) { return a.first < b.first; });
     for (size_t k = 1; k < runs.size(); ++k) {

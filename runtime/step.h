@@ -21,6 +21,12 @@ struct StepTables {
   int64_t stride = 0;             // >= the blocks any request of the step needs
   int64_t num_blocks = 0;         // the cache's blocks: every id used must be below
   int block_size = 0;             // B
+  // Optional, [T] in the batch's (caller) token order: the engine's slot of each new token on
+  // this rank, -1 where another rank owns it (vLLM's slot_mapping under DCP). dcp derives the
+  // slots from the tables; when the engine passes its own, Plan checks that they agree and
+  // refuses the step at the first token where they do not (a cache write that lands where the
+  // reads do not look is a wrong answer, not an error, without it).
+  const int64_t* slot_mapping = nullptr;
   const int32_t* row(int64_t i) const { return data + i * stride; }
 };
 

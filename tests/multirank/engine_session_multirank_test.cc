@@ -8,8 +8,8 @@
 // row no step wrote cannot pass. Every layer of every step must equal the float64 reference of
 // the sequences as they stand, whatever the route, combine, interleave, cache format (bf16 or
 // fp8_ds_mla), decode threshold, workspace size and output dtype the session drew. Some steps
-// first offer a table with a bad block id on rank 0: refused on every rank, and the step runs
-// once the right tables are planned.
+// pass the engine's slot mapping too; some first offer a bad block id or slot mapping on rank 0:
+// refused on every rank, and the step runs once the right tables are planned.
 //
 // The request lifecycle is drawn from one seed every rank shares; block ids from a seed per rank.
 #include <algorithm>
@@ -332,7 +332,19 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
       std::copy(live[members[k]].blocks.begin(), live[members[k]].blocks.end(),
                 tables.begin() + k * stride);
     }
-    const StepTables step_tables{tables.data(), stride, num_blocks, B};
+    StepTables step_tables{tables.data(), stride, num_blocks, B};
+    // The slot of every new token on this rank, as vLLM's slot_mapping gives it (-1: another
+    // rank's); passed on some steps, for Plan to check against the tables.
+    std::vector<int64_t> slot_mapping;
+    for (size_t k = 0; k < b; ++k) {
+      const Request& r = live[members[k]];
+      for (int64_t g = sb.batch[k].seq_len - sb.batch[k].query_len; g < sb.batch[k].seq_len; ++g) {
+        const int64_t j = LocalRowOf(g, I, W);
+        slot_mapping.push_back(OwnerOf(g, I, W) == rank() ? int64_t{r.blocks[j / B]} * B + j % B
+                                                          : -1);
+      }
+    }
+    if (rng() % 2 == 0) step_tables.slot_mapping = slot_mapping.data();
 
     // Tokens in caller order; top-k rows as an indexer gives them: every causal position while
     // there are at most K, else K of them (the newest kept), a few rows padded with -1.
@@ -359,17 +371,27 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
       }
     }
     if (rng() % 4 == 0) {
-      // A bad table on rank 0 first (a block id outside the cache, or negative, in a block the
-      // request needs: rank 0 holds position 0, so every request needs its first block there):
-      // the error on every rank, and no Run of the step until a Plan succeeds.
+      // Bad tables on rank 0 first: a block id outside the cache, or negative, in a block the
+      // request needs (rank 0 holds position 0, so every request needs its first block there),
+      // or a slot mapping that disagrees with the tables at the first new token. The error on
+      // every rank, and no Run of the step until a Plan succeeds.
       std::vector<int32_t> bad = tables;
+      std::vector<int64_t> bad_slots = slot_mapping;
+      StepTables bad_tables{bad.data(), stride, num_blocks, B};
+      const int kind = int(rng() % 3);
       const size_t k = rng() % b;
-      const int32_t id = rng() % 2 ? int32_t(num_blocks) : -1;
-      if (rank() == 0) bad[k * stride] = id;
-      const absl::Status refused =
-          engine.Plan(sb.batch, {bad.data(), stride, num_blocks, B}, sb.give_topk ? K : 0);
+      std::string named = "slot_mapping[0]";
+      if (kind < 2) {
+        const int32_t id = kind == 0 ? int32_t(num_blocks) : -1;
+        if (rank() == 0) bad[k * stride] = id;
+        named = std::to_string(id);
+      } else {
+        if (rank() == 0) bad_slots[0] = bad_slots[0] < 0 ? 0 : bad_slots[0] + 1;
+        bad_tables.slot_mapping = bad_slots.data();
+      }
+      const absl::Status refused = engine.Plan(sb.batch, bad_tables, sb.give_topk ? K : 0);
       EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
-      EXPECT_NE(refused.message().find(std::to_string(id)), std::string::npos) << refused;
+      EXPECT_NE(refused.message().find(named), std::string::npos) << refused;
       const absl::Status unplanned = engine.Run({weights_uk[0], weights_uv[0]}, cache_view(0), {});
       EXPECT_NE(unplanned.message().find("before a successful Plan"), std::string::npos)
           << unplanned;
