@@ -77,17 +77,9 @@ Session DrawSession(std::mt19937_64& rng, int world) {
 }
 
 DcpOptions SessionOptions(const Session& s, int world, int rank) {
-  DcpOptions options;
-  options.model.num_heads = s.dims.heads;
-  options.model.kv_lora_rank = s.dims.r;
-  options.model.qk_nope_head_dim = s.dims.dn;
-  options.model.qk_rope_head_dim = s.dims.dr;
-  options.model.v_head_dim = s.dims.dv;
-  options.dcp.world_size = world;
-  options.dcp.rank = rank;
+  DcpOptions options = RankOptions(s.dims, world, rank);
   options.dcp.interleave = s.interleave;
   options.dcp.combine = s.combine;
-  options.dcp.comm_timeout_s = 60;
   options.scheduler.block_size = s.block_size;
   options.scheduler.decode_threshold = s.decode_threshold;
   options.scheduler.max_num_seqs = 16;

@@ -51,6 +51,19 @@ Dims TestDims(int heads) {
   return d;
 }
 
+DcpOptions RankOptions(const Dims& d, int world, int rank) {
+  DcpOptions options;
+  options.model.num_heads = d.heads;
+  options.model.kv_lora_rank = d.r;
+  options.model.qk_nope_head_dim = d.dn;
+  options.model.qk_rope_head_dim = d.dr;
+  options.model.v_head_dim = d.dv;
+  options.dcp.world_size = world;
+  options.dcp.rank = rank;
+  options.dcp.comm_timeout_s = 60;
+  return options;
+}
+
 double Tolerance() { return UseCuda() ? 3e-2 : 2e-4; }
 
 absl::StatusOr<RankDevice> MakeRankDevice(MpiCommunicator& mpi) {

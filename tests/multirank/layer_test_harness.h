@@ -12,6 +12,7 @@
 #include "absl/types/span.h"
 #include "collectives/communicator.h"
 #include "collectives/mpi_communicator.h"
+#include "runtime/config.h"
 #include "runtime/device.h"
 #include "tests/multirank/multirank_test.h"
 #include "tests/reference/mla_reference.h"
@@ -38,6 +39,10 @@ struct Dims {
 // Small dims on CPU ranks; DeepSeek's head sizes (qk 192 / v 128, latent 576 / 512) on CUDA
 // ranks, the sizes the CUDA kernels are compiled for.
 Dims TestDims(int heads);
+
+// Options with the model's dims, this rank's place in a world of `world`, and a 60 s
+// collective timeout; the rest at their defaults.
+DcpOptions RankOptions(const Dims& d, int world, int rank);
 
 // fp32 storage on CPU ranks; bf16 storage (inputs, cache, projected K/V rounded) on CUDA ranks.
 double Tolerance();

@@ -115,17 +115,9 @@ struct RankRun {
 
 // The options of a scenario on this rank.
 DcpOptions ScenarioOptions(const Scenario& s, const Dims& d, int world, int rank) {
-  DcpOptions options;
-  options.model.num_heads = d.heads;
-  options.model.kv_lora_rank = d.r;
-  options.model.qk_nope_head_dim = d.dn;
-  options.model.qk_rope_head_dim = d.dr;
-  options.model.v_head_dim = d.dv;
-  options.dcp.world_size = world;
-  options.dcp.rank = rank;
+  DcpOptions options = RankOptions(d, world, rank);
   options.dcp.interleave = s.interleave;
   options.dcp.combine = s.combine;
-  options.dcp.comm_timeout_s = 60;
   options.scheduler.block_size = s.block_size;
   options.scheduler.max_num_seqs = s.max_num_seqs;
   options.scheduler.max_model_len = s.max_model_len;
