@@ -21,8 +21,10 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "runtime/dcp.h"
 #include "runtime/engine.h"
 #include "runtime/scratch.h"
 #include "tests/multirank/layer_test_harness.h"
@@ -161,11 +163,13 @@ struct StepBatch {
 
 class EngineSessionTest : public LayerRankTest {
  protected:
-  // Runs `steps` steps of one drawn session; every layer of every step is compared.
-  void RunSession(uint64_t seed, int steps);
+  // Runs `steps` steps of one drawn session; every layer of every step is compared. Through
+  // DcpEngine over the test's paged caches, or (`through_context`) through one DcpContext per
+  // layer over its self-owned cache: no prefix sharing there, rollbacks by TruncateRequest.
+  void RunSession(uint64_t seed, int steps, bool through_context);
 };
 
-void EngineSessionTest::RunSession(uint64_t seed, int steps) {
+void EngineSessionTest::RunSession(uint64_t seed, int steps, bool through_context) {
   std::mt19937_64 rng(seed);  // the same on every rank
   const Session s = DrawSession(rng, world());
   SCOPED_TRACE(::testing::Message() << "seed " << seed << ": " << Describe(s));
@@ -176,9 +180,14 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
   auto rank_device = MakeRankDevice(mpi_comm());
   ASSERT_TRUE(rank_device.ok()) << rank_device.status();
   Device& device = *rank_device->device;
-  auto made = DcpEngine::Create(SessionOptions(s, W, rank()), *rank_device->comm, device);
-  ASSERT_TRUE(made.ok()) << made.status();
-  DcpEngine& engine = **made;
+  const DcpOptions options = SessionOptions(s, W, rank());
+  std::unique_ptr<DcpEngine> engine;
+  std::unique_ptr<DcpContext> contexts[kLayers];
+  if (!through_context) {
+    auto made = DcpEngine::Create(options, *rank_device->comm, device);
+    ASSERT_TRUE(made.ok()) << made.status();
+    engine = std::move(made).value();
+  }
   const DType storage = device.storage_dtype();
 
   // The caches (NaN bytes until a step writes a row) and the weights of each layer.
@@ -191,11 +200,6 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
   const void* weights_uk[kLayers];
   const void* weights_uv[kLayers];
   for (int layer = 0; layer < kLayers; ++layer) {
-    const size_t bytes = size_t(num_blocks) * B * row_bytes;
-    auto data = caches[layer].Reserve(device, bytes);
-    ASSERT_TRUE(data.ok()) << data.status();
-    ASSERT_TRUE(device.Memset(*data, 0xff, bytes).ok());
-    cache_data[layer] = *data;
     std::vector<float> uk(size_t(hl) * d.dn * d.r), uv(size_t(hl) * d.r * d.dv);
     for (size_t i = 0; i < uk.size(); ++i) {
       uk[i] = Value(seed, kWUk + kTensors * layer, int64_t(rank()) * hl * d.dn * d.r + i, 0.3f);
@@ -203,6 +207,19 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
     for (size_t i = 0; i < uv.size(); ++i) {
       uv[i] = Value(seed, kWUv + kTensors * layer, int64_t(rank()) * hl * d.r * d.dv + i, 0.3f);
     }
+    if (through_context) {
+      const LayerWeights host{{uk.data(), DType::kF32, {hl, d.dn, d.r}},
+                              {uv.data(), DType::kF32, {hl, d.r, d.dv}}};
+      auto made = DcpContext::Create(options, *rank_device->comm, device, host);
+      ASSERT_TRUE(made.ok()) << made.status();
+      contexts[layer] = std::move(made).value();
+      continue;
+    }
+    const size_t bytes = size_t(num_blocks) * B * row_bytes;
+    auto data = caches[layer].Reserve(device, bytes);
+    ASSERT_TRUE(data.ok()) << data.status();
+    ASSERT_TRUE(device.Memset(*data, 0xff, bytes).ok());
+    cache_data[layer] = *data;
     auto staged_uk = Stage(device, w_uk[layer], {uk.data(), DType::kF32, {hl, d.dn, d.r}}, storage);
     auto staged_uv = Stage(device, w_uv[layer], {uv.data(), DType::kF32, {hl, d.r, d.dv}}, storage);
     ASSERT_TRUE(staged_uk.ok() && staged_uv.ok());
@@ -222,16 +239,21 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
   int64_t next_id = 1, next_key = 1;
   // The rank's blocks for local rows [0, LocalLength(length)).
   auto grow = [&](Request& r, int length) {
+    if (through_context) return;  // the context's own allocator
     const int64_t need = (LocalLength(length, I, W, rank()) + B - 1) / B;
     while (int64_t(r.blocks.size()) < need) r.blocks.push_back(pool.Take());
   };
   auto finish = [&](size_t i) {
+    for (auto& ctx : contexts) {
+      if (ctx != nullptr) EXPECT_TRUE(ctx->FreeRequest(live[i].id).ok());
+    }
     for (int32_t id : live[i].blocks) pool.Release(id);
     live.erase(live.begin() + i);
   };
 
   int checked_layers = 0;
   std::map<Route, int> routes;
+  std::unordered_map<int64_t, std::vector<double>> dequantized;  // fp8: by key * kLayers + layer
   for (int step = 0; step < steps; ++step) {
     SCOPED_TRACE(::testing::Message() << "step " << step);
     // The requests already running: finish, sit out, roll back, decode, verify, extend.
@@ -246,7 +268,12 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
       }
       if (action >= 2 && action < 5) {  // rejected drafts: the next seq_len is shorter
         const int drop = 1 + int(rng() % 3);
-        if (r.cached - drop >= std::max(r.pinned, 1)) r.cached -= drop;
+        if (r.cached - drop >= std::max(r.pinned, 1)) {
+          r.cached -= drop;
+          for (auto& ctx : contexts) {
+            if (ctx != nullptr) EXPECT_TRUE(ctx->TruncateRequest(r.id, r.cached).ok());
+          }
+        }
       }
       if (action == 5) {  // sits this step out
         ++i;
@@ -272,7 +299,7 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
       int q = 1 + int(rng() % (rng() % 4 == 0 ? 100 : 40));
       const int unit = W * B;
       const int donor = live.empty() ? -1 : int(rng() % live.size());
-      if (donor >= 0 && rng() % 3 == 0 && live[donor].cached >= unit &&
+      if (!through_context && donor >= 0 && rng() % 3 == 0 && live[donor].cached >= unit &&
           live[donor].cached < s.max_seq_len) {
         Request& from = live[donor];
         const int prefix = unit * (1 + int(rng() % (from.cached / unit)));
@@ -285,6 +312,9 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
         }
         r.cached = r.pinned = prefix;
         from.pinned = std::max(from.pinned, prefix);
+      }
+      for (auto& ctx : contexts) {
+        if (ctx != nullptr) EXPECT_TRUE(ctx->AddRequest(r.id).ok());
       }
       live.push_back(std::move(r));
       sb.members.push_back(int(live.size()) - 1);
@@ -328,7 +358,7 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
     // The slot of every new token on this rank, as vLLM's slot_mapping gives it (-1: another
     // rank's); passed on some steps, for Plan to check against the tables.
     std::vector<int64_t> slot_mapping;
-    for (size_t k = 0; k < b; ++k) {
+    for (size_t k = 0; k < b && !through_context; ++k) {
       const Request& r = live[members[k]];
       for (int64_t g = sb.batch[k].seq_len - sb.batch[k].query_len; g < sb.batch[k].seq_len; ++g) {
         const int64_t j = LocalRowOf(g, I, W);
@@ -336,7 +366,7 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
                                                           : -1);
       }
     }
-    if (rng() % 2 == 0) step_tables.slot_mapping = slot_mapping.data();
+    if (!through_context && rng() % 2 == 0) step_tables.slot_mapping = slot_mapping.data();
 
     // Tokens in caller order; top-k rows as an indexer gives them: every causal position while
     // there are at most K, else K of them (the newest kept), a few rows padded with -1.
@@ -362,7 +392,7 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
         }
       }
     }
-    if (rng() % 4 == 0) {
+    if (!through_context && rng() % 4 == 0) {
       // Bad tables on rank 0 first: a block id outside the cache, or negative, in a block the
       // request needs (rank 0 holds position 0, so every request needs its first block there),
       // or a slot mapping that disagrees with the tables at the first new token. The error on
@@ -381,22 +411,103 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
         if (rank() == 0) bad_slots[0] = bad_slots[0] < 0 ? 0 : bad_slots[0] + 1;
         bad_tables.slot_mapping = bad_slots.data();
       }
-      const absl::Status refused = engine.Plan(sb.batch, bad_tables, sb.give_topk ? K : 0);
+      const absl::Status refused = engine->Plan(sb.batch, bad_tables, sb.give_topk ? K : 0);
       EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
       EXPECT_NE(refused.message().find(named), std::string::npos) << refused;
-      const absl::Status unplanned = engine.Run({weights_uk[0], weights_uv[0]}, cache_view(0), {});
+      const absl::Status unplanned = engine->Run({weights_uk[0], weights_uv[0]}, cache_view(0), {});
       EXPECT_NE(unplanned.message().find("before a successful Plan"), std::string::npos)
           << unplanned;
     }
-    const absl::Status planned = engine.Plan(sb.batch, step_tables, sb.give_topk ? K : 0);
-    ASSERT_TRUE(planned.ok()) << planned;
-    const Route route = engine.plan().route;
-    ++routes[route];
+    if (!through_context) {
+      const absl::Status planned = engine->Plan(sb.batch, step_tables, sb.give_topk ? K : 0);
+      ASSERT_TRUE(planned.ok()) << planned;
+    }
 
     for (int layer = 0; layer < kLayers; ++layer) {
       SCOPED_TRACE(::testing::Message() << "layer " << layer);
       const uint64_t qseed = Mix(seed ^ Mix(uint64_t(step) * kLayers + layer + 1));
-      // The whole problem (reference) and this rank's inputs, both in caller order.
+      auto q_value = [&](int tensor, int64_t token, int h, int width_of, int c) {
+        return Value(qseed, tensor, (token * d.heads + h) * width_of + c, 1.0f);
+      };
+      // This rank's inputs, caller order: its heads of the queries, the new tokens' rows.
+      std::vector<float> q_nope, q_rope, kv_new;
+      for (size_t k = 0; k < b; ++k) {
+        const Request& r = live[members[k]];
+        const int seq = int(sb.batch[k].seq_len), q_len = int(sb.batch[k].query_len);
+        for (int q = 0; q < q_len; ++q) {
+          const int64_t token = token_begin[k] + q;
+          for (int h = rank() * hl; h < (rank() + 1) * hl; ++h) {
+            for (int c = 0; c < d.dn; ++c) q_nope.push_back(q_value(kQNope, token, h, d.dn, c));
+            for (int c = 0; c < d.dr; ++c) q_rope.push_back(q_value(kQRope, token, h, d.dr, c));
+          }
+          const int64_t key = r.row_keys[seq - q_len + q];
+          for (int c = 0; c < d.r; ++c) kv_new.push_back(RowValue(seed, layer, kKvC, key, d.r, c));
+          for (int c = 0; c < d.dr; ++c) kv_new.push_back(RowValue(seed, layer, kKPe, key, d.dr, c));
+        }
+      }
+
+      const bool bf16_out = rng() % 2 == 0;
+      std::vector<float> out(size_t(t) * hl * d.dv, std::nanf("")), lse(size_t(t) * hl);
+      std::vector<uint16_t> out_bits(bf16_out ? out.size() : 0, 0x7fc0);  // bf16 NaN
+      Route route = Route::kSparseMqa;
+      if (through_context) {
+        BatchInputs inputs{{q_nope.data(), DType::kF32, {t, hl, d.dn}},
+                           {q_rope.data(), DType::kF32, {t, hl, d.dr}},
+                           {kv_new.data(), DType::kF32, {t, width}},
+                           {}};
+        if (sb.give_topk) inputs.topk = {topk.data(), DType::kI32, {t, K}};
+        std::fill(lse.begin(), lse.end(), std::nanf(""));
+        BatchOutputs outputs{{out.data(), DType::kF32, {t, hl, d.dv}},
+                             {lse.data(), DType::kF32, {t, hl}}};
+        if (bf16_out) outputs.out = {out_bits.data(), DType::kBF16, {t, hl, d.dv}};
+        const absl::Status ran = contexts[layer]->Forward(sb.batch, inputs, outputs);
+        ASSERT_TRUE(ran.ok()) << ran;
+        route = contexts[layer]->last_stats().route;
+      } else {
+        ScratchBuffer qn, qr, kn, tk, ob, lb;
+        auto d_q_nope = Stage(device, qn, {q_nope.data(), DType::kF32, {t, hl, d.dn}}, storage);
+        auto d_q_rope = Stage(device, qr, {q_rope.data(), DType::kF32, {t, hl, d.dr}}, storage);
+        auto d_kv_new = Stage(device, kn, {kv_new.data(), DType::kF32, {t, width}}, storage);
+        absl::StatusOr<void*> d_topk = nullptr;
+        if (sb.give_topk) {
+          d_topk = Stage(device, tk, {topk.data(), DType::kI32, {t, K}}, DType::kI32);
+        }
+        const size_t out_bytes = size_t(t) * hl * d.dv * (bf16_out ? 2 : 4);
+        auto d_out = ob.Reserve(device, out_bytes);
+        auto d_lse = lb.Reserve(device, size_t(t) * hl * 4);
+        for (const absl::Status& st : {d_q_nope.status(), d_q_rope.status(), d_kv_new.status(),
+                                       d_topk.status(), d_out.status(), d_lse.status()}) {
+          ASSERT_TRUE(st.ok()) << st;
+        }
+        ASSERT_TRUE(device.Memset(*d_out, 0xff, out_bytes).ok());  // NaN until written
+        ASSERT_TRUE(device.Memset(*d_lse, 0xff, size_t(t) * hl * 4).ok());
+        LayerTensors tensors{*d_q_nope,
+                             *d_q_rope,
+                             *d_kv_new,
+                             static_cast<const int32_t*>(*d_topk),
+                             *d_out,
+                             static_cast<float*>(*d_lse),
+                             bf16_out ? DType::kBF16 : DType::kF32};
+        const LayerWeightsView weights{weights_uk[layer], weights_uv[layer]};
+        absl::Status ran = engine->Run(weights, cache_view(layer), tensors);
+        if (ran.ok()) ran = device.Synchronize();
+        ASSERT_TRUE(ran.ok()) << ran;
+        if (bf16_out) {
+          ASSERT_TRUE(device.CopyToHost(out_bits.data(), *d_out, out_bytes).ok());
+        } else {
+          ASSERT_TRUE(device.CopyToHost(out.data(), *d_out, out_bytes).ok());
+        }
+        ASSERT_TRUE(device.CopyToHost(lse.data(), *d_lse, lse.size() * 4).ok());
+        route = engine->plan().route;
+      }
+      for (size_t i = 0; i < out_bits.size(); ++i) {
+        out[i] = std::bit_cast<float>(uint32_t{out_bits[i]} << 16);
+      }
+      if (layer == 0) ++routes[route];
+
+      // The whole problem in caller order, for the reference. With fp8_ds_mla the keys read
+      // from the cache are the dequantized rows; the dense route reads a prompt's new tokens
+      // fresh (DESIGN.md / FORMATS.md), every other key from the cache.
       reference::MlaProblem whole;
       whole.num_heads = d.heads;
       whole.kv_lora_rank = d.r;
@@ -409,30 +520,26 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
       for (int64_t i = 0; i < int64_t(d.heads) * d.r * d.dv; ++i) {
         whole.w_uv.push_back(Value(seed, kWUv + kTensors * layer, i, 0.3f));
       }
-      std::vector<float> q_nope, q_rope, kv_new;
       std::vector<float> kv_c(d.r), k_pe(d.dr);
       for (size_t k = 0; k < b; ++k) {
         const Request& r = live[members[k]];
         const int seq = int(sb.batch[k].seq_len), q_len = int(sb.batch[k].query_len);
         whole.seq_lens.push_back(seq);
         whole.query_lens.push_back(q_len);
-        // The dense route reads a prefill's new tokens fresh; every other key from the cache.
         const bool fresh_new = route == Route::kDenseMha && q_len > s.decode_threshold;
         for (int g = 0; g < seq; ++g) {
           const int64_t key = r.row_keys[g];
           for (int c = 0; c < d.r; ++c) kv_c[c] = RowValue(seed, layer, kKvC, key, d.r, c);
           for (int c = 0; c < d.dr; ++c) k_pe[c] = RowValue(seed, layer, kKPe, key, d.dr, c);
-          if (g >= seq - q_len) {
-            kv_new.insert(kv_new.end(), kv_c.begin(), kv_c.end());
-            kv_new.insert(kv_new.end(), k_pe.begin(), k_pe.end());
-          }
           if (s.fp8 && !(fresh_new && g >= seq - q_len)) {
-            std::vector<float> stored_c(d.r), stored_pe(d.dr);
-            for (int c = 0; c < d.r; ++c) stored_c[c] = Stored(kv_c[c]);
-            for (int c = 0; c < d.dr; ++c) stored_pe[c] = Stored(k_pe[c]);
-            const std::vector<uint8_t> row =
-                reference::QuantizeFp8DsMlaRow(stored_c.data(), stored_pe.data());
-            const std::vector<double> values = reference::DequantizeFp8DsMlaRow(row.data());
+            // A row's dequantized values, once per (row, layer): the host quantizer is slow.
+            std::vector<double>& values = dequantized[key * kLayers + layer];
+            if (values.empty()) {
+              for (float& v : kv_c) v = Stored(v);
+              for (float& v : k_pe) v = Stored(v);
+              values = reference::DequantizeFp8DsMlaRow(
+                  reference::QuantizeFp8DsMlaRow(kv_c.data(), k_pe.data()).data());
+            }
             whole.kv_c.insert(whole.kv_c.end(), values.begin(), values.begin() + d.r);
             whole.k_pe.insert(whole.k_pe.end(), values.begin() + d.r, values.end());
           } else {
@@ -443,16 +550,8 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
         for (int q = 0; q < q_len; ++q) {
           const int64_t token = token_begin[k] + q;
           for (int h = 0; h < d.heads; ++h) {
-            for (int c = 0; c < d.dn; ++c) {
-              const float v = Value(qseed, kQNope, (token * d.heads + h) * d.dn + c, 1.0f);
-              whole.q_nope.push_back(v);
-              if (h / hl == rank()) q_nope.push_back(v);
-            }
-            for (int c = 0; c < d.dr; ++c) {
-              const float v = Value(qseed, kQRope, (token * d.heads + h) * d.dr + c, 1.0f);
-              whole.q_rope.push_back(v);
-              if (h / hl == rank()) q_rope.push_back(v);
-            }
+            for (int c = 0; c < d.dn; ++c) whole.q_nope.push_back(q_value(kQNope, token, h, d.dn, c));
+            for (int c = 0; c < d.dr; ++c) whole.q_rope.push_back(q_value(kQRope, token, h, d.dr, c));
           }
         }
       }
@@ -460,46 +559,6 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps) {
         whole.topk = topk;
         whole.topk_width = K;
       }
-
-      const bool bf16_out = rng() % 2 == 0;
-      ScratchBuffer qn, qr, kn, tk, ob, lb;
-      auto d_q_nope = Stage(device, qn, {q_nope.data(), DType::kF32, {t, hl, d.dn}}, storage);
-      auto d_q_rope = Stage(device, qr, {q_rope.data(), DType::kF32, {t, hl, d.dr}}, storage);
-      auto d_kv_new = Stage(device, kn, {kv_new.data(), DType::kF32, {t, width}}, storage);
-      absl::StatusOr<void*> d_topk = nullptr;
-      if (sb.give_topk) d_topk = Stage(device, tk, {topk.data(), DType::kI32, {t, K}}, DType::kI32);
-      const size_t out_bytes = size_t(t) * hl * d.dv * (bf16_out ? 2 : 4);
-      auto d_out = ob.Reserve(device, out_bytes);
-      auto d_lse = lb.Reserve(device, size_t(t) * hl * 4);
-      for (const absl::Status& st : {d_q_nope.status(), d_q_rope.status(), d_kv_new.status(),
-                                     d_topk.status(), d_out.status(), d_lse.status()}) {
-        ASSERT_TRUE(st.ok()) << st;
-      }
-      ASSERT_TRUE(device.Memset(*d_out, 0xff, out_bytes).ok());  // NaN until written
-      ASSERT_TRUE(device.Memset(*d_lse, 0xff, size_t(t) * hl * 4).ok());
-      LayerTensors tensors{*d_q_nope,
-                           *d_q_rope,
-                           *d_kv_new,
-                           static_cast<const int32_t*>(*d_topk),
-                           *d_out,
-                           static_cast<float*>(*d_lse),
-                           bf16_out ? DType::kBF16 : DType::kF32};
-      const LayerWeightsView weights{weights_uk[layer], weights_uv[layer]};
-      absl::Status ran = engine.Run(weights, cache_view(layer), tensors);
-      if (ran.ok()) ran = device.Synchronize();
-      ASSERT_TRUE(ran.ok()) << ran;
-
-      std::vector<float> out(size_t(t) * hl * d.dv), lse(size_t(t) * hl);
-      if (bf16_out) {
-        std::vector<uint16_t> bits(out.size());
-        ASSERT_TRUE(device.CopyToHost(bits.data(), *d_out, out_bytes).ok());
-        for (size_t i = 0; i < out.size(); ++i) {
-          out[i] = std::bit_cast<float>(uint32_t{bits[i]} << 16);
-        }
-      } else {
-        ASSERT_TRUE(device.CopyToHost(out.data(), *d_out, out_bytes).ok());
-      }
-      ASSERT_TRUE(device.CopyToHost(lse.data(), *d_lse, lse.size() * 4).ok());
       const reference::MlaResult ref = reference::ReferenceAttention(whole);
       ExpectRankOutputsMatch(out, lse, bf16_out, whole, ref, d, W, rank());
       if (::testing::Test::HasFatalFailure()) return;
@@ -523,7 +582,20 @@ TEST_F(EngineSessionTest, RandomSessionsMatchTheReferenceAtEveryStep) {
   if (const char* count = std::getenv("DCP_SESSION_COUNT"))
     sessions = std::max(1, std::atoi(count));
   for (int i = 0; i < sessions; ++i) {
-    RunSession(Mix(seed + i), 16);
+    RunSession(Mix(seed + i), 16, /*through_context=*/false);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The same sessions through the convenience layer (DcpContext, one per layer, each with its
+// self-owned cache and deterministic block allocator): arrivals, rollbacks by TruncateRequest,
+// finished requests freed and their blocks reused.
+TEST_F(EngineSessionTest, RandomSessionsThroughTheConvenienceLayer) {
+  const uint64_t seed = SharedSeed();
+  int sessions = UseCuda() ? 1 : 4;
+  if (const char* count = std::getenv("DCP_SESSION_COUNT")) sessions = std::max(1, std::atoi(count));
+  for (int i = 0; i < sessions; ++i) {
+    RunSession(Mix(seed + 1000 + i), 16, /*through_context=*/true);
     if (HasFatalFailure()) return;
   }
 }
