@@ -9,7 +9,9 @@
 // the sequences as they stand, whatever the route, combine, interleave, cache format (bf16 or
 // fp8_ds_mla), decode threshold, workspace size and output dtype the session drew. Some steps
 // pass the engine's slot mapping too; some first offer a bad block id or slot mapping on rank 0:
-// refused on every rank, and the step runs once the right tables are planned.
+// refused on every rank, and the step runs once the right tables are planned. The same sessions
+// run through DcpContext (one per layer); there some steps first pass a bad top-k entry in a
+// decode's row: refused on every rank, outputs untouched, and the step then runs as drawn.
 //
 // The request lifecycle is drawn from one seed every rank shares; block ids from a seed per rank.
 #include <algorithm>
@@ -422,6 +424,19 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps, bool through_contex
       const absl::Status planned = engine->Plan(sb.batch, step_tables, sb.give_topk ? K : 0);
       ASSERT_TRUE(planned.ok()) << planned;
     }
+    // Through the convenience layer, some steps first hand layer 0 a bad top-k entry in a
+    // decode's row (every route reads a decode's row): a future key or an index below -1.
+    // Refused on every rank, nothing committed: the step then runs as drawn.
+    int64_t bad_token = -1;
+    int32_t bad_value = 0;
+    if (through_context && sb.give_topk && rng() % 3 == 0) {
+      for (size_t k = 0; k < b && bad_token < 0; ++k) {
+        if (sb.batch[k].query_len <= s.decode_threshold) {
+          bad_token = token_begin[k];
+          bad_value = rng() % 2 ? int32_t(sb.batch[k].seq_len - sb.batch[k].query_len + 1) : -7;
+        }
+      }
+    }
 
     for (int layer = 0; layer < kLayers; ++layer) {
       SCOPED_TRACE(::testing::Message() << "layer " << layer);
@@ -460,6 +475,22 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps, bool through_contex
         BatchOutputs outputs{{out.data(), DType::kF32, {t, hl, d.dv}},
                              {lse.data(), DType::kF32, {t, hl}}};
         if (bf16_out) outputs.out = {out_bits.data(), DType::kBF16, {t, hl, d.dv}};
+        if (layer == 0 && bad_token >= 0) {
+          std::vector<int32_t> bad = topk;
+          bad[bad_token * K + int64_t(rng() % K)] = bad_value;
+          BatchInputs bad_inputs = inputs;
+          bad_inputs.topk = {bad.data(), DType::kI32, {t, K}};
+          const absl::Status refused = contexts[0]->Forward(sb.batch, bad_inputs, outputs);
+          EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+          EXPECT_NE(refused.message().find(bad_value < 0 ? "is below -1" : "a future key"),
+                    std::string::npos)
+              << refused;
+          const bool untouched =
+              std::all_of(lse.begin(), lse.end(), [](float v) { return std::isnan(v); }) &&
+              std::all_of(out.begin(), out.end(), [](float v) { return std::isnan(v); }) &&
+              std::all_of(out_bits.begin(), out_bits.end(), [](uint16_t v) { return v == 0x7fc0; });
+          EXPECT_TRUE(untouched) << "a refused Forward wrote its outputs";
+        }
         const absl::Status ran = contexts[layer]->Forward(sb.batch, inputs, outputs);
         ASSERT_TRUE(ran.ok()) << ran;
         route = contexts[layer]->last_stats().route;
