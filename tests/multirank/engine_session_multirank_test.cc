@@ -118,7 +118,9 @@ struct Request {
 };
 
 // This rank's block pool: ids handed out in a random order, reference-counted (prefix blocks
-// belong to several requests).
+// belong to several requests); a freed block is the next one handed out, with its previous
+// owner's rows still in it (a read of a row the new owner did not write is then a wrong value,
+// not a NaN).
 class BlockPool {
  public:
   BlockPool(int64_t num_blocks, uint64_t seed) : refs_(num_blocks, 0) {
@@ -133,16 +135,21 @@ class BlockPool {
     const int32_t id = free_.back();
     free_.pop_back();
     refs_[id] = 1;
+    reused_ += used_before_[id];
+    used_before_[id] = true;
     return id;
   }
+  int reused() const { return reused_; }
   void Share(int32_t id) { ++refs_[id]; }
   void Release(int32_t id) {
-    if (--refs_[id] == 0) free_.insert(free_.begin(), id);  // reused last: stale rows linger
+    if (--refs_[id] == 0) free_.push_back(id);
   }
 
  private:
   std::vector<int32_t> free_;
   std::vector<int> refs_;
+  std::vector<bool> used_before_ = std::vector<bool>(refs_.size(), false);
+  int reused_ = 0;
 };
 
 // Values: a row's kv_c / k_pe from its key and layer; weights from the layer; queries from
@@ -599,9 +606,10 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps, bool through_contex
   }
   EXPECT_GE(checked_layers, steps);  // most steps ran (a step without requests is skipped)
   if (rank() == 0) {
-    std::printf("session %s: %d layers checked (%d dense-route steps, %d sparse-route)\n",
+    std::printf("session %s: %d layers checked (%d dense-route steps, %d sparse-route), %d "
+                "blocks handed out again\n",
                 Describe(s).c_str(), checked_layers, routes[Route::kDenseMha],
-                routes[Route::kSparseMqa]);
+                routes[Route::kSparseMqa], pool.reused());
   }
 }
 
