@@ -385,6 +385,10 @@ std::string BenchUsage(const char* program) {
       "               algbw, busbw (nccl-tests factors) and #wrong from a built-in check;\n"
       "               over NCCL also all_gather, reduce_scatter, all_to_all and ws_fill against\n"
       "               raw NCCL calls on the same bytes (table _nccl: ratio, fill)\n"
+      "  engine       the layer as an engine runs it (DcpEngine: Plan once per step, Run per\n"
+      "               layer over an engine-owned paged cache): plan and host us, eager and\n"
+      "               graph-replayed layer time (CUDA ranks over NCCL), the captured kernels'\n"
+      "               sum, the GPU's busy time (CUPTI) and the overhead beyond it\n"
       "Exit status: 0 ok, 1 a run failed or #wrong > 0, 2 bad command line.\n\nflags:\n",
       program);
   for (const Flag& flag : Flags()) {
