@@ -41,7 +41,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
     ${DCP_CUDNN_FRONTEND_INCLUDE_DIR:+-DDCP_CUDNN_FRONTEND_INCLUDE_DIR="$DCP_CUDNN_FRONTEND_INCLUDE_DIR"} \
     >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 if ! ninja -C "$build" -k 0 attention_cuda_test engine_graph_test cuda_device_test \
-    worker_multirank_test engine_session_multirank_test dcp_bench >>"$out/build.log" 2>&1; then
+    worker_multirank_test engine_workload_multirank_test dcp_bench >>"$out/build.log" 2>&1; then
   grep -E "error|FAILED" "$out/build.log" | head -30
   note "build: FAILED"
   failures=$((failures + 1))
@@ -78,10 +78,10 @@ if has_step tests; then
       ${DCP_WORKER_FILTER:+--gtest_filter="$DCP_WORKER_FILTER"}
   # Many steps over one engine (its staging ring wraps, scratch is reused), with and without.
   for batched in 0 1; do
-    run_test "engine session cuda np 1 batched uploads $batched" env DCP_BATCH_UPLOADS=$batched \
-        DCP_TEST_DEVICE=cuda DCP_SESSION_COUNT=3 mpirun --allow-run-as-root --oversubscribe \
+    run_test "engine workload cuda np 1 batched uploads $batched" env DCP_BATCH_UPLOADS=$batched \
+        DCP_TEST_DEVICE=cuda DCP_WORKLOAD_COUNT=3 mpirun --allow-run-as-root --oversubscribe \
         --bind-to none -np 1 --mca pml ob1 --mca btl self,vader,tcp \
-        "$build/tests/multirank/engine_session_multirank_test"
+        "$build/tests/multirank/engine_workload_multirank_test"
   done
 fi
 

@@ -1,5 +1,5 @@
 // What the layer-level multi-rank tests share (worker_multirank_test,
-// engine_session_multirank_test): values as pure functions of (seed, tensor, index), the model dims
+// engine_workload_multirank_test): values as pure functions of (seed, tensor, index), the model dims
 // per device, the rank's device and data-plane communicator, the comparison of one rank's heads
 // against the float64 reference, and the fixture that skips a CUDA run on a machine without a GPU
 // (or fails it with DCP_REQUIRE_GPU=1).

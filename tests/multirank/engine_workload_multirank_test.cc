@@ -1,4 +1,4 @@
-// A random engine session: DcpEngine driven as an inference engine drives it, over many steps.
+// A random engine workload: DcpEngine driven as an inference engine drives it, over many steps.
 // Requests arrive (fresh prefills, or extends that start on a live request's prefix blocks, as
 // prefix caching does), decode, verify drafts and roll rejected ones back (a shorter seq_len
 // the next time they run), sit steps out, and finish (their blocks go back to the rank's pool and
@@ -7,9 +7,9 @@
 // table entries past what a request needs hold garbage; the caches start as NaN, so a read of a
 // row no step wrote cannot pass. Every layer of every step must equal the float64 reference of
 // the sequences as they stand, whatever the route, combine, interleave, cache format (bf16 or
-// fp8_ds_mla), decode threshold, workspace size and output dtype the session drew. Some steps
+// fp8_ds_mla), decode threshold, workspace size and output dtype the workload drew. Some steps
 // pass the engine's slot mapping too; some first offer a bad block id or slot mapping on rank 0:
-// refused on every rank, and the step runs once the right tables are planned. The same sessions
+// refused on every rank, and the step runs once the right tables are planned. The same workloads
 // run through DcpContext (one per layer); there some steps first pass a bad top-k entry in a
 // decode's row: refused on every rank, outputs untouched, and the step then runs as drawn.
 //
@@ -39,8 +39,8 @@ namespace {
 constexpr int kLayers = 2;
 enum Tensor { kQNope = 1, kQRope, kKvC, kKPe, kWUk, kWUv, kTensors };
 
-// What one session draws: the options every rank runs with.
-struct Session {
+// What one workload draws: the options every rank runs with.
+struct Workload {
   Dims dims;
   int block_size = 16, interleave = 1, index_topk = 64, decode_threshold = 1;
   CombineBackend combine = CombineBackend::kAllGatherReduceScatter;
@@ -49,7 +49,7 @@ struct Session {
   int max_seq_len = 160;
 };
 
-std::string Describe(const Session& s) {
+std::string Describe(const Workload& s) {
   std::string text = "B " + std::to_string(s.block_size) + " I " + std::to_string(s.interleave) +
                      " K " + std::to_string(s.index_topk) + " threshold " +
                      std::to_string(s.decode_threshold) + " combine " +
@@ -59,8 +59,8 @@ std::string Describe(const Session& s) {
   return text;
 }
 
-Session DrawSession(std::mt19937_64& rng, int world) {
-  Session s;
+Workload DrawWorkload(std::mt19937_64& rng, int world) {
+  Workload s;
   s.fp8 = rng() % 3 == 0;
   s.dims = TestDims(UseCuda() ? 8 : 2 * world);
   if (s.fp8) {  // fp8_ds_mla is defined for R = 512, Dr = 64
@@ -80,7 +80,7 @@ Session DrawSession(std::mt19937_64& rng, int world) {
   return s;
 }
 
-DcpOptions SessionOptions(const Session& s, int world, int rank) {
+DcpOptions WorkloadOptions(const Workload& s, int world, int rank) {
   DcpOptions options = RankOptions(s.dims, world, rank);
   options.dcp.interleave = s.interleave;
   options.dcp.combine = s.combine;
@@ -170,17 +170,17 @@ struct StepBatch {
   bool give_topk = false;
 };
 
-class EngineSessionTest : public LayerRankTest {
+class EngineWorkloadTest : public LayerRankTest {
  protected:
-  // Runs `steps` steps of one drawn session; every layer of every step is compared. Through
+  // Runs `steps` steps of one drawn workload; every layer of every step is compared. Through
   // DcpEngine over the test's paged caches, or (`through_context`) through one DcpContext per
   // layer over its self-owned cache: no prefix sharing there, rollbacks by TruncateRequest.
-  void RunSession(uint64_t seed, int steps, bool through_context);
+  void RunWorkload(uint64_t seed, int steps, bool through_context);
 };
 
-void EngineSessionTest::RunSession(uint64_t seed, int steps, bool through_context) {
+void EngineWorkloadTest::RunWorkload(uint64_t seed, int steps, bool through_context) {
   std::mt19937_64 rng(seed);  // the same on every rank
-  const Session s = DrawSession(rng, world());
+  const Workload s = DrawWorkload(rng, world());
   SCOPED_TRACE(::testing::Message() << "seed " << seed << ": " << Describe(s));
   const Dims& d = s.dims;
   const int hl = d.heads / world(), width = d.r + d.dr, B = s.block_size;
@@ -189,7 +189,7 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps, bool through_contex
   auto rank_device = MakeRankDevice(mpi_comm());
   ASSERT_TRUE(rank_device.ok()) << rank_device.status();
   Device& device = *rank_device->device;
-  const DcpOptions options = SessionOptions(s, W, rank());
+  const DcpOptions options = WorkloadOptions(s, W, rank());
   std::unique_ptr<DcpEngine> engine;
   std::unique_ptr<DcpContext> contexts[kLayers];
   if (!through_context) {
@@ -606,35 +606,35 @@ void EngineSessionTest::RunSession(uint64_t seed, int steps, bool through_contex
   }
   EXPECT_GE(checked_layers, steps);  // most steps ran (a step without requests is skipped)
   if (rank() == 0) {
-    std::printf("session %s: %d layers checked (%d dense-route steps, %d sparse-route), %d "
+    std::printf("workload %s: %d layers checked (%d dense-route steps, %d sparse-route), %d "
                 "blocks handed out again\n",
                 Describe(s).c_str(), checked_layers, routes[Route::kDenseMha],
                 routes[Route::kSparseMqa], pool.reused());
   }
 }
 
-// Sessions of 16 steps; each draws its own options. DCP_SESSION_COUNT sets how many (the
+// Workloads of 16 steps; each draws its own options. DCP_WORKLOAD_COUNT sets how many (the
 // sanitizer stage and a GPU run may want fewer or more).
-TEST_F(EngineSessionTest, RandomSessionsMatchTheReferenceAtEveryStep) {
+TEST_F(EngineWorkloadTest, RandomWorkloadsMatchTheReferenceAtEveryStep) {
   const uint64_t seed = SharedSeed();
-  int sessions = UseCuda() ? 2 : 8;  // the float64 reference at DeepSeek dims is slow
-  if (const char* count = std::getenv("DCP_SESSION_COUNT"))
-    sessions = std::max(1, std::atoi(count));
-  for (int i = 0; i < sessions; ++i) {
-    RunSession(Mix(seed + i), 16, /*through_context=*/false);
+  int workloads = UseCuda() ? 2 : 8;  // the float64 reference at DeepSeek dims is slow
+  if (const char* count = std::getenv("DCP_WORKLOAD_COUNT"))
+    workloads = std::max(1, std::atoi(count));
+  for (int i = 0; i < workloads; ++i) {
+    RunWorkload(Mix(seed + i), 16, /*through_context=*/false);
     if (HasFatalFailure()) return;
   }
 }
 
-// The same sessions through the convenience layer (DcpContext, one per layer, each with its
+// The same workloads through the convenience layer (DcpContext, one per layer, each with its
 // self-owned cache and deterministic block allocator): arrivals, rollbacks by TruncateRequest,
 // finished requests freed and their blocks reused.
-TEST_F(EngineSessionTest, RandomSessionsThroughTheConvenienceLayer) {
+TEST_F(EngineWorkloadTest, RandomWorkloadsThroughTheConvenienceLayer) {
   const uint64_t seed = SharedSeed();
-  int sessions = UseCuda() ? 1 : 4;
-  if (const char* count = std::getenv("DCP_SESSION_COUNT")) sessions = std::max(1, std::atoi(count));
-  for (int i = 0; i < sessions; ++i) {
-    RunSession(Mix(seed + 1000 + i), 16, /*through_context=*/true);
+  int workloads = UseCuda() ? 1 : 4;
+  if (const char* count = std::getenv("DCP_WORKLOAD_COUNT")) workloads = std::max(1, std::atoi(count));
+  for (int i = 0; i < workloads; ++i) {
+    RunWorkload(Mix(seed + 1000 + i), 16, /*through_context=*/true);
     if (HasFatalFailure()) return;
   }
 }
