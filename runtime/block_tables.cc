@@ -51,8 +51,7 @@ absl::Status BlockTables::AddRequest(int64_t request_id, int64_t capacity_tokens
 absl::Status BlockTables::Grow(int64_t request_id, int64_t seq_len) {
   auto it = tables_.find(request_id);
   DCP_CHECK_ARG(it != tables_.end(), "request %d is not registered", request_id);
-  const int64_t rows = layout_.local_length(seq_len, 0);
-  const int64_t needed = (rows + block_size_ - 1) / block_size_;
+  const int64_t needed = BlocksFor(seq_len);
   const int64_t have = static_cast<int64_t>(it->second.size());
   if (needed <= have) return absl::OkStatus();
   return allocator_.Allocate(static_cast<int>(needed - have), &it->second);
@@ -61,8 +60,7 @@ absl::Status BlockTables::Grow(int64_t request_id, int64_t seq_len) {
 absl::Status BlockTables::Shrink(int64_t request_id, int64_t seq_len) {
   auto it = tables_.find(request_id);
   DCP_CHECK_ARG(it != tables_.end(), "request %d is not registered", request_id);
-  const int64_t rows = layout_.local_length(seq_len, 0);
-  const int64_t needed = (rows + block_size_ - 1) / block_size_;
+  const int64_t needed = BlocksFor(seq_len);
   std::vector<int32_t>& blocks = it->second;
   if (needed >= static_cast<int64_t>(blocks.size())) return absl::OkStatus();
   allocator_.Free(absl::MakeConstSpan(blocks).subspan(needed));

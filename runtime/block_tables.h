@@ -48,8 +48,8 @@ class BlockTables {
   // Makes room for `seq_len` global tokens (no-op when there is room). Blocks follow rank 0's
   // local length, the largest of any rank, so that tables agree across ranks.
   absl::Status Grow(int64_t request_id, int64_t seq_len);
-  // Returns the blocks past those `seq_len` global tokens need (rank 0's local length, as Grow)
-  // to the pool: the same blocks on every rank.
+  // Returns the blocks past those `seq_len` global tokens need to the pool: the same blocks on
+  // every rank.
   absl::Status Shrink(int64_t request_id, int64_t seq_len);
   absl::Status FreeRequest(int64_t request_id);
   bool HasRequest(int64_t request_id) const { return tables_.contains(request_id); }
@@ -61,6 +61,12 @@ class BlockTables {
   absl::StatusOr<int64_t> slot(int64_t request_id, int64_t g) const;
 
  private:
+  // Blocks a request of `seq_len` global tokens holds: rank 0's local length (the largest of
+  // any rank) in blocks, so that tables agree across ranks.
+  int64_t BlocksFor(int64_t seq_len) const {
+    return (layout_.local_length(seq_len, 0) + block_size_ - 1) / block_size_;
+  }
+
   int block_size_;
   KvLayout layout_;
   int rank_;
