@@ -37,7 +37,8 @@ fi
 ctest_filter=()
 if [ "$quick" -eq 1 ]; then
   cmake --build "$build_dir" --parallel "$(nproc)" --target dcp_run dcp_bench make_problem \
-    fuzz_safetensors_problem fuzz_yaml_config fuzz_batch_spec batch_spec_test run_config_test \
+    fuzz_safetensors_problem fuzz_yaml_config fuzz_batch_spec fuzz_engine_step batch_spec_test \
+    run_config_test \
     safetensors_test limits_test problem_test synthetic_test
   ctest_filter=(-R "^(launch_|fuzz_|bench_long|dcp_run_version|dcp_bench_version|BatchSpecTest|RunConfigTest|SafetensorsTest|LimitsTest|ProblemTest|SyntheticTest)"
                 -E "launch_install_consumer")
