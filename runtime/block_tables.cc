@@ -5,7 +5,7 @@
 namespace dcp {
 
 BlockAllocator::BlockAllocator(int num_blocks)
-    : used_(static_cast<size_t>(num_blocks), false), num_free_(num_blocks) {}
+    : refs_(static_cast<size_t>(num_blocks), 0), num_free_(num_blocks) {}
 
 absl::Status BlockAllocator::Allocate(int count, std::vector<int32_t>* out) {
   if (count > num_free_) {
@@ -14,8 +14,8 @@ absl::Status BlockAllocator::Allocate(int count, std::vector<int32_t>* out) {
                      count, num_free_, num_blocks());
   }
   for (int i = 0, id = search_from_; i < count; ++id) {
-    if (!used_[id]) {
-      used_[id] = true;
+    if (refs_[id] == 0) {
+      refs_[id] = 1;
       out->push_back(id);
       ++i;
       search_from_ = id + 1;
@@ -25,10 +25,15 @@ absl::Status BlockAllocator::Allocate(int count, std::vector<int32_t>* out) {
   return absl::OkStatus();
 }
 
+void BlockAllocator::Share(absl::Span<const int32_t> blocks) {
+  for (int32_t id : blocks) {
+    if (refs_[id] > 0) ++refs_[id];
+  }
+}
+
 void BlockAllocator::Free(absl::Span<const int32_t> blocks) {
   for (int32_t id : blocks) {
-    if (used_[id]) {
-      used_[id] = false;
+    if (refs_[id] > 0 && --refs_[id] == 0) {
       ++num_free_;
       if (id < search_from_) search_from_ = id;
     }
@@ -66,6 +71,36 @@ absl::Status BlockTables::Shrink(int64_t request_id, int64_t seq_len) {
   allocator_.Free(absl::MakeConstSpan(blocks).subspan(needed));
   blocks.resize(needed);
   return absl::OkStatus();
+}
+
+absl::Status BlockTables::Fork(int64_t request_id, int64_t from_id, int64_t num_tokens) {
+  DCP_CHECK_ARG(!tables_.contains(request_id), "request %d is already registered", request_id);
+  auto from = tables_.find(from_id);
+  DCP_CHECK_ARG(from != tables_.end(), "request %d is not registered", from_id);
+  const int64_t unit = int64_t{block_size_} * layout_.world_size;
+  DCP_CHECK_ARG(num_tokens >= 0 && num_tokens % unit == 0,
+                "request %d can share only whole blocks of request %d: num_tokens %d must be a "
+                "multiple of block_size x world size = %d",
+                request_id, from_id, num_tokens, unit);
+  const int64_t blocks = BlocksFor(num_tokens);
+  DCP_CHECK_ARG(blocks <= static_cast<int64_t>(from->second.size()),
+                "request %d holds blocks for fewer than %d tokens", from_id, num_tokens);
+  std::vector<int32_t> shared(from->second.begin(), from->second.begin() + blocks);
+  allocator_.Share(shared);
+  tables_[request_id] = std::move(shared);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> BlockTables::PartlyKeptBlockIsShared(int64_t request_id,
+                                                         int64_t seq_len) const {
+  DCP_ASSIGN_OR_RETURN(auto blocks, table(request_id));
+  // Block k holds, on every rank, that rank's rows of positions [k B W, (k + 1) B W) (the
+  // interleave divides B): the block of position seq_len is partly kept unless seq_len starts
+  // one. Every rank answers alike.
+  const int64_t unit = int64_t{block_size_} * layout_.world_size;
+  const int64_t block = seq_len / unit;
+  if (seq_len % unit == 0 || block >= static_cast<int64_t>(blocks.size())) return false;
+  return allocator_.shared(blocks[block]);
 }
 
 absl::Status BlockTables::FreeRequest(int64_t request_id) {

@@ -17,18 +17,24 @@
 
 namespace dcp {
 
-// Lowest free id first, so that equal call sequences give equal tables on every rank.
+// Lowest free id first, so that equal call sequences give equal tables on every rank. Blocks
+// are reference-counted: a prefix shared by several requests (BlockTables::Fork) returns to the
+// pool when its last holder frees it.
 class BlockAllocator {
  public:
   explicit BlockAllocator(int num_blocks);
-  int num_blocks() const { return static_cast<int>(used_.size()); }
+  int num_blocks() const { return static_cast<int>(refs_.size()); }
   int num_free() const { return num_free_; }
   // Fails with ResourceExhausted (and allocates nothing) when fewer than `count` are free.
   absl::Status Allocate(int count, std::vector<int32_t>* out);
+  // One more holder of each block (allocated ones only).
+  void Share(absl::Span<const int32_t> blocks);
+  // One holder fewer; a block nobody holds is free again.
   void Free(absl::Span<const int32_t> blocks);
+  bool shared(int32_t id) const { return refs_[id] > 1; }
 
  private:
-  std::vector<bool> used_;
+  std::vector<int> refs_;
   int num_free_;
   int search_from_ = 0;
 };
@@ -51,6 +57,13 @@ class BlockTables {
   // Returns the blocks past those `seq_len` global tokens need to the pool: the same blocks on
   // every rank.
   absl::Status Shrink(int64_t request_id, int64_t seq_len);
+  // Registers `request_id` holding the first `num_tokens` tokens of `from_id` (prefix caching):
+  // it shares from_id's blocks of them, which must be whole on every rank (num_tokens a
+  // multiple of block_size x world size), and writes its own tokens into blocks of its own.
+  absl::Status Fork(int64_t request_id, int64_t from_id, int64_t num_tokens);
+  // Whether keeping the first `seq_len` tokens would leave the request's last block partly
+  // kept and shared with another request (a later write there would change the other's rows).
+  absl::StatusOr<bool> PartlyKeptBlockIsShared(int64_t request_id, int64_t seq_len) const;
   absl::Status FreeRequest(int64_t request_id);
   bool HasRequest(int64_t request_id) const { return tables_.contains(request_id); }
 

@@ -25,6 +25,9 @@ absl::Status DcpContext::FreeRequest(int64_t request_id) {
 absl::Status DcpContext::TruncateRequest(int64_t request_id, int64_t num_tokens) {
   return AgreeOnStatus(worker_->comm(), worker_->TruncateRequest(request_id, num_tokens));
 }
+absl::Status DcpContext::ForkRequest(int64_t request_id, int64_t from_id, int64_t num_tokens) {
+  return AgreeOnStatus(worker_->comm(), worker_->ForkRequest(request_id, from_id, num_tokens));
+}
 absl::Status DcpContext::LoadCachedKv(int64_t request_id, int64_t num_tokens,
                                       const TensorView& local_rows) {
   return AgreeOnStatus(worker_->comm(), worker_->LoadCachedKv(request_id, num_tokens, local_rows));

@@ -4,6 +4,7 @@
 //   auto ctx = dcp::DcpContext::Create(options, comm, device, weights);   // every rank
 //   ctx->AddRequest(id);                           // same calls, same order, on every rank
 //   ctx->Forward(batch, inputs, outputs);           // one attention layer for the batch
+//   ctx->ForkRequest(id, from, n);                 // prefix caching: share from's first n tokens
 //   ctx->TruncateRequest(id, n);                   // speculative decoding: drop rejected drafts
 //   ctx->FreeRequest(id);
 //
@@ -55,6 +56,12 @@ class DcpContext {
   // Forward gives the request seq_len - query_len == num_tokens. Blocks past the kept tokens go
   // back to the pool. A request shorter than num_tokens, or not registered: InvalidArgument.
   absl::Status TruncateRequest(int64_t request_id, int64_t num_tokens);
+  // Prefix caching: registers request_id holding from_id's first num_tokens cached tokens
+  // without copying them (the blocks are shared until both requests free them). num_tokens
+  // must be a multiple of block_size x world size (whole blocks on every rank) and at most
+  // from_id's cached tokens. Either request may then run, truncate (not into a shared block:
+  // InvalidArgument) or be freed independently.
+  absl::Status ForkRequest(int64_t request_id, int64_t from_id, int64_t num_tokens);
   // Places the request's first num_tokens cached tokens, as earlier steps would have left them:
   // local_rows are this rank's rows of them, [local_length(num_tokens, rank), R + Dr] in local
   // order. Replaces whatever was cached.

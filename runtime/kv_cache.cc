@@ -60,7 +60,24 @@ absl::Status KvCache::Truncate(int64_t request_id, int64_t num_tokens) {
   DCP_CHECK_ARG(num_tokens >= 0 && num_tokens <= cached,
                 "request %d: cannot keep %d tokens, it has %d cached", request_id, num_tokens,
                 cached);
+  DCP_ASSIGN_OR_RETURN(const bool shared, tables_.PartlyKeptBlockIsShared(request_id, num_tokens));
+  DCP_CHECK_ARG(!shared,
+                "request %d: cannot keep %d tokens: the block of token %d is shared with another "
+                "request (ForkRequest) and the next write there would change its rows; keep a "
+                "multiple of block_size x world size = %d",
+                request_id, num_tokens, num_tokens,
+                int64_t{tables_.block_size()} * tables_.layout().world_size);
   DCP_RETURN_IF_ERROR(tables_.Shrink(request_id, num_tokens));
+  cached_[request_id] = num_tokens;
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::Fork(int64_t request_id, int64_t from_id, int64_t num_tokens) {
+  const int64_t cached = cached_tokens(from_id);
+  DCP_CHECK_ARG(cached >= 0, "request %d is not registered", from_id);
+  DCP_CHECK_ARG(num_tokens <= cached, "request %d: cannot share %d tokens, it has %d cached",
+                from_id, num_tokens, cached);
+  DCP_RETURN_IF_ERROR(tables_.Fork(request_id, from_id, num_tokens));
   cached_[request_id] = num_tokens;
   return absl::OkStatus();
 }
@@ -93,6 +110,9 @@ absl::Status KvCache::Scatter(const void* rows, const std::vector<int32_t>& slot
 }
 
 absl::Status KvCache::Load(int64_t request_id, int64_t num_tokens, const TensorView& local_rows) {
+  // Whatever was cached is replaced, into blocks of the request's own: blocks it shared
+  // (Fork) keep the other requests' rows.
+  DCP_RETURN_IF_ERROR(tables_.Shrink(request_id, 0));
   DCP_RETURN_IF_ERROR(tables_.Grow(request_id, num_tokens));
   DCP_ASSIGN_OR_RETURN(void* staged, Stage(device_, staged_, local_rows, storage_));
   DCP_ASSIGN_OR_RETURN(auto table, tables_.table(request_id));

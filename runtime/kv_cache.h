@@ -52,7 +52,11 @@ class KvCache {
   absl::Status FreeRequest(int64_t request_id);
   // Keeps the request's first num_tokens cached tokens (0 <= num_tokens <= cached) and returns
   // the blocks past them to the pool: the rows after them were drafts the engine rejected.
+  // Refused where the block of token num_tokens is shared (Fork) and would be partly kept.
   absl::Status Truncate(int64_t request_id, int64_t num_tokens);
+  // Registers request_id with from_id's first num_tokens cached tokens, sharing their blocks
+  // (BlockTables::Fork: num_tokens a multiple of block_size x world size).
+  absl::Status Fork(int64_t request_id, int64_t from_id, int64_t num_tokens);
   // Places the request's first num_tokens tokens: local_rows [local_length(num_tokens), width]
   // in local order (already checked by the caller); quantized on the way in for fp8_ds_mla.
   absl::Status Load(int64_t request_id, int64_t num_tokens, const TensorView& local_rows);

@@ -88,6 +88,10 @@ absl::Status Worker::TruncateRequest(int64_t request_id, int64_t num_tokens) {
   return cache_->Truncate(request_id, num_tokens);
 }
 
+absl::Status Worker::ForkRequest(int64_t request_id, int64_t from_id, int64_t num_tokens) {
+  return cache_->Fork(request_id, from_id, num_tokens);
+}
+
 absl::Status Worker::LoadCachedKv(int64_t request_id, int64_t num_tokens,
                                   const TensorView& local_rows) {
   DCP_CHECK_ARG(cache_->has_request(request_id), "request %d is not registered", request_id);

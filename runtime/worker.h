@@ -34,6 +34,7 @@ class Worker {
   absl::Status AddRequest(int64_t request_id);
   absl::Status FreeRequest(int64_t request_id);
   absl::Status TruncateRequest(int64_t request_id, int64_t num_tokens);
+  absl::Status ForkRequest(int64_t request_id, int64_t from_id, int64_t num_tokens);
   absl::Status LoadCachedKv(int64_t request_id, int64_t num_tokens, const TensorView& local_rows);
   absl::Status Forward(absl::Span<const BatchRequest> batch, const BatchInputs& inputs,
                        const BatchOutputs& outputs);

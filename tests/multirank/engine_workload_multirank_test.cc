@@ -174,7 +174,8 @@ class EngineWorkloadTest : public LayerRankTest {
  protected:
   // Runs `steps` steps of one drawn workload; every layer of every step is compared. Through
   // DcpEngine over the test's paged caches, or (`through_context`) through one DcpContext per
-  // layer over its self-owned cache: no prefix sharing there, rollbacks by TruncateRequest.
+  // layer over its self-owned cache: prefixes shared by ForkRequest, rollbacks by
+  // TruncateRequest.
   void RunWorkload(uint64_t seed, int steps, bool through_context);
 };
 
@@ -260,7 +261,7 @@ void EngineWorkloadTest::RunWorkload(uint64_t seed, int steps, bool through_cont
     live.erase(live.begin() + i);
   };
 
-  int checked_layers = 0;
+  int checked_layers = 0, forks = 0;
   std::map<Route, int> routes;
   std::unordered_map<int64_t, std::vector<double>> dequantized;  // fp8: by key * kLayers + layer
   for (int step = 0; step < steps; ++step) {
@@ -308,22 +309,29 @@ void EngineWorkloadTest::RunWorkload(uint64_t seed, int steps, bool through_cont
       int q = 1 + int(rng() % (rng() % 4 == 0 ? 100 : 40));
       const int unit = W * B;
       const int donor = live.empty() ? -1 : int(rng() % live.size());
-      if (!through_context && donor >= 0 && rng() % 3 == 0 && live[donor].cached >= unit &&
+      int64_t forked_from = -1;
+      if (donor >= 0 && rng() % 3 == 0 && live[donor].cached >= unit &&
           live[donor].cached < s.max_seq_len) {
         Request& from = live[donor];
         const int prefix = unit * (1 + int(rng() % (from.cached / unit)));
         q = std::min(q, s.max_seq_len - prefix);
         r.row_keys.assign(from.row_keys.begin(), from.row_keys.begin() + prefix);
-        const int64_t shared = LocalLength(prefix, I, W, rank()) / B;
+        const int64_t shared = through_context ? 0 : LocalLength(prefix, I, W, rank()) / B;
         for (int64_t k = 0; k < shared; ++k) {
           r.blocks.push_back(from.blocks[k]);
           pool.Share(from.blocks[k]);
         }
         r.cached = r.pinned = prefix;
         from.pinned = std::max(from.pinned, prefix);
+        forked_from = from.id;
+        ++forks;
       }
       for (auto& ctx : contexts) {
-        if (ctx != nullptr) EXPECT_TRUE(ctx->AddRequest(r.id).ok());
+        if (ctx == nullptr) continue;
+        // The convenience layer's prefix caching: the context shares the blocks itself.
+        const absl::Status added = forked_from < 0 ? ctx->AddRequest(r.id)
+                                                   : ctx->ForkRequest(r.id, forked_from, r.cached);
+        EXPECT_TRUE(added.ok()) << added;
       }
       live.push_back(std::move(r));
       sb.members.push_back(int(live.size()) - 1);
@@ -606,10 +614,10 @@ void EngineWorkloadTest::RunWorkload(uint64_t seed, int steps, bool through_cont
   }
   EXPECT_GE(checked_layers, steps);  // most steps ran (a step without requests is skipped)
   if (rank() == 0) {
-    std::printf("workload %s: %d layers checked (%d dense-route steps, %d sparse-route), %d "
-                "blocks handed out again\n",
-                Describe(s).c_str(), checked_layers, routes[Route::kDenseMha],
-                routes[Route::kSparseMqa], pool.reused());
+    std::printf("workload %s%s: %d layers checked (%d dense-route steps, %d sparse-route), "
+                "%d requests on a shared prefix, %d blocks handed out again by the test\n",
+                Describe(s).c_str(), through_context ? " through DcpContext" : "", checked_layers,
+                routes[Route::kDenseMha], routes[Route::kSparseMqa], forks, pool.reused());
   }
 }
 
@@ -627,8 +635,8 @@ TEST_F(EngineWorkloadTest, RandomWorkloadsMatchTheReferenceAtEveryStep) {
 }
 
 // The same workloads through the convenience layer (DcpContext, one per layer, each with its
-// self-owned cache and deterministic block allocator): arrivals, rollbacks by TruncateRequest,
-// finished requests freed and their blocks reused.
+// self-owned cache and deterministic block allocator): arrivals (prefix sharing by
+// ForkRequest), rollbacks by TruncateRequest, finished requests freed and their blocks reused.
 TEST_F(EngineWorkloadTest, RandomWorkloadsThroughTheConvenienceLayer) {
   const uint64_t seed = SharedSeed();
   int workloads = UseCuda() ? 1 : 4;

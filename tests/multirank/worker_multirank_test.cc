@@ -1165,5 +1165,42 @@ TEST_F(WorkerTest, TruncateRequestRollsBackRejectedDrafts) {
   }
 }
 
+// Prefix caching through the convenience layer (ForkRequest): only whole blocks on every rank
+// are shared, never more than is cached, and a truncation that would leave a shared block
+// partly kept is refused while another request holds that block (and allowed once it is the
+// last holder). The values of shared prefixes are checked by engine_workload_multirank_test.
+TEST_F(WorkerTest, ForkRequestSharesWholeBlocksOnly) {
+  const uint64_t seed = SharedSeed();
+  const Dims dims = TestDims(UseCuda() ? 8 : 4 * world());
+  Scenario s;
+  s.seq_lens = {100};
+  s.query_lens = {20};
+  s.index_topk = 128;
+  const Problem p = BuildProblem(s, dims, seed);
+  absl::StatusOr<RankContext> rc = MakeLoadedContext(mpi_comm(), s, dims, p);
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  DcpContext& ctx = *rc->ctx;
+  ExpectMatchesReference(ForwardScenario(ctx, s, dims, p, world(), rank()), p, dims, world(),
+                         rank());  // request 100 now holds 100 tokens
+  const int unit = s.block_size * world(), prefix = unit * (100 / unit);
+  absl::Status st = ctx.ForkRequest(200, 100, unit + 1);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("must be a multiple of block_size x world size"), std::string::npos)
+      << st;
+  st = ctx.ForkRequest(200, 100, prefix + unit);
+  EXPECT_NE(st.message().find("cannot share"), std::string::npos) << st;
+  ASSERT_TRUE(ctx.ForkRequest(200, 100, prefix).ok());
+  st = ctx.ForkRequest(200, 100, prefix);
+  EXPECT_NE(st.message().find("already registered"), std::string::npos) << st;
+  for (int64_t id : {200, 100}) {
+    st = ctx.TruncateRequest(id, prefix - 1);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("is shared with another request"), std::string::npos) << st;
+  }
+  EXPECT_TRUE(ctx.TruncateRequest(100, prefix - unit).ok());  // whole blocks: allowed
+  ASSERT_TRUE(ctx.FreeRequest(100).ok());
+  EXPECT_TRUE(ctx.TruncateRequest(200, prefix - 1).ok());  // the last holder of its blocks
+}
+
 }  // namespace
 }  // namespace dcp::testing
