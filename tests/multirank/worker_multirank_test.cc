@@ -1202,5 +1202,39 @@ TEST_F(WorkerTest, ForkRequestSharesWholeBlocksOnly) {
   EXPECT_TRUE(ctx.TruncateRequest(200, prefix - 1).ok());  // the last holder of its blocks
 }
 
+// LoadCachedKv into a forked request replaces its rows in blocks of its own: the request it
+// shared a prefix with still reads its own rows (its next decode equals the reference).
+TEST_F(WorkerTest, LoadIntoAForkedRequestLeavesTheSharedPrefixAlone) {
+  const uint64_t seed = SharedSeed();
+  const Dims dims = TestDims(UseCuda() ? 8 : 4 * world());
+  EngineStep first;
+  first.scenario.seq_lens = {100};
+  first.scenario.query_lens = {20};
+  first.scenario.index_topk = 128;
+  first.problem = BuildProblem(first.scenario, dims, seed);
+  absl::StatusOr<RankContext> rc = MakeLoadedContext(mpi_comm(), first.scenario, dims,
+                                                     first.problem);
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  DcpContext& ctx = *rc->ctx;
+  ExpectMatchesReference(ForwardScenario(ctx, first.scenario, dims, first.problem, world(), rank()),
+                         first.problem, dims, world(), rank());
+  const int unit = first.scenario.block_size * world(), prefix = unit * (100 / unit);
+  ASSERT_TRUE(ctx.ForkRequest(300, 100, prefix).ok());
+  const int width = dims.r + dims.dr;
+  std::vector<float> rows;
+  int64_t count = 0;
+  for (int g = 0; g < prefix; ++g) {
+    if ((g / first.scenario.interleave) % world() != rank()) continue;
+    for (int c = 0; c < width; ++c) rows.push_back(Value(seed + 29, kKvC, g * width + c, 4.0f));
+    ++count;
+  }
+  ASSERT_TRUE(
+      ctx.LoadCachedKv(300, prefix, TensorView{rows.data(), DType::kF32, {count, width}}).ok());
+  // Request 100 decodes one more token over its own 100 rows.
+  const EngineStep next = RollbackStep(first, dims, /*rolled=*/0, /*keep=*/100, seed + 5);
+  ExpectMatchesReference(ForwardScenario(ctx, next.scenario, dims, next.problem, world(), rank()),
+                         next.problem, dims, world(), rank());
+}
+
 }  // namespace
 }  // namespace dcp::testing
