@@ -2,7 +2,7 @@
 # Everything that needs several GPUs (issue 16), on whatever number of GPUs this machine has, in
 # one call of the GPU tool (keep it under its 10-minute limit: DCP_STAGES runs a subset):
 #   suite        the whole CTest suite with DCP_REQUIRE_GPU=1, plus the NCCL multi-rank entries
-#                (worker, communicator) at np = number of GPUs;
+#                (worker, engine workloads, communicator) at np = number of GPUs;
 #   deepseek     dcp_run --config launch/configs/deepseek_v32.yaml at np = GPUs (one per GPU,
 #                NCCL) with --check, both combines, bf16 and fp8_ds_mla caches, on batches small
 #                enough for the check's CPU reference (the config's own take minutes there):
@@ -55,7 +55,8 @@ if has_stage suite; then
       >"$work/ctest.log" 2>&1 || failures=$((failures + 1))
   note "ctest: $(grep -E 'tests passed' "$work/ctest.log" | tail -1)"
   # NCCL at np = GPUs: one GPU per rank, so the NCCL tests that need it run instead of skipping.
-  for binary in multirank/worker_multirank_test multirank/cuda_communicator_multirank_test; do
+  for binary in multirank/worker_multirank_test multirank/engine_workload_multirank_test \
+      multirank/cuda_communicator_multirank_test; do
     DCP_TEST_DEVICE=cuda DCP_REQUIRE_GPU=1 timeout 240 "${mpi[@]}" -np "$gpus" \
         "$build/tests/$binary" >"$work/$(basename "$binary")_np$gpus.log" 2>&1
     code=$?
