@@ -662,11 +662,14 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
     return WriteFp8DsMlaRowsOn(device, w);
   }();
   // `replays` > 0: that many launches replayed from one CUDA graph (MeasureReplayed; the row's
-  // name ends in " x<replays>", time_us is theirs).
+  // name ends in " x<replays>", time_us is theirs). `bf16_out`: the output rows in bf16
+  // (SparseMqaParams::out_bf16, as the sparse route writes them where they feed the output
+  // projection directly, and as FlashMLA's published figures do): kernel "sparse_mqa_sm90_obf16".
   auto run_shape = [&](const Shape& shape, int kernel, int splits, bool fp8 = false,
-                       int block_heads = 0, int replays = 0) -> absl::Status {
+                       int block_heads = 0, int replays = 0, bool bf16_out = false) -> absl::Status {
     const std::string name =
-        absl::StrCat("sparse_mqa_", kernel == 2 ? "sm90" : "sm80", fp8 ? "_fp8" : "", " t",
+        absl::StrCat("sparse_mqa_", kernel == 2 ? "sm90" : "sm80", fp8 ? "_fp8" : "",
+                     bf16_out ? "_obf16" : "", " t",
                      shape.tokens, " h", shape.heads, " k", shape.keys,
                      splits > 0 ? absl::StrCat(" s", splits) : "",
                      block_heads > 0 ? absl::StrCat(" b", block_heads) : "",
@@ -684,6 +687,7 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
     }
     p.valid_counts = counts.as<int32_t>();
     p.out = out.as<float>(), p.lse = lse.as<float>();
+    if (bf16_out) p.out = nullptr, p.out_bf16 = out.data();
     p.dtype = DType::kBF16;
     p.num_tokens = shape.tokens, p.num_heads = shape.heads;
     p.head_dim = kWidth, p.v_dim = kValue, p.topk = kTopk, p.num_slots = kSlots;
@@ -709,6 +713,9 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
   for (const Shape& shape : shapes) {
     for (int kernel : {2, 1}) DCP_RETURN_IF_ERROR(run_shape(shape, kernel, 0));
     DCP_RETURN_IF_ERROR(run_shape(shape, 2, 0, /*fp8=*/true));
+    if (shape.tokens >= 1024 && shape.heads == 128) {
+      DCP_RETURN_IF_ERROR(run_shape(shape, 2, 0, /*fp8=*/false, 0, 0, /*bf16_out=*/true));
+    }
   }
   for (int splits : {1, 4, 8, 16, 32}) {
     for (int kernel : {2, 1}) DCP_RETURN_IF_ERROR(run_shape({1, 128, 2048}, kernel, splits));
@@ -743,6 +750,9 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
                              Shape{4096, 128, 2048, true}, Shape{1024, 128, 512, true}}) {
     for (bool fp8 : {false, true}) {
       DCP_RETURN_IF_ERROR(run_shape(shape, 2, 0, fp8, 0, shape.tokens <= 64 ? 16 : 0));
+    }
+    if (shape.tokens >= 1024) {
+      DCP_RETURN_IF_ERROR(run_shape(shape, 2, 0, /*fp8=*/false, 0, 0, /*bf16_out=*/true));
     }
   }
   return absl::OkStatus();
