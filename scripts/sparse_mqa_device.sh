@@ -24,13 +24,18 @@
 #      zero-fills the rows rather than reading them: the consumers' ceiling on the same rows;
 #   8. stage trace (extra): a profiling build of dcp_bench with -DDCP_SPARSE_MQA_TRACE (its own
 #      build folder) prints the wgmma kernel's phase timeline (attention/cuda/
-#      sparse_mqa_sm90_trace.cuh) for the rows of DCP_TRACE_ROWS.
+#      sparse_mqa_sm90_trace.cuh) for the rows of DCP_TRACE_ROWS;
+#   9. stage ab (extra): a second dcp_bench built with the CUDA defines of DCP_AB_FLAGS (default
+#      -DDCP_SPARSE_MQA_NO_L2_HINTS: the kernel without its L2 eviction hints), started beside
+#      the main build, and the kernels rows of DCP_BENCH_ARGS timed A B A B (A = this tree as
+#      built, B = the measurement build), one process each.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
 # "build test bench variants engine nopdl sanitize"; ncu, ncu_sections, ncu_engine, worker,
 # nogather and trace are extra), DCP_VARIANTS (stage variants: ';'-separated environments to bench under,
 # default the wgmma kernel's persistent CTAs), DCP_TEST_FILTER, DCP_TEST_TIMEOUT (seconds, default 180),
-# DCP_BENCH_ARGS (appended), DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k), DCP_TRACE_ROWS (kernel
+# DCP_BENCH_ARGS (appended), DCP_BENCH_ONLY (the kernels runs' --only: ','-separated row-name
+# prefixes, which may hold spaces), DCP_AB_FLAGS (stage ab), DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k), DCP_TRACE_ROWS (kernel
 # rows of stage trace, ';'-separated).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -63,6 +68,14 @@ if has_stage build; then
     tail -30 "$out/build.log"
     note "configure: FAILED"
     exit 1
+  fi
+  if has_stage ab; then  # the measurement build of stage ab, beside the main one
+    (cmake -S . -B "$build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
+        -DCMAKE_CXX_FLAGS="-include cstdint" \
+        -DCMAKE_CUDA_FLAGS="${DCP_AB_FLAGS:--DDCP_SPARSE_MQA_NO_L2_HINTS}" &&
+      ninja -C "$build-ab" -j "$(nproc)" dcp_bench) >"$out/ab_build.log" 2>&1 &
+    ab_pid=$!
   fi
   # shellcheck disable=SC2046  # an empty word when the worker stage is off
   if ! ninja -C "$build" -j "$(nproc)" attention_cuda_test fp8_cuda_test engine_graph_test dcp_bench \
@@ -119,7 +132,8 @@ run_kernels() {  # $1: csv name; the rest: environment for the run
   # shellcheck disable=SC2086
   env "$@" timeout 100 mpirun --allow-run-as-root --bind-to none -np 1 "$bench" --mode kernels \
       --device cuda --model deepseek_v32 --heads 128 --batches "$batches" -w 3 -n 20 -b 1M -e 1M \
-      --csv "/tmp/$name.csv" ${DCP_BENCH_ARGS:-} >"$out/$name.txt" 2>&1
+      --csv "/tmp/$name.csv" ${DCP_BENCH_ONLY:+--only "$DCP_BENCH_ONLY"} ${DCP_BENCH_ARGS:-} \
+      >"$out/$name.txt" 2>&1
   note "$name: exit $? ($(elapsed))"
   grep -E "copy_ceiling|gemm_ceiling|sparse_mqa|mqa|merge" "$out/$name.txt" | cut -c1-160 | tee -a "$summary"
   fp8_ratios "/tmp/$name.csv" | tee -a "$summary"
@@ -250,6 +264,39 @@ if has_stage nogather && [ "$hung" -eq 0 ]; then
   else
     tail -20 "$out/nogather_build.log" | tee -a "$summary"
     note "nogather build: FAILED ($(elapsed))"
+  fi
+fi
+
+# This tree against a measurement build with other CUDA defines (stage ab): the kernels rows of
+# DCP_BENCH_ARGS, A B A B in separate processes (machines and processes differ by a few %).
+if has_stage ab && [ "$hung" -eq 0 ]; then
+  if [ -n "${ab_pid:-}" ] && wait "$ab_pid"; then
+    note "ab build (${DCP_AB_FLAGS:--DDCP_SPARSE_MQA_NO_L2_HINTS}): ok ($(elapsed))"
+    for round in 1 2; do
+      for side in a b; do
+        exe="$bench"
+        [ "$side" = b ] && exe="$build-ab/launch/bench/dcp_bench"
+        # shellcheck disable=SC2086
+        timeout 100 mpirun --allow-run-as-root --bind-to none -np 1 "$exe" --mode kernels \
+            --device cuda --model deepseek_v32 --heads 128 --batches "${batches%%,*}" -w 3 -n 20 \
+            -b 1M -e 1M --csv "/tmp/ab_${side}${round}.csv" \
+            ${DCP_BENCH_ONLY:+--only "$DCP_BENCH_ONLY"} ${DCP_BENCH_ARGS:-} \
+            >"$out/ab_${side}${round}.txt" 2>&1
+        note "ab $side$round: exit $? ($(elapsed))"
+      done
+    done
+    # One line per row: A and B times (us) of both rounds and B / A.
+    awk -F, 'FNR == 1 { for (i = 1; i <= NF; ++i) col[$i] = i; f = FILENAME; next }
+      $col["kernel"] ~ /sparse_mqa/ { k = $col["kernel"]; t[k, f] = $col["time_us"]; seen[k] = 1 }
+      END { for (k in seen) {
+              a1 = t[k, "/tmp/ab_a1.csv"]; a2 = t[k, "/tmp/ab_a2.csv"]
+              b1 = t[k, "/tmp/ab_b1.csv"]; b2 = t[k, "/tmp/ab_b2.csv"]
+              if (a1 > 0 && a2 > 0 && b1 > 0 && b2 > 0)
+                printf "ab %-44s A %9.1f %9.1f  B %9.1f %9.1f  B/A %.3f\n", k, a1, a2, b1, b2, (b1 + b2) / (a1 + a2) } }' \
+        /tmp/ab_a1.csv /tmp/ab_b1.csv /tmp/ab_a2.csv /tmp/ab_b2.csv | sort | tee -a "$summary"
+  else
+    tail -20 "$out/ab_build.log" | tee -a "$summary"
+    note "ab build: FAILED ($(elapsed))"
   fi
 fi
 

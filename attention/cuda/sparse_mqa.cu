@@ -41,15 +41,6 @@ int PrefetchPairs() {
   return pairs;
 }
 
-// The wgmma kernel's L2 eviction hints (SparseMqaSplit::l2_hints, bits kSparseMqaL2*):
-// DCP_SPARSE_MQA_L2_HINTS = 0 (none) to 7, default kDefaultL2Hints.
-constexpr int kDefaultL2Hints = 0;
-int L2Hints() {
-  static const int hints =
-      static_cast<int>(KnobFromEnvironment("DCP_SPARSE_MQA_L2_HINTS", kDefaultL2Hints, 0, 7));
-  return hints;
-}
-
 // DCP_SPARSE_MQA_PERSISTENT: unset (-1) the launcher chooses (SparseMqaChoosePersistentCtas),
 // 0 one CTA per item, 1 one CTA per SM (for measurements).
 int PersistentFromEnvironment() {
@@ -285,7 +276,6 @@ absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {
   split.block_heads = kernel == 2 ? tiling.block_heads : kBlockHeads;
   split.prefetch_pairs = PrefetchPairs();
   split.rescale_slack = RescaleSlack();
-  split.l2_hints = L2Hints();
   // The grid in two steps: a forced one (params.sm90_ctas, DCP_SPARSE_MQA_PERSISTENT=1) here,
   // since it rules out the cluster merge below; a chosen one after the schedule, which it depends
   // on and which depends on the cluster merge.

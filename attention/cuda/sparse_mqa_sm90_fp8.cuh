@@ -74,7 +74,7 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
     const SparseMqaParams& p, const SparseMqaWork& work, int first_block, int num_pairs,
     int pairs_done, const uint32_t (&k_base)[2], uint32_t index_base, uint32_t ready_bar,
     uint32_t free_bar, const int32_t (&first_slots)[2][4], bool use_first_slots, int prefetch_pairs,
-    int l2_hints, LoadQ&& load_q) {
+    LoadQ&& load_q) {
   using namespace sm90;
   constexpr int kTileBytes = Config::kTileBytes;
   const int t = threadIdx.x % 128;
@@ -90,7 +90,6 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
   const uint32_t own_scale = TileChunk(group, 1);
   const uint32_t own_rope = (Config::kTiles - 1) * kTileBytes + TileChunk(group, lane8);
   const uint8_t* kv_lane = kv + 16 * lane8;  // this thread's 16 bytes of each 128-code tile
-  const uint64_t row_policy = Sm90L2Policy(l2_hints, kSparseMqaL2RowsLast, L2Priority::kLast);
   int32_t row_slot[2][4];                    // the cache slot of each row, or -1 when skipped
   auto load_rows = [&](int which, int block, bool first) {
 #pragma unroll
@@ -116,15 +115,15 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
       const uint32_t row = buffer + 2048 * r;
 #pragma unroll
       for (int f = 0; f < 2; ++f) {
-        CpAsync16PrefetchHint(row + 2 * (f0 + f) * kTileBytes + own_lo,
-                              src + (f0 + f) * fp8_ds_mla::kTileSize, valid, row_policy);
+        Sm90GatherChunk(row + 2 * (f0 + f) * kTileBytes + own_lo,
+                        src + (f0 + f) * fp8_ds_mla::kTileSize, valid);
       }
       if (lane8 == 0) {
-        CpAsync16Hint(row + 2 * f0 * kTileBytes + own_scale, src + fp8_ds_mla::kScaleOffset, valid,
-                      row_policy);
+        Sm90GatherChunk<false>(row + 2 * f0 * kTileBytes + own_scale,
+                               src + fp8_ds_mla::kScaleOffset, valid);
       }
       if (rope) {
-        CpAsync16Hint(row + own_rope, src + fp8_ds_mla::kRopeOffset, valid, row_policy);
+        Sm90GatherChunk<false>(row + own_rope, src + fp8_ds_mla::kRopeOffset, valid);
       }
     }
   };
@@ -133,7 +132,7 @@ __device__ __forceinline__ void SparseMqaSm90Fp8Producer(
   };
   auto prefetch_pair = [&](int ahead) {
     Sm90PrefetchPairRows(kv, fp8_ds_mla::kRowBytes, fp8_ds_mla::kRowBytes, token_indices,
-                         first_block, ahead, num_pairs, key_end, p.num_slots, t, row_policy);
+                         first_block, ahead, num_pairs, key_end, p.num_slots, t);
   };
   for (int ahead = 1; ahead < prefetch_pairs; ++ahead) prefetch_pair(ahead);
   // Every half only gathered (ready = landed): the consumers dequantize.

@@ -13,6 +13,48 @@
 
 namespace dcp::cuda {
 
+// L2 eviction priorities of the kernel's reads, as FlashMLA's sm90 sparse prefill sets them: the
+// gathered rows (and their L2 prefetches) evict_last, since a token's rows are read again by its
+// other head blocks and splits and, in a prefill, by the tokens near it; the Q tile evict_first
+// (read once). Without them the output stream (128 KiB of fp32 a 64-head item, 268 MB for 1024
+// tokens at 128 heads) pushes the rows out of L2. They do not change any result. Off in a
+// measurement build with -DDCP_SPARSE_MQA_NO_L2_HINTS (the plain instructions, as before).
+#ifdef DCP_SPARSE_MQA_NO_L2_HINTS
+inline constexpr bool kSm90L2Hints = false;
+#else
+inline constexpr bool kSm90L2Hints = true;
+#endif
+
+// 16 bytes of a gathered row (global -> shared, zero fill when !valid), with the 256-byte L2
+// prefetch (`prefetch`) or without.
+template <bool kPrefetch = true>
+__device__ __forceinline__ void Sm90GatherChunk(uint32_t smem, const void* global, bool valid) {
+  if constexpr (kSm90L2Hints && kPrefetch) {
+    sm90::CpAsync16PrefetchHint(smem, global, valid, sm90::L2PolicyEvictLast());
+  } else if constexpr (kSm90L2Hints) {
+    sm90::CpAsync16Hint(smem, global, valid, sm90::L2PolicyEvictLast());
+  } else if constexpr (kPrefetch) {
+    sm90::CpAsync16Prefetch(smem, global, valid);
+  } else {
+    CpAsync16(smem, global, valid);
+  }
+}
+// A row, or Q rows, into L2 (the bulk prefetch), at the rows' or Q's priority.
+__device__ __forceinline__ void Sm90PrefetchRow(const void* global, uint32_t bytes) {
+  if constexpr (kSm90L2Hints) {
+    sm90::PrefetchL2BulkHint(global, bytes, sm90::L2PolicyEvictLast());
+  } else {
+    sm90::PrefetchL2Bulk(global, bytes);
+  }
+}
+__device__ __forceinline__ void Sm90PrefetchQRow(const void* global, uint32_t bytes) {
+  if constexpr (kSm90L2Hints) {
+    sm90::PrefetchL2BulkHint(global, bytes, sm90::L2PolicyEvictFirst());
+  } else {
+    sm90::PrefetchL2Bulk(global, bytes);
+  }
+}
+
 // The 64 indices of `block` into index tile `which` (int32 [2][64] at index_base), for the
 // consumers' masks: zero past key_end (masked there). Threads 0-63 copy, one index each.
 __device__ __forceinline__ void Sm90CopyBlockIndices(uint32_t index_base,
@@ -25,56 +67,51 @@ __device__ __forceinline__ void Sm90CopyBlockIndices(uint32_t index_base,
   }
 }
 
-// The L2 policy (sm90::L2Policy) of the rows, the Q tile or the outputs under
-// SparseMqaSplit::l2_hints: `bit` set gives `hinted`, else the default priority.
-__device__ __forceinline__ uint64_t Sm90L2Policy(int l2_hints, int bit, sm90::L2Priority hinted) {
-  return sm90::L2Policy((l2_hints & bit) != 0 ? hinted : sm90::L2Priority::kNormal);
-}
-
 // The 128 rows of pair `ahead` (blocks first_block + 2 ahead and the next) into L2, one bulk
-// prefetch of row_bytes at kv + slot * row_stride_bytes a thread (key t of the pair) under
-// `policy`; nothing past the split's pairs, its keys, or for slots outside [0, num_slots).
+// prefetch of row_bytes at kv + slot * row_stride_bytes a thread (key t of the pair); nothing
+// past the split's pairs, its keys, or for slots outside [0, num_slots).
 __device__ __forceinline__ void Sm90PrefetchPairRows(const uint8_t* kv, int64_t row_stride_bytes,
                                                      uint32_t row_bytes,
                                                      const int32_t* token_indices, int first_block,
                                                      int ahead, int num_pairs, int key_end,
-                                                     int num_slots, int t, uint64_t policy) {
+                                                     int num_slots, int t) {
   const int key = (first_block + 2 * ahead) * 64 + t;
   if (ahead >= num_pairs || key >= key_end) return;
   const int64_t slot = __ldg(token_indices + key);
-  if (slot >= 0 && slot < num_slots) {
-    sm90::PrefetchL2BulkHint(kv + slot * row_stride_bytes, row_bytes, policy);
-  }
+  if (slot >= 0 && slot < num_slots) Sm90PrefetchRow(kv + slot * row_stride_bytes, row_bytes);
 }
 
-// The Q rows of `work` into L2 (threads t < work.heads, one bulk prefetch of row_bytes each,
-// under `policy`): the next item's tile, which the producer loads after the consumers free the
-// current one.
+// The Q rows of `work` into L2 (threads t < work.heads, one bulk prefetch of row_bytes each):
+// the next item's tile, which the producer loads after the consumers free the current one.
 __device__ __forceinline__ void Sm90PrefetchQRows(const SparseMqaParams& p,
                                                   const SparseMqaWork& work, uint32_t row_bytes,
-                                                  int t, uint64_t policy) {
+                                                  int t) {
   if (t >= work.heads) return;
   const auto* q = static_cast<const __nv_bfloat16*>(p.q) + int64_t(work.token) * p.q_token_stride +
                   int64_t(work.head0 + t) * p.q_head_stride;
-  sm90::PrefetchL2BulkHint(q, row_bytes, policy);
+  Sm90PrefetchQRow(q, row_bytes);
 }
 
 // The Q tile of `work` (64 rows x 576 columns as 9 swizzled 64 x 64 tiles at q_base): rows
 // [0, work.heads) from q, the rest zero-filled (no read), 16-byte cp.async over kThreads
 // threads (t in [0, kThreads)): the producer warpgroup (128, tracked by one cp.async mbarrier
-// arrival) or both consumer warpgroups (256, the first item's tile: commit and wait). Reads
-// under `policy` (Sm90L2Policy).
+// arrival) or both consumer warpgroups (256, the first item's tile: commit and wait).
 template <class Config, int kThreads>
 __device__ __forceinline__ void Sm90CopyQTile(uint32_t q_base, const SparseMqaParams& p,
-                                              const SparseMqaWork& work, int t, uint64_t policy) {
+                                              const SparseMqaWork& work, int t) {
   constexpr int kChunks = Config::kTiles * 8;  // 16-byte chunks of a row
   const auto* q = static_cast<const __nv_bfloat16*>(p.q) + int64_t(work.token) * p.q_token_stride +
                   int64_t(work.head0) * p.q_head_stride;
   for (int i = t; i < 64 * kChunks; i += kThreads) {
     const int row = i / kChunks, chunk = i - row * kChunks;
     const bool valid = row < work.heads;
-    sm90::CpAsync16Hint(q_base + (chunk / 8) * Config::kTileBytes + sm90::TileChunk(row, chunk % 8),
-                        valid ? q + int64_t(row) * p.q_head_stride + chunk * 8 : q, valid, policy);
+    const uint32_t dst = q_base + (chunk / 8) * Config::kTileBytes + sm90::TileChunk(row, chunk % 8);
+    const void* src = valid ? q + int64_t(row) * p.q_head_stride + chunk * 8 : q;
+    if constexpr (kSm90L2Hints) {
+      sm90::CpAsync16Hint(dst, src, valid, sm90::L2PolicyEvictFirst());
+    } else {
+      CpAsync16(dst, src, valid);
+    }
   }
 }
 

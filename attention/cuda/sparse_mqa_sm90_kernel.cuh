@@ -189,8 +189,7 @@ __global__ void __launch_bounds__(384, 1)
   auto load_q = [&](const SparseMqaWork& work, bool first_item) __attribute__((always_inline)) {
     if (first_item) return;
     if (q_users > 0) MbarrierWait(q_free_bar, (q_users - 1) & 1);
-    Sm90CopyQTile<Config, 128>(q_base, p, work, t,
-                               Sm90L2Policy(split.l2_hints, kSparseMqaL2QFirst, L2Priority::kFirst));
+    Sm90CopyQTile<Config, 128>(q_base, p, work, t);
     CpAsyncMbarrierArrive(q_ready_bar);
   };
   if constexpr (kFormat == KvCacheDType::kFp8DsMla) {
@@ -205,8 +204,7 @@ __global__ void __launch_bounds__(384, 1)
         const bool first_item = item == blockIdx.x;
         SparseMqaSm90Fp8Producer<Config>(p, work, first_block, num_pairs, pairs_done, k_base,
                                          index_base, ready_bar, free_bar, first_slots, first_item,
-                                         split.prefetch_pairs, split.l2_hints,
-                                         [&] { load_q(work, first_item); });
+                                         split.prefetch_pairs, [&] { load_q(work, first_item); });
         pairs_done += num_pairs;
         q_users += num_pairs > 0;
       }
@@ -221,7 +219,6 @@ __global__ void __launch_bounds__(384, 1)
     // 8 consecutive threads read one contiguous 128 bytes.
     const int group = t / 8, lane8 = t % 8;
     const auto* kv = static_cast<const __nv_bfloat16*>(p.kv_cache);
-    const uint64_t row_policy = Sm90L2Policy(split.l2_hints, kSparseMqaL2RowsLast, L2Priority::kLast);
     int pairs_done = 0;
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
       SparseMqaWork work;
@@ -254,8 +251,7 @@ __global__ void __launch_bounds__(384, 1)
           const __nv_bfloat16* src = valid ? kv + offset : kv;
 #pragma unroll
           for (int tile = tile_begin; tile < tile_end; ++tile) {
-            CpAsync16PrefetchHint(dst + tile * kTileBytes, valid ? src + tile * 64 : kv, valid,
-                                  row_policy);
+            Sm90GatherChunk(dst + tile * kTileBytes, valid ? src + tile * 64 : kv, valid);
           }
         }
       };
@@ -265,7 +261,7 @@ __global__ void __launch_bounds__(384, 1)
       auto prefetch_pair = [&](int ahead) {
         Sm90PrefetchPairRows(static_cast<const uint8_t*>(p.kv_cache), p.kv_row_stride * 2,
                              kHeadDim * 2, token_indices, first_block, ahead, num_pairs, key_end,
-                             p.num_slots, t, row_policy);
+                             p.num_slots, t);
       };
       for (int ahead = 1; ahead < split.prefetch_pairs; ++ahead) prefetch_pair(ahead);
       // Persistent CTAs: the next item's Q rows and first pair into L2 once this item's last
@@ -281,12 +277,10 @@ __global__ void __launch_bounds__(384, 1)
         int next_first_block, next_pairs;
         item_of(next_item, next, next_first_block, next_pairs);
         if (next_pairs == 0) return;
-        Sm90PrefetchQRows(p, next, kHeadDim * 2, t,
-                          Sm90L2Policy(split.l2_hints, kSparseMqaL2QFirst, L2Priority::kFirst));
+        Sm90PrefetchQRows(p, next, kHeadDim * 2, t);
         Sm90PrefetchPairRows(static_cast<const uint8_t*>(p.kv_cache), p.kv_row_stride * 2,
                              kHeadDim * 2, p.indices + int64_t(next.token) * p.indices_token_stride,
-                             next_first_block, 0, next_pairs, next.key_end, p.num_slots, t,
-                             row_policy);
+                             next_first_block, 0, next_pairs, next.key_end, p.num_slots, t);
       };
       for (int pair = 0; pair < num_pairs; ++pair) {
         const int b0 = first_block + 2 * pair, b1 = b0 + 1;
@@ -373,9 +367,7 @@ __global__ void __launch_bounds__(384, 1)
     // num_heads) are zeros. The first item's loaded here over the 256 consumer threads, a later
     // one's by the producer (made visible to wgmma by the proxy fence after the first half).
     if (num_pairs > 0 && first_item) {
-      Sm90CopyQTile<Config, 256>(
-          q_base, p, work, threadIdx.x,
-          Sm90L2Policy(split.l2_hints, kSparseMqaL2QFirst, L2Priority::kFirst));
+      Sm90CopyQTile<Config, 256>(q_base, p, work, threadIdx.x);
       CpAsyncCommit();
       CpAsyncWait<0>();
       FenceProxyAsync();
@@ -614,8 +606,6 @@ __global__ void __launch_bounds__(384, 1)
     // longer (4.3 us). The limit is the SM's write path, not this store pattern.
     // Sm90Epilogue::kBf16 (SparseMqaParams::out_bf16, one split): bf16 pairs instead.
     constexpr bool kToBf16 = kEpilogue == Sm90Epilogue::kBf16;
-    const uint64_t out_policy =
-        Sm90L2Policy(split.l2_hints, kSparseMqaL2OutFirst, L2Priority::kFirst);
     const bool pairs_ok =
         (work.out_head_stride % 2 == 0) &&
         (kToBf16 ? reinterpret_cast<uintptr_t>(out_bf16) % 4 == 0
@@ -634,7 +624,7 @@ __global__ void __launch_bounds__(384, 1)
           const __nv_bfloat162 xy = __floats2bfloat162_rn(o[4 * j + 2 * r] * inverse,
                                                           o[4 * j + 2 * r + 1] * inverse);
           if (pairs_ok) {
-            StGlobalHint(reinterpret_cast<__nv_bfloat162*>(out + 8 * j), xy, out_policy);
+            *reinterpret_cast<__nv_bfloat162*>(out + 8 * j) = xy;
           } else {
             out[8 * j] = xy.x;
             out[8 * j + 1] = xy.y;
@@ -646,7 +636,7 @@ __global__ void __launch_bounds__(384, 1)
         for (int j = 0; j < 32; ++j) {
           const float x = o[4 * j + 2 * r] * inverse, y = o[4 * j + 2 * r + 1] * inverse;
           if (pairs_ok) {
-            StGlobalHint(out + 8 * j, x, y, out_policy);
+            *reinterpret_cast<float2*>(out + 8 * j) = make_float2(x, y);
           } else {
             out[8 * j] = x;
             out[8 * j + 1] = y;

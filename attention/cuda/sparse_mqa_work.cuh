@@ -48,17 +48,9 @@ struct SparseMqaSplit {
   // every block and runs the softmax, WG1 only its half of P V; sparse_mqa_sm90_roles.cuh).
   // Roles needs bf16 rows and no cluster merge.
   bool roles = false;
-  // The wgmma kernel's L2 eviction hints (bits; 0 = none): kSparseMqaL2RowsLast the gathered
-  // rows and their L2 prefetches evict_last (a token's rows are read again by its other head
-  // blocks and by nearby tokens), kSparseMqaL2QFirst the Q tile evict_first (read once),
-  // kSparseMqaL2OutFirst the output stores evict_first (streamed out, they push rows out of L2
-  // otherwise). The results do not depend on them. DCP_SPARSE_MQA_L2_HINTS (sparse_mqa.cu).
-  int l2_hints = 0;
   float* part_out = nullptr;
   float* part_lse = nullptr;
 };
-
-inline constexpr int kSparseMqaL2RowsLast = 1, kSparseMqaL2QFirst = 2, kSparseMqaL2OutFirst = 4;
 
 struct SparseMqaWork {
   int token, head0, split;

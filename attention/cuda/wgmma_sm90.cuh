@@ -11,8 +11,6 @@
 // and LBO = the byte distance to the tile of the next 64 N-columns.
 #pragma once
 
-#include <cuda_bf16.h>
-
 #include <cstdint>
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -199,21 +197,21 @@ __device__ __forceinline__ void CpAsync16Prefetch(uint32_t smem, const void* glo
 __device__ __forceinline__ void PrefetchL2Bulk(const void* global, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(global), "r"(bytes) : "memory");
 }
-// L2 eviction priorities for the cache-hint forms below (`createpolicy`: a 64-bit policy
-// operand; fraction 1.0, every access it is given to). SparseMqaSplit::l2_hints chooses them.
-enum class L2Priority : int { kNormal, kLast, kFirst };
-__device__ __forceinline__ uint64_t L2Policy(L2Priority priority) {
+// L2 eviction policies for the cache-hint forms below (`createpolicy`, fraction 1.0: every
+// line the access touches). Only evict_first and evict_last (FlashMLA's): a build of the sparse
+// MQA kernel whose hinted accesses could also carry createpolicy's evict_normal (0x16F0... in
+// SASS; CUTLASS's "normal" hint is 0x1000...) faulted with an illegal instruction on the H200.
+__device__ __forceinline__ uint64_t L2PolicyEvictLast() {
   uint64_t policy;
-  if (priority == L2Priority::kLast) {
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-  } else if (priority == L2Priority::kFirst) {
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  } else {
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
-  }
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 }
-// CpAsync16Prefetch under an L2 policy (L2Policy).
+__device__ __forceinline__ uint64_t L2PolicyEvictFirst() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+// CpAsync16Prefetch under an L2 policy.
 __device__ __forceinline__ void CpAsync16PrefetchHint(uint32_t smem, const void* global, bool valid,
                                                       uint64_t policy) {
   asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(
@@ -233,19 +231,6 @@ __device__ __forceinline__ void PrefetchL2BulkHint(const void* global, uint32_t 
                                                    uint64_t policy) {
   asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(global),
                "r"(bytes), "l"(policy)
-               : "memory");
-}
-// Global stores under an L2 policy: 8 bytes (two floats, 8-byte aligned) and 4 bytes (a bf16
-// pair, 4-byte aligned).
-__device__ __forceinline__ void StGlobalHint(float* global, float x, float y, uint64_t policy) {
-  asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;\n" ::"l"(global), "f"(x),
-               "f"(y), "l"(policy)
-               : "memory");
-}
-__device__ __forceinline__ void StGlobalHint(__nv_bfloat162* global, __nv_bfloat162 xy,
-                                             uint64_t policy) {
-  asm volatile("st.global.L2::cache_hint.b32 [%0], %1, %2;\n" ::"l"(global),
-               "r"(*reinterpret_cast<const uint32_t*>(&xy)), "l"(policy)
                : "memory");
 }
 // 4 bytes global -> shared; valid == false writes zeros.
