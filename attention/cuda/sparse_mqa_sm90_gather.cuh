@@ -17,12 +17,13 @@ namespace dcp::cuda {
 // gathered rows (and their L2 prefetches) evict_last, since a token's rows are read again by its
 // other head blocks and splits and, in a prefill, by the tokens near it; the Q tile evict_first
 // (read once). Without them the output stream (128 KiB of fp32 a 64-head item, 268 MB for 1024
-// tokens at 128 heads) pushes the rows out of L2. They do not change any result. Off in a
-// measurement build with -DDCP_SPARSE_MQA_NO_L2_HINTS (the plain instructions, as before).
-#ifdef DCP_SPARSE_MQA_NO_L2_HINTS
-inline constexpr bool kSm90L2Hints = false;
-#else
+// tokens at 128 heads) pushes the rows out of L2. They do not change any result. Only in a
+// measurement build with -DDCP_SPARSE_MQA_L2_HINTS until they have run on a GPU (stage ab of
+// scripts/sparse_mqa_device.sh); the default build issues the plain instructions.
+#ifdef DCP_SPARSE_MQA_L2_HINTS
 inline constexpr bool kSm90L2Hints = true;
+#else
+inline constexpr bool kSm90L2Hints = false;
 #endif
 
 // 16 bytes of a gathered row (global -> shared, zero fill when !valid), with the 256-byte L2
