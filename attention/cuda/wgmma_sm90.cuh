@@ -199,8 +199,9 @@ __device__ __forceinline__ void PrefetchL2Bulk(const void* global, uint32_t byte
 }
 // L2 eviction policies for the cache-hint forms below (`createpolicy`, fraction 1.0: every
 // line the access touches). Only evict_first and evict_last (FlashMLA's): a build of the sparse
-// MQA kernel whose hinted accesses could also carry createpolicy's evict_normal (0x16F0... in
-// SASS; CUTLASS's "normal" hint is 0x1000...) faulted with an illegal instruction on the H200.
+// MQA kernel whose hinted reads carried createpolicy's evict_normal by default (0x16F0... in
+// SASS; CUTLASS's "normal" hint is 0x1000...) and whose output stores were hinted too faulted
+// with an illegal instruction on the H200 (which of the two was not isolated).
 __device__ __forceinline__ uint64_t L2PolicyEvictLast() {
   uint64_t policy;
   asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
