@@ -6,8 +6,9 @@
 # gemm_) and the engine layer (--mode engine) with the small-M kernel and without it
 # (DCP_NO_SMALL_M_GEMM=1, same binary); step timeline prints the kernels of one replayed layer
 # as they ran (DCP_BENCH_TIMELINE=1) under each environment of DCP_TIMELINE_ENVS (';'-separated
-# lists of VAR=VALUE, empty for the defaults). The engine step also runs the plan's uploads as
-# one batch (DCP_BATCH_UPLOADS=1) between two default runs: compare the plan us column.
+# lists of VAR=VALUE, empty for the defaults). The engine step also runs the plan's uploads one
+# copy each (DCP_BATCH_UPLOADS=0; batched is the default) between two default runs: compare the
+# plan us column.
 # Logs and CSVs go to $OUT (8 files: the tool's limit).
 #   DCP_DECODE_STEPS="tests sanitize kernels engine" (default; timeline on request),
 #   DCP_DEBS_DIR (default .debs),
@@ -71,8 +72,8 @@ if has_step tests; then
         --oversubscribe --bind-to none -np $np --mca pml ob1 --mca btl self,vader,tcp \
         "$build/tests/multirank/worker_multirank_test" ${DCP_WORKER_FILTER:+--gtest_filter="$DCP_WORKER_FILTER"}
   done
-  # The plan's uploads as one batch (DCP_BATCH_UPLOADS=1, opt-in until measured here).
-  run_test "worker cuda np 1 batched uploads" env DCP_BATCH_UPLOADS=1 DCP_TEST_DEVICE=cuda \
+  # The plan's uploads one copy each (DCP_BATCH_UPLOADS=0; batched is the default).
+  run_test "worker cuda np 1 unbatched uploads" env DCP_BATCH_UPLOADS=0 DCP_TEST_DEVICE=cuda \
       mpirun --allow-run-as-root --oversubscribe --bind-to none -np 1 --mca pml ob1 \
       --mca btl self,vader,tcp "$build/tests/multirank/worker_multirank_test" \
       ${DCP_WORKER_FILTER:+--gtest_filter="$DCP_WORKER_FILTER"}
@@ -109,11 +110,11 @@ if has_step kernels; then
 fi
 if has_step engine; then
   echo "== engine ($(elapsed))"
-  for variant in small_m cublas small_m_no_pdl batched_uploads small_m_again; do
+  for variant in small_m cublas small_m_no_pdl unbatched_uploads small_m_again; do
     extra=()
     [ "$variant" = cublas ] && extra=(env DCP_NO_SMALL_M_GEMM=1)
     [ "$variant" = small_m_no_pdl ] && extra=(env DCP_NO_PDL=1)
-    [ "$variant" = batched_uploads ] && extra=(env DCP_BATCH_UPLOADS=1)  # the plan us column
+    [ "$variant" = unbatched_uploads ] && extra=(env DCP_BATCH_UPLOADS=0)  # the plan us column
     csv=()  # 8 files come back: the other tables are in engine.txt
     [ "$variant" = small_m ] || [ "$variant" = cublas ] && csv=("--csv" "$out/engine_$variant.csv")
     timeout 120 "${extra[@]}" mpirun -np 1 "$bench" --mode engine \

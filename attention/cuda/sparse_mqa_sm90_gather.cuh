@@ -17,23 +17,43 @@ namespace dcp::cuda {
 // gathered rows (and their L2 prefetches) evict_last, since a token's rows are read again by its
 // other head blocks and splits and, in a prefill, by the tokens near it; the Q tile evict_first
 // (read once). Without them the output stream (128 KiB of fp32 a 64-head item, 268 MB for 1024
-// tokens at 128 heads) pushes the rows out of L2. They do not change any result. Only in a
-// measurement build with -DDCP_SPARSE_MQA_L2_HINTS until they have run on a GPU (stage ab of
-// scripts/sparse_mqa_device.sh); the default build issues the plain instructions.
+// tokens at 128 heads) pushes the rows out of L2. They do not change any result.
+// **Off in the default build**: a measurement build with every hint
+// (-DDCP_SPARSE_MQA_L2_HINTS=15) faulted with an illegal instruction on the H200 (CUDA 13.0).
+// The bits of DCP_SPARSE_MQA_L2_HINTS turn them on one by one, to find the one at fault:
+// kL2HintGathers the rows' cp.async, kL2HintRowPrefetch their bulk L2 prefetches, kL2HintQTile
+// the Q tile's cp.async, kL2HintQPrefetch its bulk prefetch. (Another project found ptxas
+// mis-encoding the hinted cp.async's 32-bit shared address on sm_120 into an illegal
+// instruction, fixed by a 64-bit one; here the 64-bit form compiles to the same SASS, so that
+// is not this fault.) Stage ab of scripts/sparse_mqa_device.sh (DCP_AB_FLAGS) builds and times
+// one such set.
+inline constexpr int kL2HintGathers = 1, kL2HintRowPrefetch = 2, kL2HintQTile = 4,
+                     kL2HintQPrefetch = 8;
 #ifdef DCP_SPARSE_MQA_L2_HINTS
-inline constexpr bool kSm90L2Hints = true;
+inline constexpr int kSm90L2Hints = DCP_SPARSE_MQA_L2_HINTS;
 #else
-inline constexpr bool kSm90L2Hints = false;
+inline constexpr int kSm90L2Hints = 0;
 #endif
+template <int kBit>
+inline constexpr bool kSm90L2Hint = (kSm90L2Hints & kBit) != 0;
+
+// A hinted 16-byte cp.async (CpAsync16PrefetchHint / CpAsync16Hint).
+template <bool kPrefetch>
+__device__ __forceinline__ void Sm90CpAsyncHinted(uint32_t smem, const void* global, bool valid,
+                                                  uint64_t policy) {
+  if constexpr (kPrefetch) {
+    sm90::CpAsync16PrefetchHint(smem, global, valid, policy);
+  } else {
+    sm90::CpAsync16Hint(smem, global, valid, policy);
+  }
+}
 
 // 16 bytes of a gathered row (global -> shared, zero fill when !valid), with the 256-byte L2
 // prefetch (`prefetch`) or without.
 template <bool kPrefetch = true>
 __device__ __forceinline__ void Sm90GatherChunk(uint32_t smem, const void* global, bool valid) {
-  if constexpr (kSm90L2Hints && kPrefetch) {
-    sm90::CpAsync16PrefetchHint(smem, global, valid, sm90::L2PolicyEvictLast());
-  } else if constexpr (kSm90L2Hints) {
-    sm90::CpAsync16Hint(smem, global, valid, sm90::L2PolicyEvictLast());
+  if constexpr (kSm90L2Hint<kL2HintGathers>) {
+    Sm90CpAsyncHinted<kPrefetch>(smem, global, valid, sm90::L2PolicyEvictLast());
   } else if constexpr (kPrefetch) {
     sm90::CpAsync16Prefetch(smem, global, valid);
   } else {
@@ -42,14 +62,14 @@ __device__ __forceinline__ void Sm90GatherChunk(uint32_t smem, const void* globa
 }
 // A row, or Q rows, into L2 (the bulk prefetch), at the rows' or Q's priority.
 __device__ __forceinline__ void Sm90PrefetchRow(const void* global, uint32_t bytes) {
-  if constexpr (kSm90L2Hints) {
+  if constexpr (kSm90L2Hint<kL2HintRowPrefetch>) {
     sm90::PrefetchL2BulkHint(global, bytes, sm90::L2PolicyEvictLast());
   } else {
     sm90::PrefetchL2Bulk(global, bytes);
   }
 }
 __device__ __forceinline__ void Sm90PrefetchQRow(const void* global, uint32_t bytes) {
-  if constexpr (kSm90L2Hints) {
+  if constexpr (kSm90L2Hint<kL2HintQPrefetch>) {
     sm90::PrefetchL2BulkHint(global, bytes, sm90::L2PolicyEvictFirst());
   } else {
     sm90::PrefetchL2Bulk(global, bytes);
@@ -108,8 +128,8 @@ __device__ __forceinline__ void Sm90CopyQTile(uint32_t q_base, const SparseMqaPa
     const bool valid = row < work.heads;
     const uint32_t dst = q_base + (chunk / 8) * Config::kTileBytes + sm90::TileChunk(row, chunk % 8);
     const void* src = valid ? q + int64_t(row) * p.q_head_stride + chunk * 8 : q;
-    if constexpr (kSm90L2Hints) {
-      sm90::CpAsync16Hint(dst, src, valid, sm90::L2PolicyEvictFirst());
+    if constexpr (kSm90L2Hint<kL2HintQTile>) {
+      Sm90CpAsyncHinted<false>(dst, src, valid, sm90::L2PolicyEvictFirst());
     } else {
       CpAsync16(dst, src, valid);
     }

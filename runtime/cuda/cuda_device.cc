@@ -123,9 +123,11 @@ absl::Status CudaDevice::CopyFromHost(void* dst, const void* src, size_t bytes) 
   return absl::OkStatus();
 }
 
-bool CudaDevice::EnvironmentFlag(const char* name) {
+bool CudaDevice::EnvironmentFlag(const char* name, bool fallback) {
   const char* value = std::getenv(name);
-  return value != nullptr && std::string(value) == "1";
+  if (value == nullptr) return fallback;
+  const std::string text(value);
+  return text == "1" ? true : text == "0" ? false : fallback;
 }
 
 absl::Status CudaDevice::StageToDevice(void* dst, const void* src, size_t bytes) {
