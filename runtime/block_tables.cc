@@ -77,7 +77,7 @@ absl::Status BlockTables::Fork(int64_t request_id, int64_t from_id, int64_t num_
   DCP_CHECK_ARG(!tables_.contains(request_id), "request %d is already registered", request_id);
   auto from = tables_.find(from_id);
   DCP_CHECK_ARG(from != tables_.end(), "request %d is not registered", from_id);
-  const int64_t unit = int64_t{block_size_} * layout_.world_size;
+  const int64_t unit = tokens_per_block();
   DCP_CHECK_ARG(num_tokens >= 0 && num_tokens % unit == 0,
                 "request %d can share only whole blocks of request %d: num_tokens %d must be a "
                 "multiple of block_size x world size = %d",
@@ -94,10 +94,9 @@ absl::Status BlockTables::Fork(int64_t request_id, int64_t from_id, int64_t num_
 absl::StatusOr<bool> BlockTables::PartlyKeptBlockIsShared(int64_t request_id,
                                                          int64_t seq_len) const {
   DCP_ASSIGN_OR_RETURN(auto blocks, table(request_id));
-  // Block k holds, on every rank, that rank's rows of positions [k B W, (k + 1) B W) (the
-  // interleave divides B): the block of position seq_len is partly kept unless seq_len starts
-  // one. Every rank answers alike.
-  const int64_t unit = int64_t{block_size_} * layout_.world_size;
+  // The block of position seq_len (tokens_per_block) is partly kept unless seq_len starts one.
+  // Every rank answers alike.
+  const int64_t unit = tokens_per_block();
   const int64_t block = seq_len / unit;
   if (seq_len % unit == 0 || block >= static_cast<int64_t>(blocks.size())) return false;
   return allocator_.shared(blocks[block]);

@@ -46,6 +46,9 @@ class BlockTables {
 
   int block_size() const { return block_size_; }
   const KvLayout& layout() const { return layout_; }
+  // Global tokens whose rows one block holds on every rank: block k holds each rank's rows of
+  // positions [k B W, (k + 1) B W) (the interleave divides B).
+  int64_t tokens_per_block() const { return int64_t{block_size_} * layout_.world_size; }
   int rank() const { return rank_; }
   int num_free_blocks() const { return allocator_.num_free(); }
   int num_blocks() const { return allocator_.num_blocks(); }

@@ -65,8 +65,7 @@ absl::Status KvCache::Truncate(int64_t request_id, int64_t num_tokens) {
                 "request %d: cannot keep %d tokens: the block of token %d is shared with another "
                 "request (ForkRequest) and the next write there would change its rows; keep a "
                 "multiple of block_size x world size = %d",
-                request_id, num_tokens, num_tokens,
-                int64_t{tables_.block_size()} * tables_.layout().world_size);
+                request_id, num_tokens, num_tokens, tables_.tokens_per_block());
   DCP_RETURN_IF_ERROR(tables_.Shrink(request_id, num_tokens));
   cached_[request_id] = num_tokens;
   return absl::OkStatus();
