@@ -26,8 +26,8 @@
 #      build folder) prints the wgmma kernel's phase timeline (attention/cuda/
 #      sparse_mqa_sm90_trace.cuh) for the rows of DCP_TRACE_ROWS;
 #   9. stage ab (extra): a second dcp_bench built with the CUDA defines of DCP_AB_FLAGS (default
-#      -DDCP_SPARSE_MQA_L2_HINTS=15: the kernel with every L2 eviction hint; the bits are in
-#      attention/cuda/sparse_mqa_sm90_gather.cuh), started beside
+#      -DDCP_SPARSE_MQA_L2_HINTS=14: the kernel with the L2 eviction hints that build; the bits
+#      are in attention/cuda/sparse_mqa_sm90_gather.cuh), started beside
 #      the main build, and the kernels rows of DCP_BENCH_ARGS timed A B A B (A = this tree as
 #      built, B = the measurement build), one process each.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
@@ -74,7 +74,7 @@ if has_stage build; then
     (cmake -S . -B "$build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
         -DCMAKE_CXX_FLAGS="-include cstdint" \
-        -DCMAKE_CUDA_FLAGS="${DCP_AB_FLAGS:--DDCP_SPARSE_MQA_L2_HINTS=15}" &&
+        -DCMAKE_CUDA_FLAGS="${DCP_AB_FLAGS:--DDCP_SPARSE_MQA_L2_HINTS=14}" &&
       ninja -C "$build-ab" -j "$(nproc)" dcp_bench) >"$out/ab_build.log" 2>&1 &
     ab_pid=$!
   fi
@@ -272,7 +272,7 @@ fi
 # DCP_BENCH_ARGS, A B A B in separate processes (machines and processes differ by a few %).
 if has_stage ab && [ "$hung" -eq 0 ]; then
   if [ -n "${ab_pid:-}" ] && wait "$ab_pid"; then
-    note "ab build (${DCP_AB_FLAGS:--DDCP_SPARSE_MQA_L2_HINTS=15}): ok ($(elapsed))"
+    note "ab build (${DCP_AB_FLAGS:--DDCP_SPARSE_MQA_L2_HINTS=14}): ok ($(elapsed))"
     for round in 1 2; do
       for side in a b; do
         exe="$bench"

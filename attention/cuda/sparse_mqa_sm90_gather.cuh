@@ -18,15 +18,19 @@ namespace dcp::cuda {
 // other head blocks and splits and, in a prefill, by the tokens near it; the Q tile evict_first
 // (read once). Without them the output stream (128 KiB of fp32 a 64-head item, 268 MB for 1024
 // tokens at 128 heads) pushes the rows out of L2. They do not change any result.
-// **Off in the default build**: a measurement build with every hint
-// (-DDCP_SPARSE_MQA_L2_HINTS=15) faulted with an illegal instruction on the H200 (CUDA 13.0).
-// The bits of DCP_SPARSE_MQA_L2_HINTS turn them on one by one, to find the one at fault:
+// **Off in the default build.** The bits of DCP_SPARSE_MQA_L2_HINTS turn them on one by one:
 // kL2HintGathers the rows' cp.async, kL2HintRowPrefetch their bulk L2 prefetches, kL2HintQTile
-// the Q tile's cp.async, kL2HintQPrefetch its bulk prefetch. (Another project found ptxas
-// mis-encoding the hinted cp.async's 32-bit shared address on sm_120 into an illegal
-// instruction, fixed by a 64-bit one; here the 64-bit form compiles to the same SASS, so that
-// is not this fault.) Stage ab of scripts/sparse_mqa_device.sh (DCP_AB_FLAGS) builds and times
-// one such set.
+// the Q tile's cp.async, kL2HintQPrefetch its bulk prefetch. Bits 2, 4 and 8 pass every sparse
+// MQA test on the H200; bit 1 faults (illegal instruction) and is refused below. Its cause, in
+// the SASS of CUDA 13.0's ptxas: a hinted cp.async whose shared destination ptxas splits into
+// register + uniform base + immediate (the rows' unrolled tiles) is encoded as
+// `LDGSTS [R+UR0+imm], desc[UR1]`, one uniform pair holding the base in its low word and the
+// policy's high word above it: the policy's low word (zero) is overwritten by the base
+// (`UMOV UR4, URZ` then `UMOV UR4, UR6` before it). Twenty lines reproduce it (an unrolled loop
+// of hinted cp.async at constant shared offsets); neither the 64-bit shared-address form, a
+// run-time createpolicy fraction, nor dropping `.L2::256B` changes that encoding. The Q tile's
+// cp.async (a register address, no uniform base) encodes the policy in its own pair and works.
+// Stage ab of scripts/sparse_mqa_device.sh (DCP_AB_FLAGS) builds and times one set of bits.
 inline constexpr int kL2HintGathers = 1, kL2HintRowPrefetch = 2, kL2HintQTile = 4,
                      kL2HintQPrefetch = 8;
 #ifdef DCP_SPARSE_MQA_L2_HINTS
@@ -36,25 +40,15 @@ inline constexpr int kSm90L2Hints = 0;
 #endif
 template <int kBit>
 inline constexpr bool kSm90L2Hint = (kSm90L2Hints & kBit) != 0;
-
-// A hinted 16-byte cp.async (CpAsync16PrefetchHint / CpAsync16Hint).
-template <bool kPrefetch>
-__device__ __forceinline__ void Sm90CpAsyncHinted(uint32_t smem, const void* global, bool valid,
-                                                  uint64_t policy) {
-  if constexpr (kPrefetch) {
-    sm90::CpAsync16PrefetchHint(smem, global, valid, policy);
-  } else {
-    sm90::CpAsync16Hint(smem, global, valid, policy);
-  }
-}
+static_assert((kSm90L2Hints & kL2HintGathers) == 0,
+              "DCP_SPARSE_MQA_L2_HINTS bit 1 (hinted row gathers) compiles to an instruction that "
+              "faults on the H200 with CUDA 13.0's ptxas (see above)");
 
 // 16 bytes of a gathered row (global -> shared, zero fill when !valid), with the 256-byte L2
 // prefetch (`prefetch`) or without.
 template <bool kPrefetch = true>
 __device__ __forceinline__ void Sm90GatherChunk(uint32_t smem, const void* global, bool valid) {
-  if constexpr (kSm90L2Hint<kL2HintGathers>) {
-    Sm90CpAsyncHinted<kPrefetch>(smem, global, valid, sm90::L2PolicyEvictLast());
-  } else if constexpr (kPrefetch) {
+  if constexpr (kPrefetch) {
     sm90::CpAsync16Prefetch(smem, global, valid);
   } else {
     CpAsync16(smem, global, valid);
@@ -129,7 +123,7 @@ __device__ __forceinline__ void Sm90CopyQTile(uint32_t q_base, const SparseMqaPa
     const uint32_t dst = q_base + (chunk / 8) * Config::kTileBytes + sm90::TileChunk(row, chunk % 8);
     const void* src = valid ? q + int64_t(row) * p.q_head_stride + chunk * 8 : q;
     if constexpr (kSm90L2Hint<kL2HintQTile>) {
-      Sm90CpAsyncHinted<false>(dst, src, valid, sm90::L2PolicyEvictFirst());
+      sm90::CpAsync16Hint(dst, src, valid, sm90::L2PolicyEvictFirst());
     } else {
       CpAsync16(dst, src, valid);
     }

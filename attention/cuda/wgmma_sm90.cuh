@@ -198,10 +198,10 @@ __device__ __forceinline__ void PrefetchL2Bulk(const void* global, uint32_t byte
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(global), "r"(bytes) : "memory");
 }
 // L2 eviction policies for the cache-hint forms below (`createpolicy`, fraction 1.0: every
-// line the access touches). Only evict_first and evict_last (FlashMLA's): a build of the sparse
-// MQA kernel whose hinted reads carried createpolicy's evict_normal by default (0x16F0... in
-// SASS; CUTLASS's "normal" hint is 0x1000...) and whose output stores were hinted too faulted
-// with an illegal instruction on the H200 (which of the two was not isolated).
+// line the access touches): evict_first and evict_last, FlashMLA's. A hinted cp.async at a
+// shared address that ptxas splits into register + uniform base + immediate compiles to an
+// instruction that faults (CUDA 13.0; sparse_mqa_sm90_gather.cuh has the SASS): give
+// CpAsync16Hint addresses computed in registers, and check the SASS of a new use.
 __device__ __forceinline__ uint64_t L2PolicyEvictLast() {
   uint64_t policy;
   asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
@@ -211,14 +211,6 @@ __device__ __forceinline__ uint64_t L2PolicyEvictFirst() {
   uint64_t policy;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
-}
-// CpAsync16Prefetch under an L2 policy.
-__device__ __forceinline__ void CpAsync16PrefetchHint(uint32_t smem, const void* global, bool valid,
-                                                      uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(
-                   smem),
-               "l"(global), "r"(valid ? 16 : 0), "l"(policy)
-               : "memory");
 }
 // 16 bytes global -> shared under an L2 policy, no prefetch; valid == false writes zeros.
 __device__ __forceinline__ void CpAsync16Hint(uint32_t smem, const void* global, bool valid,
