@@ -88,11 +88,11 @@ absl::Status Launch(const GemmSmallMArgs& args, bool nk, dim3 grid, int64_t shar
 
 }  // namespace
 
-bool SmallMGemmFits(const GemmParams& p) {
+bool SmallMGemmCommonFits(const GemmParams& p, int max_m) {
   if (p.b_dtype != DType::kBF16) return false;
   if (p.a_dtype != DType::kBF16 && p.a_dtype != DType::kF32) return false;
   if (p.c_dtype != DType::kF32 && p.c_dtype != DType::kBF16) return false;
-  if (p.trans_a || p.m < 1 || p.m > kSmallMGemmMaxM || p.n < 1 || p.k < 1) return false;
+  if (p.trans_a || p.m < 1 || p.m > max_m || p.n < 1 || p.k < 1) return false;
   if (p.batch < 1 || p.batch > 65535) return false;  // one head per grid row
   if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return false;
   if (p.lda < p.k || p.ldc < p.n || p.ldb < (p.trans_b ? p.k : p.n)) return false;
@@ -102,11 +102,13 @@ bool SmallMGemmFits(const GemmParams& p) {
   if (!Aligned(p.b, 16) || p.ldb % 8 != 0 || p.stride_b % 8 != 0) return false;
   if ((p.trans_b ? p.k : p.n) % 8 != 0) return false;
   const GemmParams::SideCopy& side = p.side;
-  if (side.rows > 0 && side.row_bytes > 0 &&
-      (side.dst == nullptr || side.src == nullptr || side.dst_pitch < side.row_bytes ||
-       side.src_pitch < side.row_bytes)) {
-    return false;
-  }
+  return side.rows <= 0 || side.row_bytes <= 0 ||
+         (side.dst != nullptr && side.src != nullptr && side.dst_pitch >= side.row_bytes &&
+          side.src_pitch >= side.row_bytes);
+}
+
+bool SmallMGemmFits(const GemmParams& p) {
+  if (!SmallMGemmCommonFits(p, kSmallMGemmMaxM)) return false;
   if (p.merge_a.splits > 1 &&
       (p.trans_b || p.a_dtype != DType::kF32 || p.m != 1 ||
        p.merge_a.splits > kSmallMMaxMergeSplits || p.merge_a.split_stride < 0)) {

@@ -50,6 +50,10 @@ bool SmallMTcGemmFits(const GemmParams& params);
 // sm_90, as GemmSmallM); InvalidArgument when !SmallMTcGemmFits.
 absl::Status GemmSmallMTc(const GemmParams& params, cudaStream_t stream);
 
+// The rules both small-M kernels share: dtypes (bf16 B; bf16 or fp32 A; fp32 or bf16 C), 1 <= m
+// <= max_m, leading dimensions and strides, 16-byte aligned weight rows, a well-formed side copy.
+bool SmallMGemmCommonFits(const GemmParams& params, int max_m);
+
 // Whether the small-M kernel takes these params (dtypes, shape, alignment, shared memory).
 bool SmallMGemmFits(const GemmParams& params);
 

@@ -65,26 +65,8 @@ absl::Status LaunchTc(const GemmSmallMArgs& args, dim3 grid, int64_t shared, cud
 }  // namespace
 
 bool SmallMTcGemmFits(const GemmParams& p) {
-  if (p.b_dtype != DType::kBF16) return false;
-  if (p.a_dtype != DType::kBF16 && p.a_dtype != DType::kF32) return false;
-  if (p.c_dtype != DType::kF32 && p.c_dtype != DType::kBF16) return false;
-  if (p.trans_a || p.m < 1 || p.m > kSmallMTcGemmMaxM || p.n < 1 || p.k < 1) return false;
   if (p.merge_a.splits > 1) return false;  // the CUDA-core kernel's feature only
-  if (p.batch < 1 || p.batch > 65535) return false;
-  if (p.a == nullptr || p.b == nullptr || p.c == nullptr) return false;
-  if (p.lda < p.k || p.ldc < p.n || p.ldb < (p.trans_b ? p.k : p.n)) return false;
-  if (p.stride_a < 0 || p.stride_b < 0 || p.stride_c < 0) return false;
-  if (p.batch > 1 && p.stride_c == 0) return false;
-  // 16-byte cp.async of B: 8 elements along its contiguous dimension, wholly inside or outside.
-  if (!Aligned(p.b, 16) || p.ldb % 8 != 0 || p.stride_b % 8 != 0) return false;
-  if ((p.trans_b ? p.k : p.n) % 8 != 0) return false;
-  const GemmParams::SideCopy& side = p.side;
-  if (side.rows > 0 && side.row_bytes > 0 &&
-      (side.dst == nullptr || side.src == nullptr || side.dst_pitch < side.row_bytes ||
-       side.src_pitch < side.row_bytes)) {
-    return false;
-  }
-  return TcColumns(p) > 0;
+  return SmallMGemmCommonFits(p, kSmallMTcGemmMaxM) && TcColumns(p) > 0;
 }
 
 absl::Status GemmSmallMTc(const GemmParams& p, cudaStream_t stream) {
