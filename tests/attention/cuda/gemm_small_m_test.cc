@@ -452,6 +452,64 @@ TEST_F(GemmSmallMTest, SlotsBesideTheGemm) {
 }
 
 // Shapes outside the kernel: GemmSmallM refuses them clearly; cuda::Gemm takes them to cuBLAS.
+// The launch-rule predicates are host code: checked here without a GPU (the pointers are only
+// compared and tested for alignment), for both small-M kernels at once.
+TEST(SmallMGemmFitsTest, BothKernelsRefuseWhatBreaksTheirSharedRules) {
+  alignas(16) static bf16 a[64 * 64], b[64 * 64 + 8];
+  alignas(16) static float c[64 * 64];
+  GemmParams p;
+  p.a = a, p.b = b, p.c = c;
+  p.a_dtype = p.b_dtype = DType::kBF16;
+  p.c_dtype = DType::kF32;
+  p.m = 1, p.n = 64, p.k = 64, p.lda = 64, p.ldb = 64, p.ldc = 64;
+  ASSERT_TRUE(cuda::SmallMGemmFits(p));
+  ASSERT_TRUE(cuda::SmallMTcGemmFits(p));
+  auto refused = [&](const char* why, auto change) {
+    GemmParams q = p;
+    change(q);
+    EXPECT_FALSE(cuda::SmallMGemmFits(q)) << why;
+    EXPECT_FALSE(cuda::SmallMTcGemmFits(q)) << why;
+  };
+  refused("fp32 weights", [](GemmParams& q) { q.b_dtype = DType::kF32; });
+  refused("int32 A", [](GemmParams& q) { q.a_dtype = DType::kI32; });
+  refused("trans_a", [](GemmParams& q) { q.trans_a = true; });
+  refused("m 0", [](GemmParams& q) { q.m = 0; });
+  refused("m past both kernels", [](GemmParams& q) { q.m = cuda::kSmallMTcGemmMaxM + 1; });
+  refused("n 0", [](GemmParams& q) { q.n = 0; });
+  refused("batch past a grid column", [](GemmParams& q) { q.batch = 65536; });
+  refused("no C", [](GemmParams& q) { q.c = nullptr; });
+  refused("lda < k", [](GemmParams& q) { q.lda = 63; });
+  refused("ldb < n", [](GemmParams& q) { q.ldb = 56; });
+  refused("negative stride", [](GemmParams& q) { q.stride_a = -1; });
+  refused("a batch writing one C", [](GemmParams& q) { q.batch = 2, q.stride_c = 0; });
+  refused("B not 16-byte aligned", [&](GemmParams& q) { q.b = b + 1; });
+  refused("n not a multiple of 8", [](GemmParams& q) { q.n = 60, q.ldb = 64; });
+  refused("a side copy without a source", [&](GemmParams& q) {
+    q.side.rows = 1, q.side.row_bytes = 16, q.side.dst = c, q.side.src = nullptr;
+    q.side.dst_pitch = q.side.src_pitch = 16;
+  });
+  refused("a side copy with a short pitch", [&](GemmParams& q) {
+    q.side.rows = 2, q.side.row_bytes = 32, q.side.dst = c, q.side.src = a;
+    q.side.dst_pitch = 16, q.side.src_pitch = 32;
+  });
+  // Where the two differ: rows past the CUDA-core kernel's tile, and a merged A.
+  GemmParams q = p;
+  q.m = cuda::kSmallMGemmMaxM + 1;
+  EXPECT_FALSE(cuda::SmallMGemmFits(q));
+  EXPECT_TRUE(cuda::SmallMTcGemmFits(q));
+  q = p;
+  q.a_dtype = DType::kF32;
+  q.merge_a.splits = 2;
+  EXPECT_TRUE(cuda::SmallMGemmFits(q));
+  EXPECT_FALSE(cuda::SmallMTcGemmFits(q));
+  // A well-formed side copy is taken by both.
+  q = p;
+  q.side.rows = 2, q.side.row_bytes = 32, q.side.dst = c, q.side.src = a;
+  q.side.dst_pitch = q.side.src_pitch = 32;
+  EXPECT_TRUE(cuda::SmallMGemmFits(q));
+  EXPECT_TRUE(cuda::SmallMTcGemmFits(q));
+}
+
 TEST_F(GemmSmallMTest, RefusesWhatItCannotRun) {
   DeviceArray<bf16> a(64 * 64), b(64 * 64 + 8);
   DeviceArray<float> c(64 * 64);
