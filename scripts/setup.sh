@@ -44,6 +44,7 @@ packages=(
   libabsl-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
   nlohmann-json3-dev libyaml-cpp-dev
   clang  # scripts/sanitize.sh and the libFuzzer targets (tests/fuzz)
+  shellcheck  # tests/scripts: the scripts checked before they meet a GPU machine
 )
 
 missing=()
