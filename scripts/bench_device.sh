@@ -80,9 +80,7 @@ fi
 build="${build:-build-gpu}"
 echo "== build dcp_bench in $build ($(elapsed))"
 if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
-      -DCMAKE_CXX_FLAGS="-include cstdint" >"$work/build.log" 2>&1 \
+  dcp_configure_gpu . "$build" "$prefix" >"$work/build.log" 2>&1 \
     || { tail -30 "$work/build.log"; note "configure: FAILED (see build.log)"; exit 1; }
 fi
 if ! ninja -C "$build" -j "$(nproc)" dcp_bench >>"$work/build.log" 2>&1; then

@@ -62,9 +62,7 @@ dcp_unpack_debs "${DCP_DEBS_DIR:-.debs}" "$prefix" || exit 2
 [ -e "$a_tree/.deps" ] || ln -sfn "$(pwd)/.deps" "$a_tree/.deps"
 
 build() {  # name source
-  cmake -S "$2" -B "/tmp/build-ab-$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
-      -DCMAKE_CXX_FLAGS="-include cstdint" >"$out/build_$1.log" 2>&1 &&
+  dcp_configure_gpu "$2" "/tmp/build-ab-$1" "$prefix" >"$out/build_$1.log" 2>&1 &&
     ninja -C "/tmp/build-ab-$1" dcp_bench >>"$out/build_$1.log" 2>&1
 }
 build a "$a_tree" || { note "build A: FAILED"; tail -20 "$out/build_a.log"; exit 1; }

@@ -33,9 +33,7 @@ note "cuDNN libraries: $(ldconfig -p | grep -o 'libcudnn.so.9 ' | head -1)$(pyth
 
 build=/tmp/build-dense
 echo "== configure + build ($(elapsed))"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
-    -DCMAKE_CXX_FLAGS="-include cstdint" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+dcp_configure_gpu . "$build" "$prefix" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 grep -E "prefill_backend cudnn" "$out/build.log" | tee -a "$summary"
 ninja -C "$build" -k 0 attention_cuda_test worker_multirank_test dcp_bench >>"$out/build.log" 2>&1 \
     || { grep -E "error|FAILED" "$out/build.log" | head -30; note "build: FAILED"; }

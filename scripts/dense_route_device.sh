@@ -36,9 +36,7 @@ dcp_cudnn_from_torch  # the system's libcudnn.so.9 first, torch's as a fallback
 
 build="${DCP_BUILD_DIR:-/tmp/build-dense-route}"  # another script's build is reused when given
 echo "== configure + build ($(elapsed))"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
-    -DCMAKE_CXX_FLAGS="-include cstdint" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+dcp_configure_gpu . "$build" "$prefix" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 grep -E "prefill_backend cudnn" "$out/build.log" | tee -a "$summary"
 ninja -C "$build" -k 0 attention_cuda_test worker_multirank_test workspace_cuda_test cuda_device_test \
     dcp_bench \

@@ -56,12 +56,7 @@ dcp_unpack_debs .debs "$prefix" || exit 2
 if has_stage build; then
   echo "== configure + build ($(elapsed))"
   rm -rf "$build"  # a cache from an earlier call would keep its old flags
-  # absl 20220623 predates GCC 13's leaner headers: force <cstdint> into C++ sources (nvcc
-  # chokes on a forced include, and the .cu files include what they use).
-  if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
-      -DCMAKE_CXX_FLAGS="-include cstdint" \
-      >"$out/build.log" 2>&1; then
+  if ! dcp_configure_gpu . "$build" "$prefix" >"$out/build.log" 2>&1; then
     tail -40 "$out/build.log"
     note "configure: FAILED (see build.log)"
     exit 1

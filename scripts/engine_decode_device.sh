@@ -36,9 +36,7 @@ dcp_unpack_debs "${DCP_DEBS_DIR:-.debs}" "$prefix" || exit 2
 
 build=/tmp/build-engine-decode
 echo "== configure + build ($(elapsed))"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
-    -DCMAKE_CXX_FLAGS="-include cstdint" \
+dcp_configure_gpu . "$build" "$prefix" \
     ${DCP_CUDNN_FRONTEND_INCLUDE_DIR:+-DDCP_CUDNN_FRONTEND_INCLUDE_DIR="$DCP_CUDNN_FRONTEND_INCLUDE_DIR"} \
     >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 if ! ninja -C "$build" -k 0 attention_cuda_test engine_graph_test cuda_device_test \

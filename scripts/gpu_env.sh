@@ -15,6 +15,10 @@
 #                               LD_LIBRARY_PATH and CMAKE_PREFIX_PATH exported.
 #   dcp_cudnn_from_torch        appends torch's nvidia-cudnn libraries to LD_LIBRARY_PATH (after
 #                               the system's libcudnn.so.9, which stays first).
+#   dcp_configure_gpu SRC BUILD PREFIX [cmake args...]
+#                               configures BUILD from SRC as every GPU script builds: Release,
+#                               Ninja, CUDA on, sm_90a, PREFIX's unpacked packages; more cmake
+#                               arguments after PREFIX.
 
 dcp_gpu_env() {
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -50,4 +54,14 @@ dcp_cudnn_from_torch() {
   dir=$(python3 -c 'import nvidia.cudnn; print(nvidia.cudnn.__path__[0])' 2>/dev/null) || return 0
   [ -n "$dir" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$dir/lib"
   return 0
+}
+
+dcp_configure_gpu() {
+  local src=$1 build=$2 prefix=$3
+  shift 3
+  # absl 20220623 predates GCC 13's leaner headers: force <cstdint> into C++ sources (nvcc
+  # chokes on a forced include, and the .cu files include what they use).
+  cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
+    -DCMAKE_CXX_FLAGS="-include cstdint" "$@"
 }

@@ -63,17 +63,13 @@ dcp_gpu_env
 dcp_unpack_debs "$debs" "$prefix" || exit 2
 
 if has_stage build; then
-  if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
-      -DCMAKE_CXX_FLAGS="-include cstdint" >"$out/build.log" 2>&1; then
+  if ! dcp_configure_gpu . "$build" "$prefix" >"$out/build.log" 2>&1; then
     tail -30 "$out/build.log"
     note "configure: FAILED"
     exit 1
   fi
   if has_stage ab; then  # the measurement build of stage ab, beside the main one
-    (cmake -S . -B "$build-ab" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
-        -DCMAKE_CXX_FLAGS="-include cstdint" \
+    (dcp_configure_gpu . "$build-ab" "$prefix" \
         -DCMAKE_CUDA_FLAGS="${DCP_AB_FLAGS:--DDCP_SPARSE_MQA_L2_HINTS=14}" &&
       ninja -C "$build-ab" -j "$(nproc)" dcp_bench) >"$out/ab_build.log" 2>&1 &
     ab_pid=$!
@@ -223,9 +219,7 @@ fi
 # A measurement build of dcp_bench in its own folder $1, with the CUDA define $2 (stages trace
 # and nogather); log $out/$3.
 measurement_build() {
-  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDCP_WITH_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \
-      -DCMAKE_CXX_FLAGS="-include cstdint" -DCMAKE_CUDA_FLAGS="$2" >"$out/$3" 2>&1 &&
+  dcp_configure_gpu . "$1" "$prefix" -DCMAKE_CUDA_FLAGS="$2" >"$out/$3" 2>&1 &&
       ninja -C "$1" -j "$(nproc)" dcp_bench >>"$out/$3" 2>&1
 }
 
