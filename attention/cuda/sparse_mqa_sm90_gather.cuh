@@ -26,10 +26,11 @@ namespace dcp::cuda {
 // register + uniform base + immediate (the rows' unrolled tiles) is encoded as
 // `LDGSTS [R+UR0+imm], desc[UR1]`, one uniform pair holding the base in its low word and the
 // policy's high word above it: the policy's low word (zero) is overwritten by the base
-// (`UMOV UR4, URZ` then `UMOV UR4, UR6` before it). Twenty lines reproduce it (an unrolled loop
-// of hinted cp.async at constant shared offsets); neither the 64-bit shared-address form, a
-// run-time createpolicy fraction, nor dropping `.L2::256B` changes that encoding. The Q tile's
-// cp.async (a register address, no uniform base) encodes the policy in its own pair and works.
+// (`UMOV UR4, URZ` then `UMOV UR4, UR6` before it). Twenty lines reproduce it (an unrolled
+// loop of hinted cp.async at constant shared offsets: docs/sparse_mqa_sm90.md, "L2 eviction
+// hints"); neither the 64-bit shared-address form, a run-time createpolicy fraction, nor
+// dropping `.L2::256B` changes that encoding. The Q tile's cp.async (a register address, no
+// uniform base) encodes the policy in its own pair and works.
 // Stage ab of scripts/sparse_mqa_device.sh (DCP_AB_FLAGS) builds and times one set of bits.
 inline constexpr int kL2HintGathers = 1, kL2HintRowPrefetch = 2, kL2HintQTile = 4,
                      kL2HintQPrefetch = 8;
