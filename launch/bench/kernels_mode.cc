@@ -740,10 +740,12 @@ absl::Status KernelBench::MeasureSparseMqaShapes() {
   // The decode shapes as a captured engine step runs them: 16 launches (the attention kernel
   // and, when it splits, the merge) replayed from one graph, so a row is GPU time without an
   // idle GPU's launch latency (the rows above include it: ~5-7 us). Per launch: time_us / 16.
+  // With bf16 output too (_obf16: what a one-rank layer's kernel, or its split merge, writes).
   for (const Shape& shape : {Shape{1, 128, 2048}, Shape{64, 128, 2048}, Shape{1, 128, 512}}) {
     for (bool fp8 : {false, true}) {
       DCP_RETURN_IF_ERROR(run_shape(shape, 2, 0, fp8, /*block_heads=*/0, /*replays=*/16));
     }
+    DCP_RETURN_IF_ERROR(run_shape(shape, 2, 0, /*fp8=*/false, 0, 16, /*bf16_out=*/true));
   }
   // The same kernels over rows that L2 holds (" c8k").
   for (const Shape& shape : {Shape{64, 128, 2048, true}, Shape{1024, 128, 2048, true},
