@@ -4,10 +4,13 @@
 //
 //   make_problem write <variant> <path>     one problem file (valid or broken on purpose)
 //   make_problem all <folder>               every variant, as <folder>/<variant>.safetensors
-//   make_problem verify <problem> <result> <world_size> [route|-] [tolerance]
+//   make_problem verify <problem> <result> <world_size> [route|-] [tolerance|-] [kv_dtype]
 //                                           checks a result file against the float64 reference
-//                                           (relative error, default 1e-4)
+//                                           (relative error, default 1e-4); kv_dtype
+//                                           fp8_ds_mla: keys read from the cache are the
+//                                           format's dequantized rows (FORMATS.md)
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -165,9 +168,56 @@ struct Options {
   bool bf16 = false;
   int topk_width = 0;  // 0: no topk_indices
   int row_entries = 0;  // at most this many positions a row selects (0: topk_width)
+  bool quantization_edges = false;  // kv_c tiles that fp8_ds_mla must handle exactly (R 512)
   Dims dims;
   std::vector<Request> requests = kRequests;
 };
+
+// The E4M3 magnitudes of codes 0..126 in ascending order (0x7f is NaN; no infinities).
+const std::vector<float>& E4m3Magnitudes() {
+  static const std::vector<float> magnitudes = [] {
+    std::vector<float> m;
+    for (int code = 0; code < 127; ++code) {
+      const int exponent = code >> 3, mantissa = code & 7;
+      m.push_back(exponent == 0 ? std::ldexp(float(mantissa), -9)
+                                : std::ldexp(1.0f + float(mantissa) / 8.0f, exponent - 7));
+    }
+    return m;
+  }();
+  return magnitudes;
+}
+
+// Rows whose 128-wide tiles hit fp8_ds_mla's edge cases: one tile spread over nine decades (E4M3
+// normals, subnormals and values that round to zero), all-zero tiles with negative zeros (scale
+// FLT_MIN), tiles of float32 subnormals (max|x| / 448 below FLT_MIN: the scale clamps), tiles
+// scaled by 30 (keys that dominate their rows' softmax), and tiles whose scale is 2^-8 exactly
+// with every other value halfway between two E4M3 magnitudes (ties to the even code). Needs
+// R = 512.
+void AddQuantizationEdges(std::vector<float>* kv_c, int r) {
+  const int64_t rows = int64_t(kv_c->size()) / r;
+  for (int64_t row = 0; row < rows; ++row) {
+    float* x = kv_c->data() + row * r;
+    float* spread = x + 128 * (row % 4);
+    for (int e = 0; e < 128; ++e) spread[e] *= std::pow(10.0f, -float(e % 9));
+    if (row % 5 == 0) {
+      float* zeros = x + 128 * ((row + 1) % 4);
+      for (int e = 0; e < 128; ++e) zeros[e] = e % 2 ? -0.0f : 0.0f;
+    }
+    if (row % 7 == 0 || row % 7 == 3) {
+      float* scaled = x + 128 * ((row + 2) % 4);
+      for (int e = 0; e < 128; ++e) scaled[e] *= row % 7 == 0 ? 1e-40f : 30.0f;
+    }
+    if (row % 7 == 5) {
+      const std::vector<float>& m = E4m3Magnitudes();
+      float* ties = x + 128 * ((row + 3) % 4);
+      ties[0] = std::ldexp(m.back(), -8);  // max|x| = 448 * 2^-8: the scale is 2^-8
+      for (int e = 1; e < 128; e += 2) {
+        const size_t hi = size_t(e + row) % (m.size() - 1) + 1;
+        ties[e] = std::ldexp((m[hi - 1] + m[hi]) / 2, -8) * (e % 4 == 1 ? 1.0f : -1.0f);
+      }
+    }
+  }
+}
 
 File MakeProblem(const Options& options) {
   const Dims& d = options.dims;
@@ -183,7 +233,9 @@ File MakeProblem(const Options& options) {
   const bool b = options.bf16;
   file.tensors["q_nope"] = Floats({tokens, d.h, d.dn}, RandomValues(tokens * d.h * d.dn, 1, 1), b);
   file.tensors["q_rope"] = Floats({tokens, d.h, d.dr}, RandomValues(tokens * d.h * d.dr, 2, 1), b);
-  file.tensors["kv_c"] = Floats({rows, d.r}, RandomValues(rows * d.r, 3, 1), b);
+  std::vector<float> kv_c = RandomValues(rows * d.r, 3, 1);
+  if (options.quantization_edges) AddQuantizationEdges(&kv_c, d.r);
+  file.tensors["kv_c"] = Floats({rows, d.r}, kv_c, b);
   file.tensors["k_pe"] = Floats({rows, d.dr}, RandomValues(rows * d.dr, 4, 1), b);
   file.tensors["w_uk"] = Floats({d.h, d.dn, d.r}, RandomValues(d.h * d.dn * d.r, 5, 0.2f), b);
   file.tensors["w_uv"] = Floats({d.h, d.r, d.dv}, RandomValues(d.h * d.r * d.dv, 6, 0.2f), b);
@@ -259,6 +311,15 @@ std::map<std::string, std::string> Variants() {
   images["deepseek_dense_bf16"] = Image(MakeProblem(deepseek));
   deepseek.topk_width = 16;
   images["deepseek_sparse_bf16"] = Image(MakeProblem(deepseek));
+  // The same dims in F32 (the cache write quantizes float32 values on CPU ranks and rounds k_pe
+  // to bf16), with kv_c tiles at fp8_ds_mla's edges: run with --kv-cache-dtype fp8_ds_mla.
+  Options fp8 = deepseek;
+  fp8.bf16 = false;
+  fp8.topk_width = 0;
+  fp8.quantization_edges = true;
+  images["deepseek_fp8_dense"] = Image(MakeProblem(fp8));
+  fp8.topk_width = 16;
+  images["deepseek_fp8_sparse"] = Image(MakeProblem(fp8));
 
   // ---- broken on purpose ----
   File base = MakeProblem(sparse);
@@ -346,9 +407,52 @@ std::map<std::string, std::string> Variants() {
   return images;
 }
 
+// ---- fp8_ds_mla as FORMATS.md states it (the magnitudes listed and searched, no bit tricks) ---
+// v rounded to the nearest E4M3 value, ties to the even code, saturated at +-448.
+float RoundE4m3(float v) {
+  const std::vector<float>& m = E4m3Magnitudes();
+  const float a = std::fabs(v);
+  float q = m.back();
+  if (a < m.back()) {
+    const size_t hi = size_t(std::upper_bound(m.begin(), m.end(), a) - m.begin()), lo = hi - 1;
+    const double below = double(a) - m[lo], above = double(m[hi]) - a;
+    q = m[below < above || (below == above && lo % 2 == 0) ? lo : hi];
+  }
+  return std::signbit(v) ? -q : q;
+}
+
+double RoundBf16(double value) {
+  const uint32_t word = uint32_t(ToBf16(float(value))) << 16;
+  float rounded;
+  std::memcpy(&rounded, &word, 4);
+  return rounded;
+}
+
+// What a CPU rank's fp8_ds_mla cache gives back for rows [rows, 512] / [rows, 64]: kv_c in 4
+// tiles of 128, each x / s_t rounded to E4M3 with s_t = max(max|x| / 448, FLT_MIN) (float32),
+// dequantized as e4m3 * s_t in float32; k_pe rounded to bf16. x is the float32 value.
+void Fp8DsMlaCache(const std::vector<double>& kv_c, const std::vector<double>& k_pe,
+                   std::vector<double>* kv_cache, std::vector<double>* pe_cache) {
+  kv_cache->resize(kv_c.size());
+  for (size_t tile = 0; tile < kv_c.size(); tile += 128) {
+    float amax = 0.0f;
+    for (size_t e = tile; e < tile + 128; ++e) amax = std::max(amax, std::fabs(float(kv_c[e])));
+    const float scale = std::max(amax / 448.0f, FLT_MIN);
+    for (size_t e = tile; e < tile + 128; ++e) {
+      (*kv_cache)[e] = RoundE4m3(float(kv_c[e]) / scale) * scale;
+    }
+  }
+  pe_cache->resize(k_pe.size());
+  for (size_t e = 0; e < k_pe.size(); ++e) (*pe_cache)[e] = RoundBf16(k_pe[e]);
+}
+
 // ---- verify: float64 reference of DESIGN.md section 3 ------------------------------------
+// kv_dtype fp8_ds_mla (FORMATS.md, as vLLM): the sparse route reads every key from the cache,
+// the batch's new tokens included; the dense route reads the prefills' cached context from it
+// and their new tokens fresh (decodes stay on the sparse route: query_len 1, dcp_run's
+// default decode threshold).
 int Verify(const std::string& problem_path, const std::string& result_path, int world_size,
-           const std::string& route, double tolerance) {
+           const std::string& route, double tolerance, const std::string& kv_dtype) {
   std::map<std::string, Tensor> p, r;
   std::map<std::string, std::string> pm, rm;
   if (!ReadFile(problem_path, &p, &pm) || !ReadFile(result_path, &r, &rm)) {
@@ -385,6 +489,19 @@ int Verify(const std::string& problem_path, const std::string& result_path, int 
   const std::vector<double>& k_pe = p["k_pe"].values;
   const std::vector<double>& w_uk = p["w_uk"].values;
   const std::vector<double>& w_uv = p["w_uv"].values;
+  const bool fp8 = kv_dtype == "fp8_ds_mla";
+  if (!fp8 && !kv_dtype.empty() && kv_dtype != "bf16") {
+    std::fprintf(stderr, "verify: unknown kv_dtype '%s' (bf16 or fp8_ds_mla)\n", kv_dtype.c_str());
+    return 1;
+  }
+  if (fp8 && (rank != 512 || dr != 64)) {
+    std::fprintf(stderr, "verify: fp8_ds_mla needs R 512 and Dr 64, the problem has %lld, %lld\n",
+                 static_cast<long long>(rank), static_cast<long long>(dr));
+    return 1;
+  }
+  std::vector<double> kv_cache, pe_cache;
+  if (fp8) Fp8DsMlaCache(kv_c, k_pe, &kv_cache, &pe_cache);
+  const bool dense_route = rm["route"] == "dense_mha";
   double out_error = 0, out_scale = 0, lse_error = 0;
   int64_t t = 0, row_offset = 0;
   for (size_t i = 0; i < p["seq_lens"].values.size(); ++i) {
@@ -401,20 +518,27 @@ int Verify(const std::string& problem_path, const std::string& result_path, int 
       } else {
         for (int64_t j = 0; j <= position; ++j) keys.push_back(j);
       }
+      // Each key's row: the cache's (fp8_ds_mla) or the file's own values.
+      std::vector<const double*> kv_rows, pe_rows;
+      for (int64_t j : keys) {
+        const int64_t row = row_offset + j;
+        const bool fresh = !fp8 || (dense_route && query_len > 1 && j >= seq_len - query_len);
+        kv_rows.push_back((fresh ? kv_c : kv_cache).data() + row * rank);
+        pe_rows.push_back((fresh ? k_pe : pe_cache).data() + row * dr);
+      }
       for (int64_t head = 0; head < h; ++head) {
-        std::vector<double> scores, values_sum(dv, 0.0);
-        for (int64_t j : keys) {
-          const int64_t row = row_offset + j;
+        std::vector<double> scores;
+        for (size_t n = 0; n < keys.size(); ++n) {
           double score = 0;
           for (int64_t a = 0; a < dn; ++a) {
             double k_nope = 0;
             for (int64_t c = 0; c < rank; ++c) {
-              k_nope += w_uk[(head * dn + a) * rank + c] * kv_c[row * rank + c];
+              k_nope += w_uk[(head * dn + a) * rank + c] * kv_rows[n][c];
             }
             score += q_nope[(t * h + head) * dn + a] * k_nope;
           }
           for (int64_t a = 0; a < dr; ++a) {
-            score += q_rope[(t * h + head) * dr + a] * k_pe[row * dr + a];
+            score += q_rope[(t * h + head) * dr + a] * pe_rows[n][a];
           }
           scores.push_back(scale * score);
         }
@@ -425,11 +549,10 @@ int Verify(const std::string& problem_path, const std::string& result_path, int 
         std::vector<double> out(dv, 0.0);
         for (size_t n = 0; n < keys.size(); ++n) {
           const double weight = std::exp(scores[n] - lse);
-          const int64_t row = row_offset + keys[n];
           for (int64_t e = 0; e < dv; ++e) {
             double v = 0;
             for (int64_t c = 0; c < rank; ++c)
-              v += w_uv[(head * rank + c) * dv + e] * kv_c[row * rank + c];
+              v += w_uv[(head * rank + c) * dv + e] * kv_rows[n][c];
             out[e] += weight * v;
           }
         }
@@ -477,12 +600,13 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  if (command == "verify" && argc >= 5 && argc <= 7) {
+  if (command == "verify" && argc >= 5 && argc <= 8) {
+    const std::string tolerance = argc >= 7 ? argv[6] : "-";
     return Verify(argv[2], argv[3], std::atoi(argv[4]), argc >= 6 ? argv[5] : "",
-                  argc == 7 ? std::atof(argv[6]) : 1e-4);
+                  tolerance == "-" ? 1e-4 : std::atof(tolerance.c_str()), argc == 8 ? argv[7] : "");
   }
   std::fprintf(stderr,
                "usage: make_problem write <variant> <path> | all <folder> | verify <problem> "
-               "<result> <world_size> [route|-] [tolerance]\n");
+               "<result> <world_size> [route|-] [tolerance|-] [bf16|fp8_ds_mla]\n");
   return 2;
 }
