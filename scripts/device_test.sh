@@ -8,7 +8,8 @@
 #   4. runs compute-sanitizer memcheck on the GPU kernel test binaries (and racecheck on the
 #      shared-memory attention kernels, small cases);
 #   5. times the kernels against the card's copy and GEMM ceilings (dcp_bench --mode kernels);
-#   6. runs dcp_run --device cuda --check at the DeepSeek-V3.2 dims for both routes;
+#   6. runs dcp_run --device cuda --check at the DeepSeek-V3.2 dims for both routes, and on
+#      problem files (bf16 and fp8_ds_mla caches, random ones too) verified by make_problem;
 #   7. prints a short summary last.
 # Logs go to $OUT (the device tool's output folder) or /tmp/dcp-device-out, at most 7 files
 # (summary, build, ctest, sanitizer, bench, dcp_run logs): the tool returns 8 at most.
@@ -193,6 +194,44 @@ ${DCP_RUNS:-1 nccl ag_rs
 4 mpi ag_rs
 4 mpi a2a}
 EOF_RUNS
+    # Problem files on CUDA ranks (np 2, host-staged MPI) against make_problem's float64
+    # reference, tolerance 0.05 (bf16 K/V and q'): the DeepSeek-dim bf16 problems, the
+    # fp8_ds_mla ones (the reference quantizes the float32 values, a CUDA rank their bf16
+    # rounding), then random fp8_ds_mla problems (tests/launch/random_problems.cmake).
+    make_problem="$build/tests/launch/make_problem"
+    dir=/tmp/dcp-problems
+    mkdir -p "$dir"
+    if [ -x "$make_problem" ] && "$make_problem" all "$dir"; then
+      while read -r variant kv; do
+        log="$out/one_dcp_run.log"
+        problem="$dir/$variant.safetensors"
+        result="$dir/$variant.cuda.safetensors"
+        timeout 150 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 </dev/null \
+            "$run" --device cuda --comm mpi --problem "$problem" --output "$result" \
+            --kv-cache-dtype "$kv" >"$log" 2>&1 &&
+          "$make_problem" verify "$problem" "$result" 2 - 0.05 "$kv" >>"$log" 2>&1
+        code=$?
+        [ "$code" -eq 0 ] || failures=$((failures + 1))
+        note "problem $variant ($kv) np 2: exit $code | $(grep -E '^verify' "$log" | cut -c1-300)"
+        { echo "=== problem $variant $kv (exit $code)"; cat "$log"; } >>"$out/dcp_run.log"
+        rm -f "$log"
+      done <<EOF_PROBLEMS
+deepseek_dense_bf16 bf16
+deepseek_sparse_bf16 bf16
+deepseek_fp8_dense fp8_ds_mla
+deepseek_fp8_sparse fp8_ds_mla
+EOF_PROBLEMS
+      cmake -DMAKE_PROBLEM="$make_problem" -DDCP_RUN="$run" -DFOLDER="$dir" -DFIRST=1 -DLAST=8 \
+        -DLAUNCH="mpirun@@--allow-run-as-root@@--oversubscribe@@--bind-to@@none" -DFP8=1 \
+        -DEXTRA="--device@@cuda@@--comm@@mpi" -DTOLERANCE=0.05 -DANY_ROUTES=1 \
+        -P tests/launch/random_problems.cmake >>"$out/dcp_run.log" 2>&1
+      code=$?
+      [ "$code" -eq 0 ] || failures=$((failures + 1))
+      note "random fp8_ds_mla problems 1-8 on CUDA ranks: exit $code"
+    else
+      note "problem files: make_problem not built or failed"
+      failures=$((failures + 1))
+    fi
   else
     note "dcp_run: not built"
   fi

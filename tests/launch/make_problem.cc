@@ -4,12 +4,14 @@
 //
 //   make_problem write <variant> <path>     one problem file (valid or broken on purpose)
 //   make_problem all <folder>               every variant, as <folder>/<variant>.safetensors
+//   make_problem random <seed> <path> [fp8] a random problem (RandomProblem), for sweeps
 //   make_problem verify <problem> <result> <world_size> [route|-] [tolerance|-] [kv_dtype]
 //                                           checks a result file against the float64 reference
 //                                           (relative error, default 1e-4); kv_dtype
 //                                           fp8_ds_mla: keys read from the cache are the
 //                                           format's dequantized rows (FORMATS.md)
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -272,6 +274,93 @@ File MakeProblem(const Options& options) {
     }
     file.tensors["topk_indices"] = Ints({tokens, k}, topk);
   }
+  return file;
+}
+
+// A random problem for sweeps (`make_problem random <seed> <path>`): 1-8 requests of random
+// kinds and lengths (decodes, prefills, extends; seq_len up to 300), random small dims, F32 or
+// BF16, and top-k rows absent, or every causal position in rows as wide as the longest request,
+// or rows of a random width holding, per token, nothing, every causal position (where the width
+// allows) or a random causal subset; entries in random columns between -1 padding. Prints the
+// head count (a world size must divide it). fp8_dims: R 512 and Dr 64 with kv_c tiles at
+// fp8_ds_mla's edges (AddQuantizationEdges).
+// RandomRun draws a run for it: a world size of 1-4 that divides the heads and dcp_run flags
+// (block size, interleave, combine, sometimes a workspace small enough for several chunks,
+// --force-mqa, a decode threshold above 1 unless fp8: verify takes query_len 1 as a decode).
+struct RandomRun {
+  int world_size = 1;
+  std::string args;
+};
+
+File RandomProblem(uint64_t seed, bool fp8_dims, RandomRun* run) {
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 7;
+  const auto below = [&](int n) {  // uniform in [0, n)
+    return int((Random(&state) + 1.0f) * 0.5f * float(n)) % n;
+  };
+  Options options;
+  options.bf16 = below(2) == 1;
+  options.dims =
+      Dims{std::array{4, 8, 12}[below(3)], std::array{16, 32, 64}[below(3)],
+           std::array{8, 16}[below(2)], std::array{4, 8}[below(2)], std::array{8, 16}[below(2)]};
+  if (fp8_dims) {  // fp8_ds_mla's R 512 / Dr 64, with its quantization edges
+    options.dims.r = 512;
+    options.dims.dr = 64;
+    options.quantization_edges = true;
+  }
+  const int heads = options.dims.h;
+  std::vector<int> worlds;
+  for (int w = 1; w <= 4; ++w) {
+    if (heads % w == 0) worlds.push_back(w);
+  }
+  run->world_size = worlds[below(int(worlds.size()))];
+  const int block = std::array{4, 8, 16, 64}[below(4)];
+  const int interleave = std::array{1, 2, 4}[below(3)];
+  run->args = "--block-size " + std::to_string(block) + " --interleave " +
+              std::to_string(interleave) + " --combine " + (below(2) ? "a2a" : "ag_rs");
+  if (below(2) == 0) {
+    run->args += " --workspace-rows " +
+                 std::to_string((1 + below(8)) * block * interleave * run->world_size);
+  }
+  if (below(5) == 0) run->args += " --force-mqa";
+  if (!fp8_dims && below(4) == 0)
+    run->args += " --decode-threshold " + std::to_string(2 + below(3));
+  if (fp8_dims) run->args += " --kv-cache-dtype fp8_ds_mla";
+  options.requests.clear();
+  const int count = 1 + below(8);
+  for (int i = 0; i < count; ++i) {
+    const int seq_len = 1 + below(300);
+    const int kind = below(3);  // decode, prefill, extend
+    const int query_len = kind == 0 ? 1 : kind == 1 ? seq_len : 1 + below(seq_len);
+    options.requests.push_back({seq_len, query_len});
+  }
+  File file = MakeProblem(options);
+  if (below(3) == 0) return file;  // every causal position (seq_lens <= 2048)
+  // Rows of mixed kinds, or every causal position in rows wide enough for the longest request
+  // (the dense route's case with top-k given).
+  const bool full = below(2) == 0;
+  int longest = 0;
+  for (const Request& r : options.requests) longest = std::max(longest, r.seq_len);
+  const int k = full ? longest + below(8) : 1 + below(64);
+  std::vector<int32_t> topk;
+  for (const Request& r : options.requests) {
+    for (int i = 0; i < r.query_len; ++i) {
+      const int position = r.seq_len - r.query_len + i;
+      std::vector<int32_t> keys(position + 1);
+      for (int j = 0; j <= position; ++j) keys[j] = j;
+      for (int j = position; j > 0; --j) std::swap(keys[j], keys[below(j + 1)]);
+      const int mode = full ? 1 : below(8);  // 0: nothing; 1-3: every position if they fit
+      const int take = mode == 0                     ? 0
+                       : (mode <= 3 && position < k) ? position + 1
+                                                     : 1 + below(std::min(k, position + 1));
+      std::vector<int32_t> row(k, -1);
+      std::vector<int> columns(k);
+      for (int c = 0; c < k; ++c) columns[c] = c;
+      for (int c = k - 1; c > 0; --c) std::swap(columns[c], columns[below(c + 1)]);
+      for (int n = 0; n < take; ++n) row[columns[n]] = keys[n];
+      topk.insert(topk.end(), row.begin(), row.end());
+    }
+  }
+  file.tensors["topk_indices"] = Ints({file.tensors["q_nope"].shape[0], k}, topk);
   return file;
 }
 
@@ -600,13 +689,21 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (command == "random" && (argc == 4 || (argc == 5 && std::string(argv[4]) == "fp8"))) {
+    RandomRun run;
+    const File file = RandomProblem(std::strtoull(argv[2], nullptr, 10), argc == 5, &run);
+    std::printf("np %d\nargs %s\n", run.world_size, run.args.c_str());
+    return WriteImage(argv[3], Image(file)) ? 0 : 1;
+  }
   if (command == "verify" && argc >= 5 && argc <= 8) {
     const std::string tolerance = argc >= 7 ? argv[6] : "-";
     return Verify(argv[2], argv[3], std::atoi(argv[4]), argc >= 6 ? argv[5] : "",
                   tolerance == "-" ? 1e-4 : std::atof(tolerance.c_str()), argc == 8 ? argv[7] : "");
   }
-  std::fprintf(stderr,
-               "usage: make_problem write <variant> <path> | all <folder> | verify <problem> "
-               "<result> <world_size> [route|-] [tolerance|-] [bf16|fp8_ds_mla]\n");
+  std::fprintf(
+      stderr,
+      "usage: make_problem write <variant> <path> | all <folder> | random <seed> <path> [fp8] | "
+      "verify <problem> "
+      "<result> <world_size> [route|-] [tolerance|-] [bf16|fp8_ds_mla]\n");
   return 2;
 }
