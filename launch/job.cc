@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <fstream>
 #include <memory>
@@ -16,6 +15,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/environment.h"
+#include "core/kv_layout.h"
+#include "core/status.h"
 #include "launch/batch_calls.h"
 #include "launch/batch_spec.h"
 #include "launch/bootstrap.h"
@@ -32,8 +34,6 @@
 #include "launch/synthetic.h"
 #include "launch/version.h"
 #include "runtime/dcp.h"
-#include "core/kv_layout.h"
-#include "core/status.h"
 
 namespace dcp::launch {
 namespace {
@@ -226,7 +226,7 @@ absl::Status Job::Run(int argc, char** argv) {
   }
   if (is_root() && !config_.run.json) std::fputs(FormatHeader(Describe()).c_str(), stdout);
   // Test hook: each rank states its pid once the group runs (the stalled-rank test stops one).
-  if (std::getenv("DCP_RUN_REPORT_PID") != nullptr) {
+  if (EnvSwitch("DCP_RUN_REPORT_PID", false)) {
     std::fprintf(stderr, "[dcp_run rank %d pid %d running]\n", process_.rank, int(::getpid()));
     std::fflush(stderr);
   }
@@ -580,7 +580,7 @@ int RunJob(int argc, char** argv) {
     job.Release();
   }
   // Test hook: each rank states its exit code, so tests can check that all ranks agree.
-  if (std::getenv("DCP_RUN_REPORT_EXIT") != nullptr) {
+  if (EnvSwitch("DCP_RUN_REPORT_EXIT", false)) {
     std::fprintf(stderr, "[dcp_run rank %d exit %d]\n", process->rank, code);
   }
   std::fflush(stdout);

@@ -2,9 +2,8 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdlib>
-#include <string_view>
 
+#include "core/environment.h"
 #include "core/status.h"
 #include "workspace/chunk_plan.h"
 
@@ -14,10 +13,7 @@ namespace {
 // DCP_DENSE_CHUNKED=1: the one-chunk case takes the chunked path too (new tokens and context
 // apart, merged by LSE), for comparisons and as the equivalence tests' second path.
 bool ForceChunkedPath() {
-  static const bool forced = [] {
-    const char* value = std::getenv("DCP_DENSE_CHUNKED");
-    return value != nullptr && std::string_view(value) == "1";
-  }();
+  static const bool forced = EnvSwitch("DCP_DENSE_CHUNKED", false);
   return forced;
 }
 

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <vector>
 
+#include "core/environment.h"
 #include "core/status.h"
 
 namespace dcp {
@@ -225,7 +225,7 @@ bool MlaProjections::ProjectOutMergesSplits(int64_t tx) const {
   // Opt-in (DCP_MERGE_IN_PROJECTION set): measured slower on the H200 than the split merge
   // kernel followed by the projection (1 decode token x 128 heads: 35.8 against 33.5 us
   // replayed), whose weight stream overlaps the merge (docs/engine_decode_latency.md).
-  static const bool enabled = std::getenv("DCP_MERGE_IN_PROJECTION") != nullptr;
+  static const bool enabled = EnvSwitch("DCP_MERGE_IN_PROJECTION", false);
   if (!enabled) return false;
   const int hl = heads_, r = model_.kv_lora_rank, dv = model_.v_head_dim;
   // Shapes and dtypes only: the pointers stand in for the ones Run will pass.

@@ -7,12 +7,12 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <thread>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/environment.h"
 
 // The hot loops are compiled for AVX-512, AVX2+FMA and baseline x86-64 and picked at load time
 // (GCC function multi-versioning), so the library stays portable without -march=native.
@@ -31,11 +31,9 @@ inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // once. The override exists for the benchmarks' per-core figures.
 inline int NumThreads() {
   static const int threads = [] {
-    if (const char* env = std::getenv("DCP_CPU_THREADS")) {
-      const int value = std::atoi(env);
-      if (value >= 1) return value;
-    }
-    return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    const int64_t set = EnvInteger("DCP_CPU_THREADS", 0, 1, 4096);
+    return set > 0 ? static_cast<int>(set)
+                   : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   }();
   return threads;
 }

@@ -1,7 +1,6 @@
 #include "attention/cuda/gemm_cublas.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string_view>
 
 #include "attention/cuda/cublas_status.h"
@@ -10,6 +9,7 @@
 #include "attention/cuda/topk_to_slots.h"
 #include "core/cuda/copy_2d.h"
 #include "core/cuda/cuda_status.h"
+#include "core/environment.h"
 
 namespace dcp::cuda {
 
@@ -65,9 +65,8 @@ enum class SmallMKernel { kNone, kSimt, kTensorCore };
 // DCP_SMALL_M_GEMM: "simt" (default), "tc" or "off"; DCP_NO_SMALL_M_GEMM=1 is "off".
 SmallMKernel SmallMChoice() {
   static const SmallMKernel choice = [] {
-    if (std::getenv("DCP_NO_SMALL_M_GEMM") != nullptr) return SmallMKernel::kNone;
-    const char* value = std::getenv("DCP_SMALL_M_GEMM");
-    const std::string_view name = value == nullptr ? "simt" : value;
+    if (EnvSwitch("DCP_NO_SMALL_M_GEMM", false)) return SmallMKernel::kNone;
+    const std::string_view name = EnvChoice("DCP_SMALL_M_GEMM", "simt", {"simt", "tc", "off"});
     if (name == "off") return SmallMKernel::kNone;
     if (name == "tc") return SmallMKernel::kTensorCore;
     return SmallMKernel::kSimt;
@@ -121,7 +120,7 @@ bool GemmSupports(const GemmParams& p) {
 
 bool GemmOverlapsSlots(const GemmParams& p) {
   // DCP_NO_SLOTS_IN_GEMM=1: the step runs as a launch of its own (A/B measurements).
-  static const bool off = std::getenv("DCP_NO_SLOTS_IN_GEMM") != nullptr;
+  static const bool off = EnvSwitch("DCP_NO_SLOTS_IN_GEMM", false);
   return !off && SmallMKernelFor(p) == SmallMKernel::kSimt && SmallMGemmTakesSlots(p);
 }
 

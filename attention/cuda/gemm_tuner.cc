@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string_view>
@@ -13,6 +12,7 @@
 #include "attention/cuda/cublas_status.h"
 #include "attention/cuda/gemm_cublas.h"
 #include "core/cuda/cuda_status.h"
+#include "core/environment.h"
 
 namespace dcp::cuda {
 namespace {
@@ -177,8 +177,7 @@ absl::Status CreateLayouts(const GemmParams& p, cublasLtMatrixLayout_t* lt_a,
 
 GemmTuner::Options GemmTuner::FromEnvironment() {
   Options options;
-  const char* value = std::getenv("DCP_GEMM_TUNE");
-  options.enabled = value == nullptr || std::string_view(value) != "0";
+  options.enabled = EnvSwitch("DCP_GEMM_TUNE", true);
   return options;
 }
 

@@ -2,13 +2,13 @@
 // sparse_mqa_kernel.cuh (mma.sync) and sparse_mqa_sm90_kernel.cuh (wgmma).
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "attention/cuda/merge_states.h"
 #include "attention/cuda/sparse_mqa.h"
 #include "attention/cuda/sparse_mqa_work.cuh"
 #include "core/cuda/cuda_status.h"
 #include "core/cuda/device_info.h"
+#include "core/environment.h"
 
 namespace dcp::cuda {
 namespace {
@@ -24,20 +24,10 @@ int NumSms() {
 
 int BlockAlign(int kernel) { return kernel == 2 ? 2 : 1; }
 
-// A measurement knob: the number in environment variable `name`, clamped to [low, high]
-// (NaN: low), or `fallback` when it is unset or empty. Each caller reads it once.
-double KnobFromEnvironment(const char* name, double fallback, double low, double high) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return fallback;
-  const double parsed = std::atof(value);
-  return !(parsed > low) ? low : parsed > high ? high : parsed;
-}
-
 // The wgmma producer's L2 prefetch distance in pairs (SparseMqaSplit::prefetch_pairs):
 // DCP_SPARSE_MQA_PREFETCH_PAIRS = 0 (off) to 4, default 1.
 int PrefetchPairs() {
-  static const int pairs =
-      static_cast<int>(KnobFromEnvironment("DCP_SPARSE_MQA_PREFETCH_PAIRS", 1, 0, 4));
+  static const int pairs = static_cast<int>(EnvInteger("DCP_SPARSE_MQA_PREFETCH_PAIRS", 1, 0, 4));
   return pairs;
 }
 
@@ -45,14 +35,14 @@ int PrefetchPairs() {
 // 0 one CTA per item, 1 one CTA per SM (for measurements).
 int PersistentFromEnvironment() {
   static const int persistent =
-      static_cast<int>(KnobFromEnvironment("DCP_SPARSE_MQA_PERSISTENT", -1, -1, 1));
+      static_cast<int>(EnvInteger("DCP_SPARSE_MQA_PERSISTENT", -1, -1, 1));
   return persistent;
 }
 
 // Whether persistent CTAs prefetch their next item into L2 (SparseMqaSplit::
 // prefetch_next_item): DCP_SPARSE_MQA_PREFETCH_NEXT = 0 (off) or 1 (default).
 bool PrefetchNextItem() {
-  static const bool next = KnobFromEnvironment("DCP_SPARSE_MQA_PREFETCH_NEXT", 1, 0, 1) > 0;
+  static const bool next = EnvSwitch("DCP_SPARSE_MQA_PREFETCH_NEXT", true);
   return next;
 }
 
@@ -60,7 +50,7 @@ bool PrefetchNextItem() {
 // = 0 (rescale whenever the max grows) to 16, default 8.
 float RescaleSlack() {
   static const float slack =
-      static_cast<float>(KnobFromEnvironment("DCP_SPARSE_MQA_RESCALE_SLACK", 8, 0, 16));
+      static_cast<float>(EnvNumber("DCP_SPARSE_MQA_RESCALE_SLACK", 8, 0, 16));
   return slack;
 }
 
@@ -68,15 +58,14 @@ float RescaleSlack() {
 // measurements: DCP_SPARSE_MQA_SCHEDULE = 1 (pairs) or 2 (roles); 0 or unset: chosen
 // (SparseMqaChooseSchedule).
 int ScheduleFromEnvironment() {
-  static const int schedule =
-      static_cast<int>(KnobFromEnvironment("DCP_SPARSE_MQA_SCHEDULE", 0, 0, 2));
+  static const int schedule = static_cast<int>(EnvInteger("DCP_SPARSE_MQA_SCHEDULE", 0, 0, 2));
   return schedule;
 }
 
 // Whether split_merge 0 merges inside the cluster where it can: DCP_SPARSE_MQA_CLUSTER_MERGE=0
 // sends it to the MergeSplits kernel (for measurements); default on.
 bool ClusterMergeByDefault() {
-  static const bool on = KnobFromEnvironment("DCP_SPARSE_MQA_CLUSTER_MERGE", 1, 0, 1) > 0;
+  static const bool on = EnvSwitch("DCP_SPARSE_MQA_CLUSTER_MERGE", true);
   return on;
 }
 

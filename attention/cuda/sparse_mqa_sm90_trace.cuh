@@ -16,7 +16,8 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
+
+#include "core/environment.h"
 #endif
 
 namespace dcp::cuda::sm90_trace {
@@ -97,10 +98,8 @@ static const char* MarkName(int mark, char* buffer, size_t size) {
 // Called by the launcher after each launch of its instantiation.
 static void AfterLaunch(const char* name, unsigned grid, cudaStream_t stream) {
   static int launches = 0;
-  static const int traced = [] {
-    const char* value = std::getenv("DCP_SPARSE_MQA_TRACE_LAUNCH");
-    return value != nullptr ? std::atoi(value) : 5;
-  }();
+  static const int traced =
+      static_cast<int>(EnvInteger("DCP_SPARSE_MQA_TRACE_LAUNCH", 5, 1, 1 << 30));
   static unsigned long long host[kCtas][kMarks];
   ++launches;
   if (launches == traced - 1) {

@@ -1,18 +1,17 @@
 #include "core/cuda/programmatic_launch.h"
 
-#include <cstdlib>
-
 #include "core/cuda/device_info.h"
+#include "core/environment.h"
 
 namespace dcp::cuda {
 
 bool ProgrammaticLaunchEnabled() {
-  static const bool disabled = std::getenv("DCP_NO_PDL") != nullptr;
+  static const bool disabled = EnvSwitch("DCP_NO_PDL", false);
   return !disabled && CurrentDeviceComputeMajor() >= 9;
 }
 
 bool EarlyTriggerEnabled() {
-  static const bool disabled = std::getenv("DCP_NO_EARLY_TRIGGER") != nullptr;
+  static const bool disabled = EnvSwitch("DCP_NO_EARLY_TRIGGER", false);
   return !disabled && ProgrammaticLaunchEnabled();
 }
 

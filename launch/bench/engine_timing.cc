@@ -1,8 +1,8 @@
 #include "launch/bench/engine_timing.h"
 
 #include <chrono>
-#include <cstdlib>
 
+#include "core/environment.h"
 #include "core/status.h"
 
 #if DCP_WITH_CUDA
@@ -19,10 +19,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // DCP_BENCH_TIMELINE=1: keep the replayed layers' activity records (LayerTimes::graph_timeline).
-[[maybe_unused]] bool TimelineWanted() {
-  const char* value = std::getenv("DCP_BENCH_TIMELINE");
-  return value != nullptr && value[0] != '\0' && value[0] != '0';
-}
+[[maybe_unused]] bool TimelineWanted() { return EnvSwitch("DCP_BENCH_TIMELINE", false); }
 double Since(Clock::time_point start) {
   return std::chrono::duration<double, std::micro>(Clock::now() - start).count();
 }

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/environment.h"
 #include "core/status.h"
 
 #if DCP_WITH_CUPTI
@@ -126,8 +127,8 @@ constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
 }  // namespace
 
 bool GpuBusyTraceAvailable() {
-  const char* off = std::getenv("DCP_BENCH_NO_CUPTI");  // to compare timings without CUPTI loaded
-  return off == nullptr || off[0] == '\0' || off[0] == '0';
+  // DCP_BENCH_NO_CUPTI=1: to compare timings without CUPTI loaded.
+  return !EnvSwitch("DCP_BENCH_NO_CUPTI", false);
 }
 
 absl::StatusOr<GpuBusy> TraceGpuBusy(const std::function<absl::Status()>& body,

@@ -8,6 +8,7 @@
 #include "attention/cuda/cublas_status.h"
 #include "core/cuda/copy_2d.h"
 #include "core/cuda/cuda_status.h"
+#include "core/environment.h"
 #include "core/logging.h"
 
 namespace dcp {
@@ -89,10 +90,7 @@ absl::StatusOr<Buffer> CudaDevice::Allocate(size_t bytes) {
   // Debugging aid: DCP_CUDA_POISON_ALLOCATIONS=1 fills new buffers with 0xFF bytes (NaN for
   // fp32 and bf16, -1 for int32), so a read of memory nothing wrote shows up as NaN instead of
   // a stale value recycled from an earlier allocation.
-  static const bool poison = [] {
-    const char* value = std::getenv("DCP_CUDA_POISON_ALLOCATIONS");
-    return value != nullptr && std::string(value) == "1";
-  }();
+  static const bool poison = EnvSwitch("DCP_CUDA_POISON_ALLOCATIONS", false);
   if (poison) {
     if (absl::Status filled = CudaCodeToStatus(cudaMemsetAsync(data, 0xFF, bytes, stream_),
                                                "cudaMemsetAsync(poison)", __FILE__, __LINE__);
@@ -121,13 +119,6 @@ absl::Status CudaDevice::CopyFromHost(void* dst, const void* src, size_t bytes) 
   // The caller may reuse (or free) `src` as soon as this returns.
   DCP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
-}
-
-bool CudaDevice::EnvironmentFlag(const char* name, bool fallback) {
-  const char* value = std::getenv(name);
-  if (value == nullptr) return fallback;
-  const std::string text(value);
-  return text == "1" ? true : text == "0" ? false : fallback;
 }
 
 absl::Status CudaDevice::StageToDevice(void* dst, const void* src, size_t bytes) {

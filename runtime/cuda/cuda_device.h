@@ -27,10 +27,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "attention/cuda/cudnn/cudnn_sdpa.h"
 #include "attention/cuda/gemm_tuner.h"
-
-#include "absl/status/statusor.h"
+#include "core/environment.h"
 #include "runtime/cuda/pinned_staging.h"
 #include "runtime/device.h"
 
@@ -117,12 +117,14 @@ class CudaDevice final : public Device {
 
  private:
   CudaDevice(int ordinal, cudaStream_t stream, cublasHandle_t cublas)
-      : ordinal_(ordinal), own_stream_(stream), stream_(stream), cublas_(cublas),
+      : ordinal_(ordinal),
+        own_stream_(stream),
+        stream_(stream),
+        cublas_(cublas),
         gemm_tuner_(std::make_unique<cuda::GemmTuner>(cublas, cuda::GemmTuner::FromEnvironment())),
-        sync_uploads_(EnvironmentFlag("DCP_SYNC_UPLOADS")),
-        batch_uploads_(EnvironmentFlag("DCP_BATCH_UPLOADS", true)) {}
+        sync_uploads_(EnvSwitch("DCP_SYNC_UPLOADS", false)),
+        batch_uploads_(EnvSwitch("DCP_BATCH_UPLOADS", true)) {}
   // `name` set to "1" (true) or "0" (false); unset or anything else: `fallback`.
-  static bool EnvironmentFlag(const char* name, bool fallback = false);
   // Makes this device current for the calling thread (cheap when it already is).
   absl::Status Activate() const;
 

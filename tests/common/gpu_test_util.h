@@ -21,15 +21,13 @@
 #include <string>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "core/dtype.h"
+#include "core/environment.h"
+#include "gtest/gtest.h"
 
 namespace dcp::testing {
 
-inline bool GpuRequired() {
-  const char* value = std::getenv("DCP_REQUIRE_GPU");
-  return value != nullptr && std::string(value) == "1";
-}
+inline bool GpuRequired() { return EnvSwitch("DCP_REQUIRE_GPU", false); }
 
 inline int VisibleGpuCount() {
   int count = 0;

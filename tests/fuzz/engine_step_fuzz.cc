@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "collectives/local_communicator.h"
+#include "core/environment.h"
 #include "runtime/device.h"
 #include "runtime/engine.h"
 
@@ -105,7 +106,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (give_slots) tables.slot_mapping = slot_mapping.data();
   const absl::Status planned = engine.Plan(batch, tables, topk_width);
   // DCP_FUZZ_VERBOSE=1: what each input came to (to check that the seeds plan and run).
-  static const bool verbose = std::getenv("DCP_FUZZ_VERBOSE") != nullptr;
+  static const bool verbose = dcp::EnvSwitch("DCP_FUZZ_VERBOSE", false);
   if (verbose) {
     std::fprintf(stderr, "engine_step: %zu requests, plan: %s\n", batch.size(),
                  planned.ok() ? dcp::route_name(engine.plan().route)

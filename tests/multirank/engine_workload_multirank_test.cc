@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/environment.h"
 #include "runtime/dcp.h"
 #include "runtime/engine.h"
 #include "runtime/scratch.h"
@@ -625,9 +626,9 @@ void EngineWorkloadTest::RunWorkload(uint64_t seed, int steps, bool through_cont
 // sanitizer stage and a GPU run may want fewer or more).
 TEST_F(EngineWorkloadTest, RandomWorkloadsMatchTheReferenceAtEveryStep) {
   const uint64_t seed = SharedSeed();
-  int workloads = UseCuda() ? 2 : 8;  // the float64 reference at DeepSeek dims is slow
-  if (const char* count = std::getenv("DCP_WORKLOAD_COUNT"))
-    workloads = std::max(1, std::atoi(count));
+  // The float64 reference at DeepSeek dims is slow.
+  const int workloads =
+      static_cast<int>(EnvInteger("DCP_WORKLOAD_COUNT", UseCuda() ? 2 : 8, 1, 1 << 20));
   for (int i = 0; i < workloads; ++i) {
     RunWorkload(Mix(seed + i), 16, /*through_context=*/false);
     if (HasFatalFailure()) return;
@@ -639,8 +640,8 @@ TEST_F(EngineWorkloadTest, RandomWorkloadsMatchTheReferenceAtEveryStep) {
 // ForkRequest), rollbacks by TruncateRequest, finished requests freed and their blocks reused.
 TEST_F(EngineWorkloadTest, RandomWorkloadsThroughTheConvenienceLayer) {
   const uint64_t seed = SharedSeed();
-  int workloads = UseCuda() ? 1 : 4;
-  if (const char* count = std::getenv("DCP_WORKLOAD_COUNT")) workloads = std::max(1, std::atoi(count));
+  const int workloads =
+      static_cast<int>(EnvInteger("DCP_WORKLOAD_COUNT", UseCuda() ? 1 : 4, 1, 1 << 20));
   for (int i = 0; i < workloads; ++i) {
     RunWorkload(Mix(seed + 1000 + i), 16, /*through_context=*/true);
     if (HasFatalFailure()) return;

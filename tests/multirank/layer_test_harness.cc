@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 
+#include "core/environment.h"
 #include "core/status.h"
 
 #if DCP_WITH_CUDA
@@ -29,15 +30,9 @@ float Value(uint64_t seed, int tensor, int64_t index, float scale) {
   return scale * (static_cast<float>(bits >> 40) / float(1 << 24) * 2.0f - 1.0f);
 }
 
-bool UseCuda() {
-  const char* value = std::getenv("DCP_TEST_DEVICE");
-  return value != nullptr && std::string(value) == "cuda";
-}
+bool UseCuda() { return EnvChoice("DCP_TEST_DEVICE", "cpu", {"cpu", "cuda"}) == "cuda"; }
 
-bool GpuRequiredHere() {
-  const char* value = std::getenv("DCP_REQUIRE_GPU");
-  return value != nullptr && std::string(value) == "1";
-}
+bool GpuRequiredHere() { return EnvSwitch("DCP_REQUIRE_GPU", false); }
 
 Dims TestDims(int heads) {
   Dims d;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/environment.h"
 #include "core/status.h"
 
 #if DCP_WITH_CUDNN_FRONTEND
@@ -289,8 +290,7 @@ absl::StatusOr<std::unique_ptr<CudnnSdpa>> CudnnSdpa::Create(cudaStream_t stream
     return DCP_ERROR(Unavailable, "cuDNN could not be initialised: %s", e.what());
   }
   impl->stream = stream;
-  const char* ragged = std::getenv("DCP_CUDNN_SDPA_RAGGED");
-  impl->ragged_only = ragged != nullptr && std::string(ragged) == "1";
+  impl->ragged_only = EnvSwitch("DCP_CUDNN_SDPA_RAGGED", false);
   return std::unique_ptr<CudnnSdpa>(new CudnnSdpa(std::move(impl)));
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "attention/cuda/topk_to_slots.h"
+#include "core/environment.h"
 #include "gtest/gtest.h"
 #include "tests/common/gpu_test_util.h"
 
@@ -149,8 +150,7 @@ MqaData MakeData(const MqaCase& c, std::mt19937_64& rng) {
 std::vector<Variant> Variants(const MqaCase& c) {
   std::vector<int> kernels = {1};
   // DCP_TEST_MQA_KERNELS=1 runs the mma.sync kernel alone (a wgmma kernel under repair).
-  const char* only = std::getenv("DCP_TEST_MQA_KERNELS");
-  if (cuda::SparseMqaSm90Available() && (only == nullptr || std::string(only) != "1")) {
+  if (cuda::SparseMqaSm90Available() && EnvInteger("DCP_TEST_MQA_KERNELS", 0, 0, 1) != 1) {
     kernels.insert(kernels.begin(), 2);
   }
   int device = 0, major = 0;
@@ -162,9 +162,8 @@ std::vector<Variant> Variants(const MqaCase& c) {
   }
   // DCP_TEST_MQA_SCHEDULE=1 or 2 runs that wgmma schedule alone (a sanitizer's time budget).
   std::vector<int> schedules = c.schedules;
-  const char* schedule = std::getenv("DCP_TEST_MQA_SCHEDULE");
-  if (schedule != nullptr && (std::string(schedule) == "1" || std::string(schedule) == "2")) {
-    schedules = {std::stoi(schedule)};
+  if (const int64_t schedule = EnvInteger("DCP_TEST_MQA_SCHEDULE", 0, 0, 2); schedule != 0) {
+    schedules = {static_cast<int>(schedule)};
   }
   std::vector<Variant> variants;
   for (int kernel : kernels) {
