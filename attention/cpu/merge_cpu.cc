@@ -103,7 +103,8 @@ absl::Status DcpCorrect(const DcpCorrectParams& p) {
     if (own == kNegInf) {
       std::fill(out, out + dim, 0.0f);  // not 0 * out: an empty partial may hold anything
     } else {
-      const float scale = std::exp(own - total);
+      // e^(own - max) / sum, not e^(own - total): far from zero, fp32 total loses log(sum).
+      const float scale = std::exp(own - max) / sum;
       for (int c = 0; c < dim; ++c) out[c] *= scale;
     }
     if (p.lse_total != nullptr) p.lse_total[row] = total;
@@ -134,11 +135,11 @@ absl::Status DcpCombine(const DcpCombineParams& p) {
     for (int w = 0; w < p.world_size; ++w) {
       sum += std::exp(SanitizeLse(p.lses[w * num_rows + row]) - max);
     }
-    const float total = max + std::log(sum);
+    const float total = max + std::log(sum), inverse = 1.0f / sum;
     for (int w = 0; w < p.world_size; ++w) {
       const float lse = SanitizeLse(p.lses[w * num_rows + row]);
       if (lse == kNegInf) continue;
-      const float scale = std::exp(lse - total);
+      const float scale = std::exp(lse - max) * inverse;  // as in DcpCorrect
       const float* partial = p.outs + (w * num_rows + row) * dim;
       for (int c = 0; c < dim; ++c) out[c] += scale * partial[c];
     }

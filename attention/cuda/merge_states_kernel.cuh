@@ -54,7 +54,8 @@ __global__ void DcpCorrectKernel(float* out, const float* lse_all, float* lse_to
     for (int r = 0; r < world_size; ++r) sum += expf(SanitizeLse(lse_all[r * rows + row]) - m);
     total = m + logf(sum);
     const float mine = SanitizeLse(lse_all[rank * rows + row]);
-    weight = mine == -INFINITY ? 0.f : expf(mine - total);
+    // e^(mine - m) / sum, not e^(mine - total): far from zero, fp32 total loses log(sum).
+    weight = mine == -INFINITY ? 0.f : expf(mine - m) / sum;
   }
   const int64_t base = row * dim;
   for (int d = lane; d < dim; d += 32) {
@@ -70,11 +71,12 @@ __global__ void DcpCombineKernel(const float* outs, const float* lses, float* ou
   if (row >= rows) return;
   float m = -INFINITY;
   for (int r = 0; r < world_size; ++r) m = fmaxf(m, SanitizeLse(lses[r * rows + row]));
-  float total = -INFINITY;
+  float total = -INFINITY, inverse = 0.f;
   if (m != -INFINITY) {
     float sum = 0.f;
     for (int r = 0; r < world_size; ++r) sum += expf(SanitizeLse(lses[r * rows + row]) - m);
     total = m + logf(sum);
+    inverse = 1.f / sum;
   }
   const int64_t base = row * dim;
   for (int d = lane; d < dim; d += 32) {
@@ -82,7 +84,8 @@ __global__ void DcpCombineKernel(const float* outs, const float* lses, float* ou
     if (total != -INFINITY) {
       for (int r = 0; r < world_size; ++r) {
         const float lr = SanitizeLse(lses[r * rows + row]);
-        if (lr != -INFINITY) value += expf(lr - total) * outs[(r * rows + row) * dim + d];
+        // As in DcpCorrectKernel: relative to m, not to total.
+        if (lr != -INFINITY) value += expf(lr - m) * inverse * outs[(r * rows + row) * dim + d];
       }
     }
     out[base + d] = value;

@@ -89,11 +89,14 @@ std::string Describe(const Split& s) {
   return absl::StrFormat("parts=%d tokens=%d heads=%d dim=%d", s.parts, s.tokens, s.heads, s.dim);
 }
 
-void CheckMergesOfSplit(const Split& s) {
+// fold: check MergeStates folded over the parts too (off for LSEs far from zero: each step's
+// merged LSE is rounded to fp32, which moves the next step's weights by up to its ulp, 4e-3 at
+// 4e4; past ~1e7 the + log(count) is lost altogether).
+void CheckMergesOfSplit(const Split& s, bool fold = true) {
   const int rows = s.tokens * s.heads;
   const size_t row_elements = static_cast<size_t>(rows) * s.dim;
   // 1. MergeStates folded over the parts, in place (out aliases out_a, lse aliases lse_a).
-  {
+  if (fold) {
     std::vector<float> out(s.outs.begin(), s.outs.begin() + row_elements);
     std::vector<float> lse(s.lses.begin(), s.lses.begin() + rows);
     for (int part = 1; part < s.parts; ++part) {
@@ -164,6 +167,48 @@ TEST(MergeCpuTest, HugeLseValues) {
     Split split = MakeSplit(rng, rng.Int(2, 8), 30.0);
     SCOPED_TRACE(Describe(split));
     CheckMergesOfSplit(split);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// Partials with one LSE far from zero (several parts tie, others are empty): the merge is the
+// mean of the tied parts, with LSE + log(count), at any offset. Past ~1e7, fp32 cannot hold
+// offset + log(count), so a weight taken as e^(lse - merged lse) would be 1 for every part and
+// the merge their sum (DcpCorrect and DcpCombine did that before they took weights relative to
+// the maximum). MergeStates: a single merge of two parts here, or a fold near zero.
+TEST(MergeCpuTest, TiedLsesFarFromZero) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE(testing::SeedTrace(seed));
+  Rng rng(seed);
+  for (float offset : {-1e19f, -3e7f, 0.5f, 4e4f, 1e6f, 1e19f}) {
+    Split s;
+    s.parts = rng.Int(2, 8), s.tokens = 2, s.heads = 3, s.dim = rng.Int(1, 40);
+    const int rows = s.tokens * s.heads;
+    s.outs.resize(static_cast<size_t>(s.parts) * rows * s.dim);
+    for (float& x : s.outs) x = static_cast<float>(rng.Normal());
+    s.lses.assign(static_cast<size_t>(s.parts) * rows, offset);
+    s.want_out.assign(static_cast<size_t>(rows) * s.dim, 0.0);
+    s.want_lse.assign(rows, 0.0);
+    for (int row = 0; row < rows; ++row) {
+      int count = 0;
+      for (int part = 0; part < s.parts; ++part) {
+        if (part > 0 && rng.Int(0, 2) == 0) {  // an empty part: its out must not be read
+          s.lses[static_cast<size_t>(part) * rows + row] = -kInfF;
+          for (int e = 0; e < s.dim; ++e)
+            s.outs[(static_cast<size_t>(part) * rows + row) * s.dim + e] = kNan;
+          continue;
+        }
+        ++count;
+        for (int e = 0; e < s.dim; ++e) {
+          s.want_out[static_cast<size_t>(row) * s.dim + e] +=
+              s.outs[(static_cast<size_t>(part) * rows + row) * s.dim + e];
+        }
+      }
+      for (int e = 0; e < s.dim; ++e) s.want_out[static_cast<size_t>(row) * s.dim + e] /= count;
+      s.want_lse[row] = double(offset) + std::log(double(count));
+    }
+    SCOPED_TRACE(Describe(s) + absl::StrFormat(" lse=%g", offset));
+    CheckMergesOfSplit(s, /*fold=*/s.parts == 2 || std::abs(offset) < 100.0f);
     if (::testing::Test::HasFailure()) return;
   }
 }

@@ -154,6 +154,62 @@ TEST_F(MergeStatesCudaTest, CombineOfRanksAndCorrectionSum) {
   }
 }
 
+// Ranks whose partial LSEs tie far from zero (some ranks empty): both combines give the mean of
+// the tied partials (and LSE + log(count)) at any offset. Past ~1e7 fp32 cannot hold
+// offset + log(count): weights taken relative to the merged LSE would sum the partials instead.
+TEST_F(MergeStatesCudaTest, TiedLsesFarFromZero) {
+  std::mt19937_64 rng(TestSeed());
+  const int world = 4, tokens = 3, heads = 4, dim = 64;
+  const size_t rows = size_t(tokens) * heads;
+  for (float offset : {-1e19f, -3e7f, 0.5f, 1e6f, 1e19f}) {
+    SCOPED_TRACE(offset);
+    auto outs = RandomFloats(rng, world * rows * dim);
+    std::vector<float> lses(world * rows, offset);
+    std::vector<double> want(rows * dim, 0.0);
+    std::vector<int> count(rows, 0);
+    for (size_t r = 0; r < rows; ++r) {
+      for (int w = 0; w < world; ++w) {
+        if (w > 0 && (r + w) % 3 == 0) {  // an empty rank: its values must not be read
+          lses[w * rows + r] = -kInf;
+          for (int i = 0; i < dim; ++i) outs[(w * rows + r) * dim + i] = std::nanf("");
+          continue;
+        }
+        ++count[r];
+        for (int i = 0; i < dim; ++i) want[r * dim + i] += outs[(w * rows + r) * dim + i];
+      }
+      for (int i = 0; i < dim; ++i) want[r * dim + i] /= count[r];
+    }
+    DeviceArray<float> douts(outs), dlses(lses), dout(rows * dim), dlse(rows);
+    dout.Poison();
+    ASSERT_TRUE(
+        cuda::DcpCombine(
+            {douts.get(), dlses.get(), dout.get(), dlse.get(), world, tokens, heads, dim}, nullptr)
+            .ok());
+    const auto got = dout.Download();
+    const auto got_lse = dlse.Download();
+    std::vector<double> sum(rows * dim, 0.0);
+    for (int rank = 0; rank < world; ++rank) {
+      std::vector<float> mine(outs.begin() + rank * rows * dim,
+                              outs.begin() + (rank + 1) * rows * dim);
+      DeviceArray<float> dmine(mine);
+      ASSERT_TRUE(cuda::DcpCorrect(
+                      {dmine.get(), dlses.get(), nullptr, world, rank, tokens, heads, dim}, nullptr)
+                      .ok());
+      const auto scaled = dmine.Download();
+      for (size_t i = 0; i < rows * dim; ++i) sum[i] += scaled[i];
+    }
+    for (size_t r = 0; r < rows; ++r) {
+      const double want_lse = double(offset) + std::log(double(count[r]));
+      ASSERT_NEAR(got_lse[r], want_lse, 1e-6 * (1 + std::abs(want_lse))) << "row " << r;
+      for (int i = 0; i < dim; ++i) {
+        const double w = want[r * dim + i];
+        ASSERT_NEAR(got[r * dim + i], w, 1e-5 * (1 + std::abs(w))) << "combine row " << r;
+        ASSERT_NEAR(sum[r * dim + i], w, 1e-5 * (1 + std::abs(w))) << "correct row " << r;
+      }
+    }
+  }
+}
+
 // The sparse MQA split merge (MergeSplits) at split counts around its unroll of 8 and up to
 // the maximum, into strided outputs (float4 stores, and scalar stores for an odd stride):
 // -inf / NaN / +inf LSEs select their partial out (its values are NaN here and must not leak),
