@@ -171,6 +171,7 @@ struct Options {
   int topk_width = 0;  // 0: no topk_indices
   int row_entries = 0;  // at most this many positions a row selects (0: topk_width)
   bool quantization_edges = false;  // kv_c tiles that fp8_ds_mla must handle exactly (R 512)
+  float alike_scale = 0;  // > 0: every kv_c row is the first one times this (keys that tie)
   Dims dims;
   std::vector<Request> requests = kRequests;
 };
@@ -237,6 +238,9 @@ File MakeProblem(const Options& options) {
   file.tensors["q_rope"] = Floats({tokens, d.h, d.dr}, RandomValues(tokens * d.h * d.dr, 2, 1), b);
   std::vector<float> kv_c = RandomValues(rows * d.r, 3, 1);
   if (options.quantization_edges) AddQuantizationEdges(&kv_c, d.r);
+  if (options.alike_scale > 0) {
+    for (int64_t i = rows * d.r - 1; i >= 0; --i) kv_c[i] = kv_c[i % d.r] * options.alike_scale;
+  }
   file.tensors["kv_c"] = Floats({rows, d.r}, kv_c, b);
   file.tensors["k_pe"] = Floats({rows, d.dr}, RandomValues(rows * d.dr, 4, 1), b);
   file.tensors["w_uk"] = Floats({d.h, d.dn, d.r}, RandomValues(d.h * d.dn * d.r, 5, 0.2f), b);
@@ -386,6 +390,11 @@ std::map<std::string, std::string> Variants() {
   Options sparse_bf16 = sparse;
   sparse_bf16.bf16 = true;
   images["sparse_bf16"] = Image(MakeProblem(sparse_bf16));
+  // Keys that all tie, at logits near 1e19: the partial LSEs of the ranks tie where fp32 (and
+  // float64) cannot hold LSE + log(count); the combines must still average, not sum.
+  Options alike = sparse;
+  alike.alike_scale = 1e19f;
+  images["alike_huge_f32"] = Image(MakeProblem(alike));
   Options full;
   full.topk_width = 80;  // wide enough for every causal position: the dense route
   images["topk_full"] = Image(MakeProblem(full));
@@ -637,7 +646,8 @@ int Verify(const std::string& problem_path, const std::string& result_path, int 
         const double lse = keys.empty() ? -INFINITY : max_score + std::log(sum);
         std::vector<double> out(dv, 0.0);
         for (size_t n = 0; n < keys.size(); ++n) {
-          const double weight = std::exp(scores[n] - lse);
+          // Relative to the maximum: far from zero, lse (even in float64) loses log(sum).
+          const double weight = std::exp(scores[n] - max_score) / sum;
           for (int64_t e = 0; e < dv; ++e) {
             double v = 0;
             for (int64_t c = 0; c < rank; ++c)
