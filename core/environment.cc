@@ -1,7 +1,6 @@
 #include "core/environment.h"
 
 #include <charconv>
-#include <cmath>
 #include <cstdlib>
 #include <mutex>
 #include <set>
