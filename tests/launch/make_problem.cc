@@ -5,11 +5,13 @@
 //   make_problem write <variant> <path>     one problem file (valid or broken on purpose)
 //   make_problem all <folder>               every variant, as <folder>/<variant>.safetensors
 //   make_problem random <seed> <path> [fp8] a random problem (RandomProblem), for sweeps
-//   make_problem verify <problem> <result> <world_size> [route|-] [tolerance|-] [kv_dtype]
-//                                           checks a result file against the float64 reference
+//   make_problem verify <problem> <result> <world_size> [route|-] [tolerance|-] [kv_dtype|-]
+//                       [decode_threshold]  checks a result file against the float64 reference
 //                                           (relative error, default 1e-4); kv_dtype
 //                                           fp8_ds_mla: keys read from the cache are the
-//                                           format's dequantized rows (FORMATS.md)
+//                                           format's dequantized rows (FORMATS.md); the decode
+//                                           threshold of the run (default 1) tells which
+//                                           requests the dense route leaves to the sparse one
 #include <algorithm>
 #include <array>
 #include <cfloat>
@@ -290,9 +292,10 @@ File MakeProblem(const Options& options) {
 // fp8_ds_mla's edges (AddQuantizationEdges).
 // RandomRun draws a run for it: a world size of 1-4 that divides the heads and dcp_run flags
 // (block size, interleave, combine, sometimes a workspace small enough for several chunks,
-// --force-mqa, a decode threshold above 1 unless fp8: verify takes query_len 1 as a decode).
+// --force-mqa, a decode threshold above 1).
 struct RandomRun {
   int world_size = 1;
+  int decode_threshold = 1;
   std::string args;
 };
 
@@ -326,8 +329,10 @@ File RandomProblem(uint64_t seed, bool fp8_dims, RandomRun* run) {
                  std::to_string((1 + below(8)) * block * interleave * run->world_size);
   }
   if (below(5) == 0) run->args += " --force-mqa";
-  if (!fp8_dims && below(4) == 0)
-    run->args += " --decode-threshold " + std::to_string(2 + below(3));
+  if (below(4) == 0) {
+    run->decode_threshold = 2 + below(3);
+    run->args += " --decode-threshold " + std::to_string(run->decode_threshold);
+  }
   if (fp8_dims) run->args += " --kv-cache-dtype fp8_ds_mla";
   options.requests.clear();
   const int count = 1 + below(8);
@@ -547,10 +552,10 @@ void Fp8DsMlaCache(const std::vector<double>& kv_c, const std::vector<double>& k
 // ---- verify: float64 reference of DESIGN.md section 3 ------------------------------------
 // kv_dtype fp8_ds_mla (FORMATS.md, as vLLM): the sparse route reads every key from the cache,
 // the batch's new tokens included; the dense route reads the prefills' cached context from it
-// and their new tokens fresh (decodes stay on the sparse route: query_len 1, dcp_run's
-// default decode threshold).
+// and their new tokens fresh (decodes, query_len <= decode_threshold, stay on the sparse route).
 int Verify(const std::string& problem_path, const std::string& result_path, int world_size,
-           const std::string& route, double tolerance, const std::string& kv_dtype) {
+           const std::string& route, double tolerance, const std::string& kv_dtype,
+           int decode_threshold) {
   std::map<std::string, Tensor> p, r;
   std::map<std::string, std::string> pm, rm;
   if (!ReadFile(problem_path, &p, &pm) || !ReadFile(result_path, &r, &rm)) {
@@ -588,7 +593,7 @@ int Verify(const std::string& problem_path, const std::string& result_path, int 
   const std::vector<double>& w_uk = p["w_uk"].values;
   const std::vector<double>& w_uv = p["w_uv"].values;
   const bool fp8 = kv_dtype == "fp8_ds_mla";
-  if (!fp8 && !kv_dtype.empty() && kv_dtype != "bf16") {
+  if (!fp8 && !kv_dtype.empty() && kv_dtype != "-" && kv_dtype != "bf16") {
     std::fprintf(stderr, "verify: unknown kv_dtype '%s' (bf16 or fp8_ds_mla)\n", kv_dtype.c_str());
     return 1;
   }
@@ -620,7 +625,8 @@ int Verify(const std::string& problem_path, const std::string& result_path, int 
       std::vector<const double*> kv_rows, pe_rows;
       for (int64_t j : keys) {
         const int64_t row = row_offset + j;
-        const bool fresh = !fp8 || (dense_route && query_len > 1 && j >= seq_len - query_len);
+        const bool fresh =
+            !fp8 || (dense_route && query_len > decode_threshold && j >= seq_len - query_len);
         kv_rows.push_back((fresh ? kv_c : kv_cache).data() + row * rank);
         pe_rows.push_back((fresh ? k_pe : pe_cache).data() + row * dr);
       }
@@ -702,18 +708,21 @@ int main(int argc, char** argv) {
   if (command == "random" && (argc == 4 || (argc == 5 && std::string(argv[4]) == "fp8"))) {
     RandomRun run;
     const File file = RandomProblem(std::strtoull(argv[2], nullptr, 10), argc == 5, &run);
-    std::printf("np %d\nargs %s\n", run.world_size, run.args.c_str());
+    std::printf("np %d\ndecode_threshold %d\nargs %s\n", run.world_size, run.decode_threshold,
+                run.args.c_str());
     return WriteImage(argv[3], Image(file)) ? 0 : 1;
   }
-  if (command == "verify" && argc >= 5 && argc <= 8) {
+  if (command == "verify" && argc >= 5 && argc <= 9) {
     const std::string tolerance = argc >= 7 ? argv[6] : "-";
     return Verify(argv[2], argv[3], std::atoi(argv[4]), argc >= 6 ? argv[5] : "",
-                  tolerance == "-" ? 1e-4 : std::atof(tolerance.c_str()), argc == 8 ? argv[7] : "");
+                  tolerance == "-" ? 1e-4 : std::atof(tolerance.c_str()), argc >= 8 ? argv[7] : "",
+                  argc == 9 ? std::atoi(argv[8]) : 1);
   }
   std::fprintf(
       stderr,
       "usage: make_problem write <variant> <path> | all <folder> | random <seed> <path> [fp8] | "
       "verify <problem> "
-      "<result> <world_size> [route|-] [tolerance|-] [bf16|fp8_ds_mla]\n");
+      "<result> <world_size> [route|-] [tolerance|-] [bf16|fp8_ds_mla|-] "
+      "[decode_threshold]\n");
   return 2;
 }
