@@ -124,7 +124,6 @@ class CudaDevice final : public Device {
         gemm_tuner_(std::make_unique<cuda::GemmTuner>(cublas, cuda::GemmTuner::FromEnvironment())),
         sync_uploads_(EnvSwitch("DCP_SYNC_UPLOADS", false)),
         batch_uploads_(EnvSwitch("DCP_BATCH_UPLOADS", true)) {}
-  // `name` set to "1" (true) or "0" (false); unset or anything else: `fallback`.
   // Makes this device current for the calling thread (cheap when it already is).
   absl::Status Activate() const;
 

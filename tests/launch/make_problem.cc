@@ -9,12 +9,12 @@
 //                       [decode_threshold]  checks a result file against the float64 reference
 //                                           (relative error, default 1e-4); kv_dtype
 //                                           fp8_ds_mla: keys read from the cache are the
-//                                           format's dequantized rows (FORMATS.md); the decode
-//                                           threshold of the run (default 1) tells which
-//                                           requests the dense route leaves to the sparse one
+//                                           format's dequantized rows (tests/reference); the
+//                                           decode threshold of the run (default 1) tells
+//                                           which requests the dense route leaves to the
+//                                           sparse one
 #include <algorithm>
 #include <array>
-#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "tests/reference/fp8_ds_mla_reference.h"
 
 namespace {
 
@@ -178,20 +179,6 @@ struct Options {
   std::vector<Request> requests = kRequests;
 };
 
-// The E4M3 magnitudes of codes 0..126 in ascending order (0x7f is NaN; no infinities).
-const std::vector<float>& E4m3Magnitudes() {
-  static const std::vector<float> magnitudes = [] {
-    std::vector<float> m;
-    for (int code = 0; code < 127; ++code) {
-      const int exponent = code >> 3, mantissa = code & 7;
-      m.push_back(exponent == 0 ? std::ldexp(float(mantissa), -9)
-                                : std::ldexp(1.0f + float(mantissa) / 8.0f, exponent - 7));
-    }
-    return m;
-  }();
-  return magnitudes;
-}
-
 // Rows whose 128-wide tiles hit fp8_ds_mla's edge cases: one tile spread over nine decades (E4M3
 // normals, subnormals and values that round to zero), all-zero tiles with negative zeros (scale
 // FLT_MIN), tiles of float32 subnormals (max|x| / 448 below FLT_MIN: the scale clamps), tiles
@@ -213,12 +200,13 @@ void AddQuantizationEdges(std::vector<float>* kv_c, int r) {
       for (int e = 0; e < 128; ++e) scaled[e] *= row % 7 == 0 ? 1e-40f : 30.0f;
     }
     if (row % 7 == 5) {
-      const std::vector<float>& m = E4m3Magnitudes();
       float* ties = x + 128 * ((row + 3) % 4);
-      ties[0] = std::ldexp(m.back(), -8);  // max|x| = 448 * 2^-8: the scale is 2^-8
+      ties[0] = std::ldexp(448.0f, -8);  // max|x| = 448 * 2^-8: the scale is 2^-8
       for (int e = 1; e < 128; e += 2) {
-        const size_t hi = size_t(e + row) % (m.size() - 1) + 1;
-        ties[e] = std::ldexp((m[hi - 1] + m[hi]) / 2, -8) * (e % 4 == 1 ? 1.0f : -1.0f);
+        const int hi = int(e + row) % 126 + 1;  // between the finite codes hi - 1 and hi
+        const double below = dcp::reference::E4m3Value(uint8_t(hi - 1));
+        const double above = dcp::reference::E4m3Value(uint8_t(hi));
+        ties[e] = std::ldexp(float((below + above) / 2), -8) * (e % 4 == 1 ? 1.0f : -1.0f);
       }
     }
   }
@@ -510,43 +498,24 @@ std::map<std::string, std::string> Variants() {
   return images;
 }
 
-// ---- fp8_ds_mla as FORMATS.md states it (the magnitudes listed and searched, no bit tricks) ---
-// v rounded to the nearest E4M3 value, ties to the even code, saturated at +-448.
-float RoundE4m3(float v) {
-  const std::vector<float>& m = E4m3Magnitudes();
-  const float a = std::fabs(v);
-  float q = m.back();
-  if (a < m.back()) {
-    const size_t hi = size_t(std::upper_bound(m.begin(), m.end(), a) - m.begin()), lo = hi - 1;
-    const double below = double(a) - m[lo], above = double(m[hi]) - a;
-    q = m[below < above || (below == above && lo % 2 == 0) ? lo : hi];
-  }
-  return std::signbit(v) ? -q : q;
-}
-
-double RoundBf16(double value) {
-  const uint32_t word = uint32_t(ToBf16(float(value))) << 16;
-  float rounded;
-  std::memcpy(&rounded, &word, 4);
-  return rounded;
-}
-
-// What a CPU rank's fp8_ds_mla cache gives back for rows [rows, 512] / [rows, 64]: kv_c in 4
-// tiles of 128, each x / s_t rounded to E4M3 with s_t = max(max|x| / 448, FLT_MIN) (float32),
-// dequantized as e4m3 * s_t in float32; k_pe rounded to bf16. x is the float32 value.
+// What a CPU rank's fp8_ds_mla cache gives back for rows [rows, 512] / [rows, 64], row by row
+// through tests/reference's model of the format (written from FORMATS.md, sharing no code with
+// dcp): kv_c dequantized, k_pe rounded to bf16. x is the float32 value.
 void Fp8DsMlaCache(const std::vector<double>& kv_c, const std::vector<double>& k_pe,
                    std::vector<double>* kv_cache, std::vector<double>* pe_cache) {
+  const size_t rows = k_pe.size() / 64;
   kv_cache->resize(kv_c.size());
-  for (size_t tile = 0; tile < kv_c.size(); tile += 128) {
-    float amax = 0.0f;
-    for (size_t e = tile; e < tile + 128; ++e) amax = std::max(amax, std::fabs(float(kv_c[e])));
-    const float scale = std::max(amax / 448.0f, FLT_MIN);
-    for (size_t e = tile; e < tile + 128; ++e) {
-      (*kv_cache)[e] = RoundE4m3(float(kv_c[e]) / scale) * scale;
-    }
-  }
   pe_cache->resize(k_pe.size());
-  for (size_t e = 0; e < k_pe.size(); ++e) (*pe_cache)[e] = RoundBf16(k_pe[e]);
+  std::vector<float> x(576);
+  for (size_t row = 0; row < rows; ++row) {
+    for (int e = 0; e < 512; ++e) x[e] = float(kv_c[row * 512 + e]);
+    for (int e = 0; e < 64; ++e) x[512 + e] = float(k_pe[row * 64 + e]);
+    const std::vector<uint8_t> stored =
+        dcp::reference::QuantizeFp8DsMlaRow(x.data(), x.data() + 512);
+    const std::vector<double> values = dcp::reference::DequantizeFp8DsMlaRow(stored.data());
+    std::copy(values.begin(), values.begin() + 512, kv_cache->begin() + row * 512);
+    std::copy(values.begin() + 512, values.end(), pe_cache->begin() + row * 64);
+  }
 }
 
 // ---- verify: float64 reference of DESIGN.md section 3 ------------------------------------
