@@ -33,7 +33,7 @@
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
 # "build test bench variants engine nopdl sanitize"; ncu, ncu_sections, ncu_engine, worker,
-# nogather and trace are extra), DCP_VARIANTS (stage variants: ';'-separated environments to bench under,
+# nogather, trace, ab and abtest (ab's build tested too) are extra), DCP_VARIANTS (stage variants: ';'-separated environments to bench under,
 # default the wgmma kernel's persistent CTAs), DCP_TEST_FILTER, DCP_TEST_TIMEOUT (seconds, default 180),
 # DCP_BENCH_ARGS (appended), DCP_BENCH_ONLY (the kernels runs' --only: ','-separated row-name
 # prefixes, which may hold spaces), DCP_AB_FLAGS (stage ab), DCP_DECODE_BATCHES (default q1kv4k,64q1kv4k), DCP_TRACE_ROWS (kernel
@@ -69,9 +69,11 @@ if has_stage build; then
     exit 1
   fi
   if has_stage ab; then  # the measurement build of stage ab, beside the main one
+    # shellcheck disable=SC2046  # an empty word when the abtest stage is off
     (dcp_configure_gpu . "$build-ab" "$prefix" \
         -DCMAKE_CUDA_FLAGS="${DCP_AB_FLAGS:--DDCP_SPARSE_MQA_L2_HINTS=14}" &&
-      ninja -C "$build-ab" -j "$(nproc)" dcp_bench) >"$out/ab_build.log" 2>&1 &
+      ninja -C "$build-ab" -j "$(nproc)" dcp_bench \
+        $(has_stage abtest && echo attention_cuda_test fp8_cuda_test)) >"$out/ab_build.log" 2>&1 &
     ab_pid=$!
   fi
   # shellcheck disable=SC2046  # an empty word when the worker stage is off
@@ -289,6 +291,21 @@ if has_stage ab && [ "$hung" -eq 0 ]; then
               if (a1 > 0 && a2 > 0 && b1 > 0 && b2 > 0)
                 printf "ab %-44s A %9.1f %9.1f  B %9.1f %9.1f  B/A %.3f\n", k, a1, a2, b1, b2, (b1 + b2) / (a1 + a2) } }' \
         /tmp/ab_a1.csv /tmp/ab_b1.csv /tmp/ab_a2.csv /tmp/ab_b2.csv | sort | tee -a "$summary"
+    # Stage abtest: the sparse MQA tests (bf16 and fp8 rows) of the measurement build too.
+    if has_stage abtest; then
+      DCP_REQUIRE_GPU=1 timeout "${DCP_TEST_TIMEOUT:-180}" \
+          "$build-ab/tests/attention/cuda/attention_cuda_test" --gtest_color=no \
+          --gtest_filter="${DCP_TEST_FILTER:-SparseMqa*:TopkToSlots*:MergeStates*}" \
+          >"$out/ab_test.log" 2>&1
+      code=$?
+      [ "$code" -eq 0 ] || failures=$((failures + 1))
+      DCP_REQUIRE_GPU=1 timeout 120 "$build-ab/tests/workspace/cuda/fp8_cuda_test" \
+          --gtest_color=no >>"$out/ab_test.log" 2>&1
+      code2=$?
+      [ "$code2" -eq 0 ] || failures=$((failures + 1))
+      note "ab tests: attention exit $code, fp8 exit $code2 ($(elapsed)) $(grep -E '^\[  PASSED|^\[  FAILED' "$out/ab_test.log" | tr '\n' ' ')"
+      grep -E "Failure|Expected|Which is|FAILED" "$out/ab_test.log" | head -20 | tee -a "$summary"
+    fi
   else
     tail -20 "$out/ab_build.log" | tee -a "$summary"
     note "ab build: FAILED ($(elapsed))"
