@@ -145,6 +145,7 @@ absl::Status ApplyFlags(const CommandLine& command_line, RunConfig* config) {
   // The preset first: explicit dims below refine it.
   if (given("model")) {
     DCP_RETURN_IF_ERROR(ApplyModelPreset(absl::GetFlag(FLAGS_model), config));
+    config->explicit_keys.insert("model.preset");
     for (const char* key : {"model.num_heads", "model.kv_lora_rank", "model.qk_nope_head_dim",
                             "model.qk_rope_head_dim", "model.v_head_dim"}) {
       config->explicit_keys.erase(key);

@@ -2,19 +2,19 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <exception>
-#include <fstream>
 #include <memory>
 #include <new>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "core/environment.h"
 #include "core/kv_layout.h"
 #include "core/status.h"
@@ -24,6 +24,7 @@
 #include "launch/check.h"
 #include "launch/distribute.h"
 #include "launch/flags.h"
+#include "launch/input_file.h"
 #include "launch/limits.h"
 #include "launch/liveness.h"
 #include "launch/problem.h"
@@ -69,15 +70,6 @@ int ExitCodeFor(const absl::Status& status) {
   }
 }
 
-absl::Status ReadTextFile(const std::string& path, std::string* text) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return DCP_ERROR(NotFound, "cannot open config '%s': %s", path, std::strerror(errno));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  *text = buffer.str();
-  return absl::OkStatus();
-}
-
 // Runs one step of the job with C++ exceptions (an allocation that fails, a library that
 // throws) turned into a Status, so that the group still agrees on the failure.
 template <typename Step>
@@ -115,6 +107,8 @@ class Job {
   absl::Status Configure(int argc, char** argv);
   absl::Status LoadWorkload();
   absl::Status FitConfig();
+  // Problem mode: the model the user stated against the problem file's (FitConfig).
+  absl::Status CheckModelAgainstProblem(const ModelDims& file) const;
   absl::Status StartGroup();
   absl::Status PrintPlan();
   absl::Status StartReference();
@@ -235,7 +229,10 @@ absl::Status Job::Run(int argc, char** argv) {
   }
   if (is_root()) {
     if (config_.run.json) {
-      std::printf("%s\n", RunJson(Describe(), reports_, !check_failed_).dump().c_str());
+      // Paths and labels are the user's bytes: invalid UTF-8 is replaced (U+FFFD), not thrown.
+      const std::string json = RunJson(Describe(), reports_, !check_failed_)
+                                   .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      std::printf("%s\n", json.c_str());
     } else if (config_.run.check) {
       std::printf("dcp_run: %s\n", check_failed_ ? "CHECK FAILED: the group's result differs "
                                                    "from the single-rank reference"
@@ -262,7 +259,9 @@ absl::Status Job::Configure(int argc, char** argv) {
   const std::string path = command_line_.config_path();
   if (!path.empty()) {
     std::string text;
-    DCP_RETURN_IF_ERROR(Agree(is_root() ? ReadTextFile(path, &text) : absl::OkStatus()));
+    DCP_RETURN_IF_ERROR(Agree(is_root()
+                                  ? Guarded([&] { return ReadInputFile(path, "config", &text); })
+                                  : absl::OkStatus()));
     int64_t length = int64_t(text.size());
     DCP_RETURN_IF_ERROR(bootstrap_->HostBroadcast(&length, sizeof(length), 0));
     text.resize(size_t(length));
@@ -276,15 +275,17 @@ absl::Status Job::Configure(int argc, char** argv) {
 absl::Status Job::LoadWorkload() {
   const RunSection& run = config_.run;
   absl::Status local = absl::OkStatus();
-  if (is_root() && !run.output.empty() && !run.print_plan) local = CheckOutputWritable(run.output);
+  if (is_root() && !run.output.empty() && !run.print_plan) {
+    local = Guarded([&] { return CheckOutputWritable(run.output); });
+  }
   if (problem_mode()) {
     if (is_root() && local.ok()) {
-      absl::StatusOr<Problem> problem = LoadProblem(run.problem, config_.attention.index_topk);
-      if (problem.ok()) {
-        problem_ = std::move(problem).value();
-      } else {
-        local = problem.status();
-      }
+      // Guarded here, not only around the whole step: the peers wait in the Agree below, so an
+      // exception must become this rank's vote in it (a thrown step would leave them there).
+      local = Guarded([&]() -> absl::Status {
+        DCP_ASSIGN_OR_RETURN(problem_, LoadProblem(run.problem, config_.attention.index_topk));
+        return absl::OkStatus();
+      });
     }
     DCP_RETURN_IF_ERROR(Agree(local));
     DCP_ASSIGN_OR_RETURN(header_,
@@ -302,16 +303,61 @@ absl::Status Job::LoadWorkload() {
   return absl::OkStatus();
 }
 
+absl::Status Job::CheckModelAgainstProblem(const ModelDims& file) const {
+  // The problem file defines the model. A dimension the user stated (a flag, a config key, or
+  // a preset, through --model or model.preset) that disagrees with it is a mistake: refused,
+  // not overridden silently. One that agrees is fine.
+  const ModelDims& given = config_.model;
+  const bool flag_preset = command_line_.given.contains("model");
+  const bool preset = flag_preset || config_.is_explicit("model.preset");
+  const std::string preset_source =
+      absl::StrFormat("%s %s", flag_preset ? "--model" : "model.preset", config_.model_preset);
+  struct Dim {
+    const char* key;   // config key
+    const char* flag;  // flag name (underscore form), or nullptr
+    int given, in_file;
+    const char* what;  // where the file holds it
+  };
+  const Dim dims[] = {
+      {"model.num_heads", "num_heads", given.num_heads, file.num_heads, "q_nope's heads"},
+      {"model.kv_lora_rank", nullptr, given.kv_lora_rank, file.kv_lora_rank, "kv_c's width R"},
+      {"model.qk_nope_head_dim", nullptr, given.qk_nope_head_dim, file.qk_nope_head_dim,
+       "q_nope's head dim Dn"},
+      {"model.qk_rope_head_dim", nullptr, given.qk_rope_head_dim, file.qk_rope_head_dim,
+       "q_rope's head dim Dr"},
+      {"model.v_head_dim", nullptr, given.v_head_dim, file.v_head_dim, "w_uv's head dim Dv"},
+  };
+  for (const Dim& d : dims) {
+    if (d.given == d.in_file) continue;
+    std::string source;
+    if (d.flag != nullptr && command_line_.given.contains(d.flag)) {
+      source = absl::StrFormat("--%s %d", absl::StrReplaceAll(d.flag, {{"_", "-"}}), d.given);
+    } else if (config_.is_explicit(d.key)) {
+      source = absl::StrFormat("%s %d (config)", d.key, d.given);
+    } else if (preset) {
+      source = absl::StrFormat("%s (%s %d)", preset_source, d.key, d.given);
+    } else {
+      continue;  // a default: the file's value replaces it
+    }
+    return DCP_ERROR(InvalidArgument,
+                     "%s disagrees with the problem file, whose %s is %d (a problem file "
+                     "defines the model: leave the model out, or give the file's)",
+                     source, d.what, d.in_file);
+  }
+  if (config_.is_explicit("model.softmax_scale") && given.softmax_scale > 0 &&
+      std::fabs(given.softmax_scale - file.scale()) > 1e-6f * file.scale()) {
+    return DCP_ERROR(InvalidArgument,
+                     "model.softmax_scale %g (config) disagrees with the problem file's %g (its "
+                     "softmax_scale metadata, else 1/sqrt(Dn + Dr))",
+                     given.softmax_scale, file.scale());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Job::FitConfig() {
   const int world = process_.world_size;
   if (header_.has_value()) {
-    // The problem file defines the model; a --num-heads that disagrees is a mistake.
-    if (command_line_.given.contains("num_heads") &&
-        config_.model.num_heads != header_->model.num_heads) {
-      return DCP_ERROR(InvalidArgument,
-                       "--num-heads %d disagrees with the problem file, whose q_nope has %d heads",
-                       config_.model.num_heads, header_->model.num_heads);
-    }
+    DCP_RETURN_IF_ERROR(CheckModelAgainstProblem(header_->model));
     config_.model = header_->model;
     config_.attention.index_topk = header_->index_topk;
     // The dense route attends to every causal key of a prefill, which is what the file's top-k
@@ -505,14 +551,16 @@ absl::Status Job::RunBatch(int index) {
   if (run.check) {
     absl::Status checked = absl::OkStatus();
     if (is_root()) {
-      std::vector<float> ref_out, ref_lse;
-      checked = reference_->Run(WholeBatch(index, first_request_id), &ref_out, &ref_lse);
-      if (checked.ok()) {
+      checked = Guarded([&]() -> absl::Status {
+        std::vector<float> ref_out, ref_lse;
+        DCP_RETURN_IF_ERROR(
+            reference_->Run(WholeBatch(index, first_request_id), &ref_out, &ref_lse));
         const double tolerance =
             run.tolerance > 0 ? run.tolerance : DefaultTolerance(device_->storage_dtype());
         report.check = CompareOutputs(all_out, all_lse, ref_out, ref_lse, model.num_heads,
                                       model.v_head_dim, tolerance);
-      }
+        return absl::OkStatus();
+      });
     }
     DCP_RETURN_IF_ERROR(AgreeAfterRootWork(checked));
     int32_t passed = is_root() ? int32_t(report.check->passed) : 0;
@@ -525,9 +573,11 @@ absl::Status Job::RunBatch(int index) {
     absl::Status written = absl::OkStatus();
     if (is_root()) {
       const ForwardStats& last = context_->last_stats();
-      written = WriteResultFile(
-          run.output, batch.num_tokens(), model.num_heads, model.v_head_dim, all_out, all_lse,
-          {last.route, process_.world_size, config_.dcp.interleave, last.num_chunks});
+      written = Guarded([&] {
+        return WriteResultFile(
+            run.output, batch.num_tokens(), model.num_heads, model.v_head_dim, all_out, all_lse,
+            {last.route, process_.world_size, config_.dcp.interleave, last.num_chunks});
+      });
     }
     DCP_RETURN_IF_ERROR(AgreeAfterRootWork(written));
   }

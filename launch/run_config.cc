@@ -1,8 +1,13 @@
 #include "launch/run_config.h"
 
+#include <charconv>
 #include <functional>
+#include <limits>
 #include <map>
+#include <optional>
 #include <set>
+#include <type_traits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -24,15 +29,46 @@ std::string Where(std::string_view source, const YAML::Node& node, std::string_v
   return where;
 }
 
+// An integer as YAML 1.2's core schema spells it: [-+]?[0-9]+ in decimal (leading zeros
+// included: 010 is ten), 0o[0-7]+ octal, 0x[0-9a-fA-F]+ hexadecimal. yaml-cpp reads YAML 1.1,
+// where 010 is eight and 08 an error.
+std::optional<int64_t> ParseYamlInteger(std::string_view text) {
+  int base = 10;
+  bool negative = false;
+  if (text.starts_with("0o")) {
+    base = 8, text.remove_prefix(2);
+  } else if (text.starts_with("0x")) {
+    base = 16, text.remove_prefix(2);
+  } else if (!text.empty() && (text[0] == '-' || text[0] == '+')) {
+    negative = text[0] == '-', text.remove_prefix(1);
+  }
+  if (text.empty()) return std::nullopt;
+  uint64_t magnitude = 0;
+  const auto [end, error] =
+      std::from_chars(text.data(), text.data() + text.size(), magnitude, base);
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  constexpr uint64_t kMax = uint64_t(std::numeric_limits<int64_t>::max());
+  if (magnitude > kMax + (negative ? 1 : 0)) return std::nullopt;
+  return negative ? int64_t(0 - magnitude) : int64_t(magnitude);
+}
+
 template <typename T>
 absl::StatusOr<T> Scalar(const YAML::Node& node, std::string_view where, std::string_view type) {
   if (!node.IsScalar()) {
     return DCP_ERROR(InvalidArgument, "%s must be %s", where, type);
   }
-  try {
-    return node.as<T>();
-  } catch (const YAML::Exception&) {
-    return DCP_ERROR(InvalidArgument, "%s must be %s, got '%s'", where, type, node.Scalar());
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    const std::optional<int64_t> value = ParseYamlInteger(node.Scalar());
+    if (!value.has_value() || !std::in_range<T>(*value)) {
+      return DCP_ERROR(InvalidArgument, "%s must be %s, got '%s'", where, type, node.Scalar());
+    }
+    return static_cast<T>(*value);
+  } else {
+    try {
+      return node.as<T>();
+    } catch (const YAML::Exception&) {
+      return DCP_ERROR(InvalidArgument, "%s must be %s, got '%s'", where, type, node.Scalar());
+    }
   }
 }
 
@@ -181,7 +217,16 @@ absl::Status ApplyModelPreset(std::string_view name, RunConfig* config) {
 absl::Status ApplyYamlConfig(std::string_view text, std::string_view source, RunConfig* config) {
   YAML::Node root;
   try {
-    root = YAML::Load(std::string(text));
+    // Every document is parsed (YAML::Load would read the first and ignore the rest, errors
+    // included); a config is one.
+    const std::vector<YAML::Node> documents = YAML::LoadAll(std::string(text));
+    if (documents.size() > 1) {
+      return DCP_ERROR(InvalidArgument,
+                       "%s: holds %d YAML documents ('---' separates them); a config is one "
+                       "document (merge them)",
+                       source, documents.size());
+    }
+    if (!documents.empty()) root = documents.front();
   } catch (const YAML::Exception& e) {
     return DCP_ERROR(InvalidArgument, "%s: not valid YAML: %s", source, e.what());
   }

@@ -7,15 +7,15 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "nlohmann/json.hpp"
 #include "core/status.h"
+#include "launch/input_file.h"
+#include "nlohmann/json.hpp"
 
 namespace dcp::launch {
 namespace {
@@ -70,6 +70,14 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string_view bytes, std::st
   }
   const std::string_view header_text = bytes.substr(8, header_length);
   const std::string_view data = bytes.substr(8 + header_length);
+  // The JSON parser stops at a NUL byte and would take what follows for the end of input; the
+  // format pads the header with spaces only.
+  if (const size_t nul = header_text.find('\0'); nul != std::string_view::npos) {
+    return DCP_ERROR(InvalidArgument,
+                     "%s: bad safetensors header: a NUL byte at header offset %d (the JSON "
+                     "may be followed by spaces only)",
+                     name, nul);
+  }
   // JSON keeps the last of two equal keys; a header naming a tensor (or a metadata key) twice
   // is ambiguous, so the parser's callback records the first repeated key of any object.
   std::vector<std::set<std::string>> open_objects;
@@ -220,14 +228,8 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string_view bytes, std::st
 }
 
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return DCP_ERROR(NotFound, "cannot open '%s': %s", path, std::strerror(errno));
-  }
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) {
-    return DCP_ERROR(InvalidArgument, "cannot read '%s': %s", path, std::strerror(errno));
-  }
+  std::string bytes;
+  DCP_RETURN_IF_ERROR(ReadInputFile(path, "safetensors file", &bytes));
   return ParseSafetensors(bytes, path);
 }
 

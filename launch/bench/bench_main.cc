@@ -98,13 +98,27 @@ int Run(int argc, char** argv, const launch::ProcessInfo& process) {
   absl::StatusOr<ModelDims> dims = DimsByName(options->dims);
   if (!dims.ok()) return report(dims.status(), kExitUsage);
 
+  // A group failure (a peer stopped, died or did not arrive in time) leaves the other ranks
+  // waiting in the next collective, which this rank would never join: end the job everywhere.
+  auto end_on_group_failure = [&](const absl::Status& status) {
+    if (status.code() != absl::StatusCode::kDeadlineExceeded &&
+        status.code() != absl::StatusCode::kUnavailable) {
+      return;
+    }
+    std::fprintf(stderr, "dcp_bench: rank %d: fatal: %s; ending the job on every rank\n",
+                 process.rank, std::string(status.message()).c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, kExitFailed);
+  };
   auto bootstrap = MpiCommunicator::Create(MPI_COMM_WORLD, options->timeout_s);
   if (!bootstrap.ok()) return report(bootstrap.status(), kExitFailed);
   auto device = MakeBenchDevice(*options);
   absl::Status status = AgreeOnStatus(**bootstrap, device.status());
+  end_on_group_failure(status);
   if (!status.ok()) return report(status, kExitFailed);
   auto comm = MakeBenchCommunicator(*options, **bootstrap, **device);
   status = AgreeOnStatus(**bootstrap, comm.status());
+  end_on_group_failure(status);
   if (!status.ok()) return report(status, kExitFailed);
 
   BenchEnv env;
@@ -126,6 +140,7 @@ int Run(int argc, char** argv, const launch::ProcessInfo& process) {
   if (!status.ok()) return report(status, kExitFailed);
 
   absl::StatusOr<ModeResult> result = RunMode(env);
+  if (!result.ok()) end_on_group_failure(result.status());
   if (!result.ok()) {
     // A request the mode refuses before measuring (a sweep over an hour) is a usage error.
     const bool usage = result.status().code() == absl::StatusCode::kInvalidArgument;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "core/status.h"
 #include "launch/batch_spec.h"
+#include "launch/limits.h"
 
 namespace dcp::bench {
 namespace {
@@ -209,8 +210,11 @@ const std::vector<Flag>& Flags() {
       {nullptr, "timeout", "SECONDS", "a collective stuck longer is an error (default 300)",
        [](BenchOptions& o, const std::string& v) -> absl::Status {
          double value = 0;
-         if (!absl::SimpleAtod(v, &value) || !(value > 0)) {
-           return BadValue("timeout", v, "must be a positive number of seconds");
+         if (!absl::SimpleAtod(v, &value) || !std::isfinite(value) ||
+             value < launch::kMinCommTimeoutS || value > launch::kMaxCommTimeoutS) {
+           return BadValue("timeout", v,
+                           absl::StrFormat("must be a number of seconds in [%g, %g], as dcp_run's",
+                                           launch::kMinCommTimeoutS, launch::kMaxCommTimeoutS));
          }
          o.timeout_s = value;
          return absl::OkStatus();
@@ -363,6 +367,11 @@ absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, const char* const* argv
   DCP_CHECK_ARG(options.min_bytes <= options.max_bytes,
                 "-b/--minbytes (%d) must not exceed -e/--maxbytes (%d)", options.min_bytes,
                 options.max_bytes);
+  for (const int heads : options.heads) {
+    DCP_CHECK_ARG(heads <= launch::kMaxHeads,
+                  "--heads %d per rank is more than the ceiling of %d heads (dcp_run's)", heads,
+                  launch::kMaxHeads);
+  }
   DCP_CHECK_ARG(options.block_size % options.interleave == 0,
                 "--interleave (%d) must divide --block_size (%d)", options.interleave,
                 options.block_size);

@@ -1,5 +1,7 @@
 #include "launch/run_config.h"
 
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/reflection.h"
@@ -235,6 +237,37 @@ TEST_F(RunConfigTest, KvCacheDtypeFromTheFileAndTheFlag) {
             std::string::npos);
   EXPECT_NE(ErrorOf("", {"--batch=q4", "--kv-cache-dtype=e5m2"}).find("bf16 or fp8_ds_mla"),
             std::string::npos);
+}
+
+// Integers as YAML 1.2 spells them (yaml-cpp reads YAML 1.1: 010 was eight, 08 an error).
+TEST_F(RunConfigTest, IntegersAreYaml12) {
+  for (const auto& [text, value] : std::vector<std::pair<const char*, int>>{
+           {"010", 10}, {"08", 8}, {"+16", 16}, {"0o20", 16}, {"0x10", 16}, {"0000", 0}}) {
+    absl::StatusOr<RunConfig> config =
+        Configure(std::string("scheduler: {block_size: ") + text + "}\n", {"--batch=q4"});
+    ASSERT_TRUE(config.ok()) << text << ": " << config.status();
+    EXPECT_EQ(config->scheduler.block_size, value) << text;
+  }
+  for (const char* text : {"0o8", "0x", "1e3", "16.0", "0b101", "99999999999", "1_000"}) {
+    const std::string message =
+        ErrorOf(std::string("scheduler: {block_size: ") + text + "}\n", {"--batch=q4"});
+    EXPECT_NE(message.find("must be an integer"), std::string::npos) << text << ": " << message;
+  }
+  absl::StatusOr<RunConfig> negative = Configure("run: {seed: -1}\n", {"--batch=q4"});
+  EXPECT_FALSE(negative.ok()) << "a negative seed";
+}
+
+// A file of several documents: every one is parsed, and more than one is an error (the reader
+// of the first alone dropped the rest, their unknown keys and invalid YAML included).
+TEST_F(RunConfigTest, OneDocument) {
+  EXPECT_NE(ErrorOf("run: {batches: [q8]}\n---\nrun: {batches: [q9], foo: bar}\n")
+                .find("holds 2 YAML documents"),
+            std::string::npos);
+  // Whatever yaml-cpp makes of an invalid second document, the file is refused.
+  EXPECT_FALSE(ErrorOf("run: {batches: [q8]}\n---\n: : : not yaml [\n").empty());
+  absl::StatusOr<RunConfig> one = Configure("---\nrun: {batches: [q8]}\n", {});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->run.batches, std::vector<std::string>{"q8"});
 }
 
 TEST_F(RunConfigTest, HelpListsTheFlagsWithDashes) {

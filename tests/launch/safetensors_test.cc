@@ -121,6 +121,24 @@ TEST(SafetensorsTest, RejectsBrokenFiles) {
             std::string::npos);
   EXPECT_NE(Message(Image(R"({"__metadata__": {"k": 3}})", "")).find("must be a string"),
             std::string::npos);
+  // The JSON parser would stop at a NUL and ignore what follows it; only spaces may pad.
+  EXPECT_NE(
+      Message(Image(std::string("{}\0 garbage {{{", 16), "")).find("NUL byte at header offset 2"),
+      std::string::npos);
+}
+
+// A path that is not a regular file is refused by name before it is read (reading a directory
+// threw; a FIFO without a writer or /dev/zero would never end).
+TEST(SafetensorsTest, RefusesPathsThatAreNotRegularFiles) {
+  absl::StatusOr<SafetensorsFile> folder = ReadSafetensors(::testing::TempDir());
+  ASSERT_FALSE(folder.ok());
+  EXPECT_EQ(folder.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(folder.status().message().find("is a directory"), std::string::npos)
+      << folder.status().message();
+  absl::StatusOr<SafetensorsFile> device = ReadSafetensors("/dev/zero");
+  ASSERT_FALSE(device.ok());
+  EXPECT_NE(device.status().message().find("'/dev/zero' is not a regular file"), std::string::npos)
+      << device.status().message();
 }
 
 // Finding 4: JSON keeps the last of two equal keys; the reader refuses the ambiguity.
