@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <type_traits>
 #include <utility>
 
@@ -13,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "core/status.h"
 #include "launch/batch_spec.h"
+#include "yaml-cpp/eventhandler.h"
 #include "yaml-cpp/yaml.h"
 
 namespace dcp::launch {
@@ -27,6 +29,31 @@ std::string Where(std::string_view source, const YAML::Node& node, std::string_v
       mark.line < 0 ? std::string(source) : absl::StrFormat("%s:%d", source, mark.line + 1);
   if (!key.empty()) where += ": " + std::string(key);
   return where;
+}
+
+// Parses documents of `text` until `cap` of them (events dropped) and returns how many it saw.
+// Not YAML::LoadAll: yaml-cpp 0.7's never returns on some invalid input ("{a},"), where the
+// parser keeps reporting empty documents.
+int CountDocuments(std::string_view text, int cap) {
+  struct Ignore : YAML::EventHandler {
+    void OnDocumentStart(const YAML::Mark&) override {}
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                         YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                    YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+  } ignore;
+  std::istringstream in{std::string(text)};
+  YAML::Parser parser(in);
+  int count = 0;
+  while (count < cap && parser.HandleNextDocument(ignore)) ++count;
+  return count;
 }
 
 // An integer as YAML 1.2's core schema spells it: [-+]?[0-9]+ in decimal (leading zeros
@@ -217,16 +244,15 @@ absl::Status ApplyModelPreset(std::string_view name, RunConfig* config) {
 absl::Status ApplyYamlConfig(std::string_view text, std::string_view source, RunConfig* config) {
   YAML::Node root;
   try {
-    // Every document is parsed (YAML::Load would read the first and ignore the rest, errors
-    // included); a config is one.
-    const std::vector<YAML::Node> documents = YAML::LoadAll(std::string(text));
-    if (documents.size() > 1) {
+    // A config is one document: YAML::Load reads the first and ignores the rest, errors
+    // included, so the documents are counted first.
+    if (CountDocuments(text, 2) > 1) {
       return DCP_ERROR(InvalidArgument,
-                       "%s: holds %d YAML documents ('---' separates them); a config is one "
-                       "document (merge them)",
-                       source, documents.size());
+                       "%s: holds several YAML documents ('---' separates them, and a stray "
+                       "',' or ']' after the first starts another); a config is one document",
+                       source);
     }
-    if (!documents.empty()) root = documents.front();
+    root = YAML::Load(std::string(text));
   } catch (const YAML::Exception& e) {
     return DCP_ERROR(InvalidArgument, "%s: not valid YAML: %s", source, e.what());
   }

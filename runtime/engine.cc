@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <iterator>
 #include <numeric>
 #include <utility>
 
@@ -11,6 +13,58 @@
 #include "runtime/route_outputs.h"
 
 namespace dcp {
+namespace {
+
+// A run of consecutive cache slots that one request's new tokens are written to; `token` is the
+// position of its first token.
+struct SlotRun {
+  int64_t first, last, request_id;
+  int token;
+};
+
+// No new token may be written to a slot the step reads as cached context: tables that put a
+// request's new token into a block of another request's context (or its own, a block listed
+// twice) would overwrite a row the step then reads. `runs`: sorted by first, disjoint. `marks`:
+// one byte per cache block, all zero on entry and on return. Costs a pass over the step's
+// context blocks, as CheckStepTables does.
+absl::Status CheckNewSlotsMissContext(const Plan& plan, const StepTables& tables,
+                                      const KvLayout& layout, int rank,
+                                      absl::Span<const SlotRun> runs, std::vector<uint8_t>& marks) {
+  if (runs.empty()) return absl::OkStatus();
+  const int64_t b = tables.block_size;
+  if (marks.size() < size_t(tables.num_blocks)) marks.resize(size_t(tables.num_blocks), 0);
+  auto mark = [&](uint8_t value) {
+    for (const SlotRun& run : runs) {
+      for (int64_t k = run.first / b; k <= run.last / b; ++k) marks[size_t(k)] = value;
+    }
+  };
+  mark(1);
+  absl::Status status = absl::OkStatus();
+  for (const PlannedRequest& r : plan.requests) {
+    const int64_t rows = layout.local_length(r.context_len(), rank);
+    const int32_t* row = tables.row(r.batch_index);
+    for (int64_t k = 0; k * b < rows && status.ok(); ++k) {
+      if (!marks[size_t(row[k])]) continue;
+      const int64_t lo = int64_t{row[k]} * b, hi = lo + std::min(b, rows - k * b) - 1;
+      // Runs are disjoint: only the last one starting at or before `hi` can reach [lo, hi].
+      auto it = std::upper_bound(runs.begin(), runs.end(), hi,
+                                 [](int64_t slot, const SlotRun& run) { return slot < run.first; });
+      if (it == runs.begin() || (--it)->last < lo) continue;
+      const int64_t slot = std::max(lo, it->first);
+      status = DCP_ERROR(InvalidArgument,
+                         "request id %d: its new token at position %d is written to slot %d, "
+                         "which request id %d reads as cached context (its local row %d) on "
+                         "rank %d: the block tables overlap",
+                         it->request_id, it->token + (slot - it->first), slot, r.request_id,
+                         k * b + (slot - lo), rank);
+    }
+    if (!status.ok()) break;
+  }
+  mark(0);
+  return status;
+}
+
+}  // namespace
 
 DcpEngine::DcpEngine(const DcpOptions& options, Communicator& comm, Device& device)
     : options_(options),
@@ -27,6 +81,8 @@ absl::StatusOr<std::unique_ptr<DcpEngine>> DcpEngine::Create(const DcpOptions& o
   DCP_CHECK_ARG(options.dcp.world_size == comm.world_size() && options.dcp.rank == comm.rank(),
                 "dcp.world_size/rank (%d, %d) disagree with the communicator (%d, %d)",
                 options.dcp.world_size, options.dcp.rank, comm.world_size(), comm.rank());
+  // Errors name the rank ("[rank r]") in an engine's process too, where no launcher set it.
+  if (current_rank() < 0) set_current_rank(comm.rank());
   auto engine = std::unique_ptr<DcpEngine>(new DcpEngine(options, comm, device));
   DcpEngine& e = *engine;
   const ModelDims& m = options.model;
@@ -67,11 +123,12 @@ absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTab
   const KvLayout& layout = planner_.layout;
   const int rank = options_.dcp.rank;
   absl::Status local = ValidateBatch(batch, options_.scheduler);
-  if (local.ok()) local = CheckStepTables(batch, tables, layout, rank);
-  if (local.ok() && tables.block_size != options_.scheduler.block_size) {
+  // The block size first: tables of another block size would be misread entry by entry.
+  if (local.ok() && !batch.empty() && tables.block_size != options_.scheduler.block_size) {
     local = DCP_ERROR(InvalidArgument, "block tables of %d-row blocks, the scheduler's are %d",
                       tables.block_size, options_.scheduler.block_size);
   }
+  if (local.ok()) local = CheckStepTables(batch, tables, layout, rank);
   if (local.ok() && (topk_width < 0 || topk_width > (1 << 20))) {
     local = DCP_ERROR(InvalidArgument, "top-k width %d outside [0, 2^20]", topk_width);
   }
@@ -99,10 +156,6 @@ absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTab
     // The written slots as runs of consecutive slots (a request's new tokens fill its blocks
     // in order): two new tokens share a slot iff two runs overlap. A few runs per block to
     // sort instead of a hash insert per token (4096 tokens: ~150 us less on the host).
-    struct SlotRun {
-      int64_t first, last, request_id;
-      int token;
-    };
     std::vector<SlotRun> runs;
     identity_order_ = true;
     for (const PlannedRequest& r : plan_.requests) {
@@ -149,6 +202,7 @@ absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTab
                     "the step writes too (block tables overlap)",
                     runs[k].request_id, runs[k].token, runs[k].first);
     }
+    DCP_RETURN_IF_ERROR(CheckNewSlotsMissContext(plan_, tables, layout, rank, runs, block_marks_));
     DCP_RETURN_IF_ERROR(Upload(device_, perm_, perm).status());
     DCP_RETURN_IF_ERROR(Upload(device_, write_slots_, write_slots).status());
     DCP_RETURN_IF_ERROR(q_nope_exec_.Reserve(device_, size_t(t) * heads_ * m.qk_nope_head_dim *
@@ -171,7 +225,9 @@ absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTab
   };
   // Three host collectives at W > 1: the inputs' check with the planning, the plan, and the
   // plan's check with the preparation (ExchangePlan).
-  DCP_RETURN_IF_ERROR(ExchangePlan(comm_, batch, planner_, local, prepare, damage).status());
+  PlannerConfig config = planner_;
+  config.topk_width = topk_width;
+  DCP_RETURN_IF_ERROR(ExchangePlan(comm_, batch, config, local, prepare, damage).status());
   topk_width_ = topk_width;
   min_cache_blocks_ = tables.num_blocks;
   planned_ = true;
@@ -219,6 +275,47 @@ absl::Status DcpEngine::CheckRunArguments(const LayerWeightsView& weights,
   DCP_CHECK_ARG((tensors.topk != nullptr) == (topk_width_ > 0 && any_tokens) || !any_tokens,
                 "the step was planned %s a top-k but the layer has %s",
                 topk_width_ > 0 ? "with" : "without", tensors.topk ? "one" : "none");
+  if (!any_tokens) return absl::OkStatus();
+  // What Run writes (out, lse, the cache rows) must not overlap what it reads or another write:
+  // out written over kv_new would feed the decodes' outputs to the prefills' attention.
+  struct Extent {
+    const char* name;
+    uintptr_t begin = 0, end = 0;
+  };
+  const ModelDims& m = options_.model;
+  const int64_t t = plan_.num_tokens;
+  const size_t element = dtype_size(device_.storage_dtype());
+  auto extent = [](const char* name, const void* data, int64_t bytes) {
+    const auto begin = reinterpret_cast<uintptr_t>(data);
+    return Extent{name, begin, data != nullptr ? begin + uintptr_t(bytes) : begin};
+  };
+  const int64_t cache_row_bytes =
+      cache.format == KvCacheDType::kFp8DsMla ? cache.row_stride : cache.row_stride * element;
+  const Extent reads[] = {
+      extent("q_nope", tensors.q_nope, t * heads_ * m.qk_nope_head_dim * element),
+      extent("q_rope", tensors.q_rope, t * heads_ * m.qk_rope_head_dim * element),
+      extent("kv_new", tensors.kv_new, t * width * element),
+      extent("topk", tensors.topk, t * topk_width_ * 4),
+  };
+  const Extent writes[] = {
+      extent("out", tensors.out, t * heads_ * m.v_head_dim * dtype_size(tensors.out_dtype)),
+      extent("lse", tensors.lse, t * heads_ * 4),
+      extent("the KV cache", cache.data, cache.num_slots() * cache_row_bytes),
+  };
+  auto overlap = [](const Extent& a, const Extent& b) {
+    return a.begin < a.end && b.begin < b.end && a.begin < b.end && b.begin < a.end;
+  };
+  for (size_t w = 0; w < std::size(writes); ++w) {
+    for (const Extent& r : reads) {
+      DCP_CHECK_ARG(!overlap(writes[w], r),
+                    "%s overlaps %s: Run writes the one and reads the other", writes[w].name,
+                    r.name);
+    }
+    for (size_t o = w + 1; o < std::size(writes); ++o) {
+      DCP_CHECK_ARG(!overlap(writes[w], writes[o]), "%s overlaps %s: Run writes both",
+                    writes[w].name, writes[o].name);
+    }
+  }
   return absl::OkStatus();
 }
 

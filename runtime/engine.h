@@ -12,12 +12,23 @@
 // allocation, no host collective (unless stats are on). A step's plan stays valid until the
 // next Plan; every layer of the step runs against it.
 //
-// Errors. Plan's errors (bad batch, bad tables, a plan that differs between ranks) come back
-// on every rank. Run checks its arguments on the host (shapes, dtypes, the cache against the
-// plan) and returns InvalidArgument before enqueueing anything; such errors are the caller's
-// on every rank alike. A collective that fails or times out surfaces through the communicator
-// (collectives/communicator.h): that rank's Run returns the error and its peers see it as
-// DeadlineExceeded after dcp.comm_timeout_s, or as the communicator's error on their next call.
+// Errors. Plan's errors (bad batch, bad tables, tables that put a new token on a slot the step
+// reads as context or that another new token writes, ranks that differ in the batch or the top-k
+// width) come back on every rank. Run checks its arguments on the host (dtypes, the cache
+// against the plan, outputs that overlap its inputs or the cache) and returns InvalidArgument
+// before enqueueing anything, this rank's cache untouched. Run takes no host collective, so such
+// an error is this rank's alone: a caller that passes one rank a different cache view than the
+// others gets InvalidArgument there while its peers, whose caches are already written, wait in
+// the layer's first collective and see DeadlineExceeded after dcp.comm_timeout_s. A collective
+// that fails or times out surfaces through the communicator (collectives/communicator.h): that
+// rank's Run returns the error and its peers see it as DeadlineExceeded after
+// dcp.comm_timeout_s, or as the communicator's error on their next call.
+//
+// What Run trusts (device data it cannot see without a wait): the layer tensors hold the planned
+// step's T tokens (LayerTensors carries pointers, not shapes), and the top-k rows are what an
+// indexer writes: request-local positions in [0, seq_len) that the token may see, or -1. An entry
+// outside [0, seq_len) is skipped like -1 and a repeated one counts once per occurrence; nothing
+// is checked here (DcpContext checks the rows a step reads, attention.validate_topk).
 #pragma once
 
 #include <cstdint>
@@ -123,6 +134,7 @@ class DcpEngine {
   ScratchBuffer write_slots_, perm_;
   ScratchBuffer q_nope_exec_, q_rope_exec_, kv_new_exec_, topk_exec_, out_exec_, lse_exec_;
   std::vector<int32_t> perm_host_, write_slots_host_;  // Plan's, kept for their capacity
+  std::vector<uint8_t> block_marks_;  // one per cache block, zero between Plans (Plan's check)
   void* bound_stream_ = nullptr;
   bool stream_bound_ = false;
   bool collect_stats_ = false;

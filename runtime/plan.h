@@ -28,13 +28,16 @@ struct PlannedRequest {
 };
 
 struct Plan {
-  static constexpr uint32_t kVersion = 2;  // 2: the checksum hashes 8-byte words
+  // 2: the checksum hashes 8-byte words; 3: topk_width
+  static constexpr uint32_t kVersion = 3;
 
   Route route = Route::kSparseMqa;
   int32_t num_decodes = 0;
   int32_t num_prefills = 0;
   int64_t num_tokens = 0;         // all query tokens
   int64_t num_decode_tokens = 0;  // tokens of the decodes (the first ones in execution order)
+  int32_t topk_width = 0;         // the step's top-k width (PlannerConfig::topk_width): ranks
+                                  // that disagree on it have different plans
   std::vector<PlannedRequest> requests;  // decodes, then prefills, each in caller order
   WorkspaceSize workspace;
   // Dense route only: chunks of the prefills' context; a segment's `request` indexes the

@@ -79,8 +79,10 @@ Route BatchRoute(absl::Span<const BatchRequest> batch, const PlannerConfig& conf
       max_prefill_seq_len = std::max(max_prefill_seq_len, r.seq_len);
     }
   }
-  return ChooseRoute(config.attention, config.dense_mha_available, num_prefills,
-                     max_prefill_seq_len);
+  AttentionConfig attention = config.attention;
+  if (config.topk_width > 0)
+    attention.index_topk = std::min(attention.index_topk, config.topk_width);
+  return ChooseRoute(attention, config.dense_mha_available, num_prefills, max_prefill_seq_len);
 }
 
 }  // namespace
@@ -106,6 +108,7 @@ absl::StatusOr<Plan> BuildPlan(absl::Span<const BatchRequest> batch, const Plann
   DCP_RETURN_IF_ERROR(ValidateBatch(batch, config.scheduler));
   Plan plan;
   plan.workspace = config.workspace;
+  plan.topk_width = config.topk_width;
 
   std::vector<int64_t> caller_begin(batch.size() + 1, 0);
   for (size_t i = 0; i < batch.size(); ++i) caller_begin[i + 1] = caller_begin[i] + batch[i].query_len;

@@ -24,6 +24,10 @@ struct PlannerConfig {
   KvLayout layout;
   bool dense_mha_available = false;  // the prefill backend resolved at start-up
   WorkspaceSize workspace;
+  // The step's top-k width (DcpEngine::Plan sets it per step; 0: no top-k, every causal key).
+  // A row of K < index_topk entries cannot hold every causal key of a prefill longer than K,
+  // so the dense route takes prefills up to min(index_topk, K).
+  int topk_width = 0;
 };
 
 // Start-up resolution of attention.prefill_backend: "none" -> false; "auto" -> whether the

@@ -130,7 +130,9 @@ absl::Status Worker::StageTopk(absl::Span<const BatchRequest> batch, const Tenso
   // Checked where the step reads it: on the dense route the prefills read no row, so a bad row
   // there changes nothing the step computes (on the H200 the check of 4 x 2k rows of 2048 and
   // the wait for its verdict were ~50 us of a ~370 us 16-head dense layer).
-  const TopkRows read = TopkRowsRead(batch, engine_->planner());
+  PlannerConfig planner = engine_->planner();
+  planner.topk_width = static_cast<int>(topk.shape[1]);
+  const TopkRows read = TopkRowsRead(batch, planner);
   if (!options_.attention.validate_topk || read.empty()) return absl::OkStatus();
   // This rank's share of the rows read: [begin, end) of T.
   const int64_t width = topk.shape[1], count = read.end - read.begin;

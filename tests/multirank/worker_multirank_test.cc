@@ -1101,8 +1101,82 @@ TEST_F(WorkerTest, EngineRejectsBadTablesAndCaches) {
   planned = (*engine)->Plan({{1, 8, 8}, {2, 8, 8}}, {tables.data(), 4, 8, 16}, 0);
   EXPECT_EQ(planned.code(), absl::StatusCode::kInvalidArgument) << planned;
   EXPECT_NE(planned.message().find("block tables overlap"), std::string::npos) << planned;
+  // A new token written over a row the step reads as context: request 2's table starts with
+  // request 1's first block, so its new token (position 8) lands in request 1's cached rows on
+  // the rank that owns position 8 (an engine review's find: the write went through, and both
+  // requests' answers were wrong). Every rank fails with it.
+  tables = {0, 1, 2, 3, 0, 5, 6, 7};
+  planned = (*engine)->Plan(batch, {tables.data(), 4, 8, 16}, 0);
+  EXPECT_EQ(planned.code(), absl::StatusCode::kInvalidArgument) << planned;
+  EXPECT_NE(planned.message().find("request id 1 reads as cached context"), std::string::npos)
+      << planned;
+  // The same tables without the new token there (request 2 decoding into a block of its own
+  // after a shared, whole prefix block of 16 rows at W = 1) plan.
+  tables = {0, 1, 2, 3, 4, 5, 6, 7};
+  EXPECT_TRUE((*engine)->Plan(batch, {tables.data(), 4, 8, 16}, 0).ok());
+  // An empty step needs no tables.
+  EXPECT_TRUE((*engine)->Plan({}, StepTables{}, 0).ok());
 }
 
+// The top-k width is part of the plan: ranks that disagree on it fail on every rank (they
+// combined partials over different key sets), and a prefill longer than a narrower width than
+// index_topk takes the sparse route (its rows cannot hold every causal key; the dense route
+// attended to all of them).
+TEST_F(WorkerTest, EngineTopkWidthIsPlannedAndAgreed) {
+  const Dims dims = TestDims(UseCuda() ? 8 : 4 * world());
+  const DcpOptions options = ScenarioOptions(Scenario{}, dims, world(), rank());  // K 64
+  auto device = MakeCpuDevice(DType::kF32);
+  auto engine = DcpEngine::Create(options, mpi_comm(), *device);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<BatchRequest> batch = {{1, 40, 40}, {2, 9, 1}};  // a prefill of 40, a decode
+  const std::vector<int32_t> tables = {0, 1, 2, 3, 4, 5, 6, 7};
+  const StepTables step{tables.data(), 4, 8, 16};
+  ASSERT_TRUE((*engine)->Plan(batch, step, 64).ok());
+  EXPECT_EQ((*engine)->plan().route,
+            (*engine)->dense_mha_available() ? Route::kDenseMha : Route::kSparseMqa);
+  ASSERT_TRUE((*engine)->Plan(batch, step, 32).ok());
+  EXPECT_EQ((*engine)->plan().route, Route::kSparseMqa) << "rows of 32 for a prefill of 40";
+  EXPECT_EQ((*engine)->plan().topk_width, 32);
+  if (world() > 1) {
+    const absl::Status planned = (*engine)->Plan(batch, step, rank() == 0 ? 24 : 16);
+    EXPECT_FALSE(planned.ok());
+    EXPECT_NE(planned.message().find("differs"), std::string::npos) << planned;
+  }
+}
+
+// Run refuses outputs that overlap what it reads or writes, before it writes anything (out over
+// kv_new fed the decodes' outputs to the prefill's attention).
+TEST_F(WorkerTest, EngineRunRefusesAliasedOutputs) {
+  const Dims dims = TestDims(UseCuda() ? 8 : 4 * world());
+  const DcpOptions options = ScenarioOptions(Scenario{}, dims, world(), rank());
+  auto device = MakeCpuDevice(DType::kF32);
+  auto engine = DcpEngine::Create(options, mpi_comm(), *device);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<BatchRequest> batch = {{1, 9, 1}, {2, 20, 4}};
+  const std::vector<int32_t> tables = {0, 1, 2, 3, 4, 5, 6, 7};
+  ASSERT_TRUE((*engine)->Plan(batch, {tables.data(), 4, 8, 16}, 0).ok());
+  const int64_t t = 5, hl = (*engine)->heads(), width = dims.r + dims.dr;
+  const float sentinel = 12345.f;
+  std::vector<float> cache(size_t(8) * 16 * width, sentinel), q_nope(size_t(t) * hl * dims.dn),
+      q_rope(size_t(t) * hl * dims.dr), kv_new(size_t(t) * width), out(size_t(t) * hl * dims.dv),
+      lse(size_t(t) * hl), weights(size_t(hl) * dims.r * std::max(dims.dn, dims.dv));
+  const KvCacheView view{cache.data(), DType::kF32, 8, 16, width, KvCacheDType::kBF16};
+  auto run = [&](void* out_data, float* lse_data) {
+    return (*engine)->Run(
+        {weights.data(), weights.data()}, view,
+        {q_nope.data(), q_rope.data(), kv_new.data(), nullptr, out_data, lse_data});
+  };
+  absl::Status status = run(kv_new.data(), lse.data());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("out overlaps"), std::string::npos) << status;
+  status = run(out.data(), out.data() + 1);
+  EXPECT_NE(status.message().find("out overlaps lse"), std::string::npos) << status;
+  status = run(cache.data() + 7, lse.data());
+  EXPECT_NE(status.message().find("out overlaps"), std::string::npos) << status;
+  status = run(out.data(), q_rope.data());
+  EXPECT_NE(status.message().find("lse overlaps q_rope"), std::string::npos) << status;
+  for (float v : cache) ASSERT_EQ(v, sentinel) << "the cache was written";
+}
 
 // Speculative decoding through the convenience layer: a step of extends (drafts being verified)
 // and decodes, then TruncateRequest drops one request's rejected drafts (the blocks past the
