@@ -158,6 +158,8 @@ absl::Status MpiCommunicator::ReduceScatterSum(const void* send, void* recv, siz
                                                DType dtype) {
   DCP_RETURN_IF_ERROR(CheckUsable("ReduceScatterSum"));
   if (count == 0) return absl::OkStatus();
+  int n = 0;  // refused before the staging buffer of world x count is allocated
+  DCP_RETURN_IF_ERROR(ToInt(count, "ReduceScatterSum", &n));
   std::vector<std::byte> gathered(count * world_size_ * dtype_size(dtype));
   DCP_RETURN_IF_ERROR(AllToAll(send, gathered.data(), count, dtype));
   // Summed block by block in rank order (contiguous, vectorizable inner loops).

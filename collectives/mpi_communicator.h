@@ -2,6 +2,15 @@
 // polled against a deadline, so a peer that never arrives turns into DeadlineExceeded here
 // instead of a hang. The group is a duplicate of the given MPI communicator (errors returned,
 // not fatal). BF16 sums use a user-defined MPI op that adds in fp32.
+// Caveats for a program that embeds it:
+//   - Open MPI 4.1 reports some errors of a non-blocking collective (MPI_ERR_TRUNCATE from
+//     unequal sizes) through MPI_COMM_WORLD's error handler, not the duplicate's: set
+//     MPI_ERRORS_RETURN on MPI_COMM_WORLD (dcp_run's bootstrap does), or they abort the job.
+//   - Sizes are the callers' to agree on: a rank that passes another count or dtype than its
+//     peers is not detected by this layer (dcp's own callers derive every size from the
+//     agreed plan). A count past MPI's int limit is InvalidArgument.
+//   - A Broadcast small enough to be sent eagerly completes on its root even when a peer
+//     never calls; the next collective that needs that peer times out instead.
 #pragma once
 
 #include <mpi.h>

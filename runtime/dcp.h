@@ -10,7 +10,12 @@
 //
 // Every call is collective: all ranks make it with the same batch description (request ids,
 // seq_lens, query_lens, in the same order). A call that fails on any rank fails on every rank
-// with the same error, so no rank is left waiting in a collective.
+// with the same error, so no rank is left waiting in a collective. Ranks that make different
+// calls are the caller's bug and not detected as such: the agreements carry statuses, not the
+// call, so two different calls can pair up (one rank's Forward then times out waiting for its
+// peers' collectives). A failed call gives back the blocks it took (a Forward refused for want
+// of blocks, a LoadCachedKv that failed after dropping the old rows, which leaves the request
+// with nothing cached).
 #pragma once
 
 #include <cstdint>

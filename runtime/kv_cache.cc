@@ -112,23 +112,46 @@ absl::Status KvCache::Load(int64_t request_id, int64_t num_tokens, const TensorV
   // Whatever was cached is replaced, into blocks of the request's own: blocks it shared
   // (Fork) keep the other requests' rows.
   DCP_RETURN_IF_ERROR(tables_.Shrink(request_id, 0));
-  DCP_RETURN_IF_ERROR(tables_.Grow(request_id, num_tokens));
-  DCP_ASSIGN_OR_RETURN(void* staged, Stage(device_, staged_, local_rows, storage_));
-  DCP_ASSIGN_OR_RETURN(auto table, tables_.table(request_id));
-  const int64_t rows = local_rows.shape.empty() ? 0 : local_rows.shape[0];
-  std::vector<int32_t> slots(rows);
-  for (int64_t j = 0; j < rows; ++j) {
-    slots[j] = static_cast<int32_t>(slot_of_local_row(table.data(), tables_.block_size(), j));
+  // The old rows are gone from here on: a failure below leaves the request with nothing cached
+  // and no blocks (its blocks went back to the pool, where other requests may take them, so
+  // keeping the old length would read their rows).
+  cached_[request_id] = 0;
+  const absl::Status loaded = [&]() -> absl::Status {
+    DCP_RETURN_IF_ERROR(tables_.Grow(request_id, num_tokens));
+    DCP_ASSIGN_OR_RETURN(void* staged, Stage(device_, staged_, local_rows, storage_));
+    DCP_ASSIGN_OR_RETURN(auto table, tables_.table(request_id));
+    const int64_t rows = local_rows.shape.empty() ? 0 : local_rows.shape[0];
+    std::vector<int32_t> slots(rows);
+    for (int64_t j = 0; j < rows; ++j) {
+      slots[j] = static_cast<int32_t>(slot_of_local_row(table.data(), tables_.block_size(), j));
+    }
+    DCP_RETURN_IF_ERROR(Scatter(staged, slots));
+    return device_.Synchronize();
+  }();
+  if (!loaded.ok()) {
+    tables_.Shrink(request_id, 0).IgnoreError();  // it shrank to 0 above: cannot fail
+    return loaded;
   }
-  DCP_RETURN_IF_ERROR(Scatter(staged, slots));
-  DCP_RETURN_IF_ERROR(device_.Synchronize());
   cached_[request_id] = num_tokens;
   return absl::OkStatus();
 }
 
 absl::Status KvCache::Grow(absl::Span<const BatchRequest> batch) {
-  for (const BatchRequest& r : batch) DCP_RETURN_IF_ERROR(tables_.Grow(r.request_id, r.seq_len));
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const absl::Status grown = tables_.Grow(batch[i].request_id, batch[i].seq_len);
+    if (!grown.ok()) {
+      ReleaseUncommitted(batch.subspan(0, i));  // all or nothing
+      return grown;
+    }
+  }
   return absl::OkStatus();
+}
+
+void KvCache::ReleaseUncommitted(absl::Span<const BatchRequest> batch) {
+  for (const BatchRequest& r : batch) {
+    const int64_t cached = cached_tokens(r.request_id);
+    if (cached >= 0) tables_.Shrink(r.request_id, cached).IgnoreError();  // never grows
+  }
 }
 
 void KvCache::CommitLengths(absl::Span<const BatchRequest> batch) {

@@ -59,6 +59,7 @@ class KvCache {
   absl::Status Fork(int64_t request_id, int64_t from_id, int64_t num_tokens);
   // Places the request's first num_tokens tokens: local_rows [local_length(num_tokens), width]
   // in local order (already checked by the caller); quantized on the way in for fp8_ds_mla.
+  // On an error the request is left registered with nothing cached (its old rows are gone).
   absl::Status Load(int64_t request_id, int64_t num_tokens, const TensorView& local_rows);
   // Once a step ran: each request's cached length becomes its seq_len.
   void CommitLengths(absl::Span<const BatchRequest> batch);
@@ -75,8 +76,11 @@ class KvCache {
             format_};
   }
   const BlockTables& tables() const { return tables_; }
-  // Grows each request of the batch to its seq_len (blocks for the new tokens).
+  // Grows each request of the batch to its seq_len (blocks for the new tokens): all or nothing.
   absl::Status Grow(absl::Span<const BatchRequest> batch);
+  // Gives back the blocks Grow added past each request's cached length (a step that failed
+  // after Grow; CommitLengths makes them the request's instead).
+  void ReleaseUncommitted(absl::Span<const BatchRequest> batch);
   const KvLayout& layout() const { return tables_.layout(); }
   int rank() const { return tables_.rank(); }
 

@@ -201,7 +201,8 @@ absl::Status Worker::Forward(absl::Span<const BatchRequest> batch, const BatchIn
   };
   DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, local));
   // Blocks for the new tokens: every rank runs the same allocations, so an out-of-blocks error
-  // is the same everywhere; still agreed.
+  // is the same everywhere; still agreed. A step that fails from here on gives them back.
+  absl::Cleanup release_blocks = [&] { cache_->ReleaseUncommitted(batch); };
   DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, cache_->Grow(batch)));
 
   HostTimer timer;
@@ -233,6 +234,7 @@ absl::Status Worker::Forward(absl::Span<const BatchRequest> batch, const BatchIn
   }
   DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, outcome));
   cache_->CommitLengths(batch);
+  std::move(release_blocks).Cancel();
   stats_ = engine_->last_stats();
   stats_.plan_s = plan_s;
   stats_.total_s = forward_timer.Elapsed();

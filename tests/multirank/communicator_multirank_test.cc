@@ -155,6 +155,10 @@ TEST_F(CommunicatorTest, WrongSizesAreErrors) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(comm().HostBroadcast(send.data(), 4, world()).code(),
             absl::StatusCode::kInvalidArgument);
+  // A count past MPI's int limit is refused before anything is staged (ReduceScatterSum staged
+  // world x count elements first: 2^40 of them threw bad_alloc and aborted every rank).
+  EXPECT_EQ(comm().ReduceScatterSum(nullptr, nullptr, size_t{1} << 40, DType::kF32).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // The stream-order calls on host-memory backends (MPI, world of one): host completion in either

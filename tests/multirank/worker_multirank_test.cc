@@ -1239,6 +1239,53 @@ TEST_F(WorkerTest, TruncateRequestRollsBackRejectedDrafts) {
   }
 }
 
+// Failures give back what they took (a review's finds): a step refused for want of blocks
+// gives back the blocks it grew for the requests before the one that did not fit (the next
+// step that fits then runs), and a LoadCachedKv that fails after dropping the old rows leaves
+// the request with nothing cached (it kept its old length while its blocks went to others).
+TEST_F(WorkerTest, FailuresGiveBackTheirBlocks) {
+  const uint64_t seed = SharedSeed();
+  const Dims dims = TestDims(UseCuda() ? 8 : 4 * world());
+  const int per_block = 16 * world();  // tokens that fill one block on every rank
+  Scenario s;
+  s.seq_lens = {2 * per_block, 3 * per_block};  // two prefills: 2 and 3 blocks on each rank
+  s.query_lens = s.seq_lens;
+  s.order = {1, 0};  // the 3-block request grows first, then the 2-block one does not fit
+  s.index_topk = 4 * per_block;
+  s.num_kv_blocks = 4;
+  const Problem p = BuildProblem(s, dims, seed);
+  absl::StatusOr<RankContext> rc = MakeLoadedContext(mpi_comm(), s, dims, p);
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  DcpContext& ctx = *rc->ctx;
+  const RankRun both = ForwardScenario(ctx, s, dims, p, world(), rank());
+  EXPECT_EQ(both.status.code(), absl::StatusCode::kResourceExhausted) << both.status;
+  // Request 100 alone (2 blocks) fits only if request 101 gave its 3 back.
+  Scenario alone;
+  alone.seq_lens = alone.query_lens = {2 * per_block};
+  alone.index_topk = s.index_topk;
+  alone.num_kv_blocks = s.num_kv_blocks;
+  Problem p_alone = BuildProblem(alone, dims, seed + 1);
+  p_alone.whole.w_uk = p.whole.w_uk;  // the context's layer
+  p_alone.whole.w_uv = p.whole.w_uv;
+  const RankRun run = ForwardScenario(ctx, alone, dims, p_alone, world(), rank());
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  ExpectMatchesReference(run, p_alone, dims, world(), rank());
+
+  // Two blocks left: request 101 caches one block, then a reload of three fails.
+  const int width = dims.r + dims.dr;
+  auto load = [&](int tokens) {
+    const int64_t rows = tokens / world();
+    std::vector<float> values(size_t(rows) * width, 0.5f);
+    return ctx.LoadCachedKv(101, tokens, TensorView{values.data(), DType::kF32, {rows, width}});
+  };
+  ASSERT_TRUE(load(per_block).ok());
+  const absl::Status reload = load(3 * per_block);
+  EXPECT_EQ(reload.code(), absl::StatusCode::kResourceExhausted) << reload;
+  const absl::Status kept = ctx.TruncateRequest(101, 1);
+  EXPECT_NE(kept.message().find("it has 0 cached"), std::string::npos) << kept;
+  EXPECT_TRUE(load(2 * per_block).ok()) << "the blocks the failed reload gave back";
+}
+
 // Prefix caching through the convenience layer (ForkRequest): only whole blocks on every rank
 // are shared, never more than is cached, and a truncation that would leave a shared block
 // partly kept is refused while another request holds that block (and allowed once it is the
