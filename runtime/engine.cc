@@ -24,27 +24,45 @@ struct SlotRun {
 
 // No new token may be written to a slot the step reads as cached context: tables that put a
 // request's new token into a block of another request's context (or its own, a block listed
-// twice) would overwrite a row the step then reads. `runs`: sorted by first, disjoint. `marks`:
-// one byte per cache block, all zero on entry and on return. Costs a pass over the step's
-// context blocks, as CheckStepTables does.
+// twice) would overwrite a row the step then reads. `runs`: sorted by first, disjoint. One pass
+// over the step's context blocks, as CheckStepTables makes: each block is looked up among the
+// new tokens' blocks in `marks` (a byte per block id up to the largest such id, all zero on
+// entry and on return) or, for ids past kMaxMarkedBlock, by binary search.
+constexpr int64_t kMaxMarkedBlock = int64_t{1} << 22;
 absl::Status CheckNewSlotsMissContext(const Plan& plan, const StepTables& tables,
                                       const KvLayout& layout, int rank,
                                       absl::Span<const SlotRun> runs, std::vector<uint8_t>& marks) {
   if (runs.empty()) return absl::OkStatus();
   const int64_t b = tables.block_size;
-  if (marks.size() < size_t(tables.num_blocks)) marks.resize(size_t(tables.num_blocks), 0);
+  const int64_t last_block = runs.back().last / b;  // runs are sorted by slot, so by block
+  const bool dense = last_block < kMaxMarkedBlock;
   auto mark = [&](uint8_t value) {
     for (const SlotRun& run : runs) {
       for (int64_t k = run.first / b; k <= run.last / b; ++k) marks[size_t(k)] = value;
     }
   };
-  mark(1);
+  std::vector<int64_t> blocks;  // sparse form: the new tokens' blocks, sorted
+  if (dense) {
+    if (marks.size() <= size_t(last_block)) marks.resize(size_t(last_block) + 1, 0);
+    mark(1);
+  } else {
+    for (const SlotRun& run : runs) {
+      for (int64_t k = run.first / b; k <= run.last / b; ++k) {
+        if (blocks.empty() || blocks.back() != k) blocks.push_back(k);
+      }
+    }
+  }
+  auto written = [&](int64_t block) {
+    if (block > last_block) return false;
+    return dense ? marks[size_t(block)] != 0
+                 : std::binary_search(blocks.begin(), blocks.end(), block);
+  };
   absl::Status status = absl::OkStatus();
   for (const PlannedRequest& r : plan.requests) {
     const int64_t rows = layout.local_length(r.context_len(), rank);
     const int32_t* row = tables.row(r.batch_index);
     for (int64_t k = 0; k * b < rows && status.ok(); ++k) {
-      if (!marks[size_t(row[k])]) continue;
+      if (!written(row[k])) continue;
       const int64_t lo = int64_t{row[k]} * b, hi = lo + std::min(b, rows - k * b) - 1;
       // Runs are disjoint: only the last one starting at or before `hi` can reach [lo, hi].
       auto it = std::upper_bound(runs.begin(), runs.end(), hi,
@@ -60,7 +78,7 @@ absl::Status CheckNewSlotsMissContext(const Plan& plan, const StepTables& tables
     }
     if (!status.ok()) break;
   }
-  mark(0);
+  if (dense) mark(0);
   return status;
 }
 

@@ -134,7 +134,8 @@ class DcpEngine {
   ScratchBuffer write_slots_, perm_;
   ScratchBuffer q_nope_exec_, q_rope_exec_, kv_new_exec_, topk_exec_, out_exec_, lse_exec_;
   std::vector<int32_t> perm_host_, write_slots_host_;  // Plan's, kept for their capacity
-  std::vector<uint8_t> block_marks_;  // one per cache block, zero between Plans (Plan's check)
+  std::vector<uint8_t> block_marks_;  // Plan's check: a byte per block id up to the largest new
+                                      // token's (below 2^22), zero between Plans
   void* bound_stream_ = nullptr;
   bool stream_bound_ = false;
   bool collect_stats_ = false;

@@ -117,7 +117,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
 
-  if (num_blocks > 4096) return 0;  // a cache this test will not allocate
+  // A cache this test will not allocate (an empty step plans with any tables: no blocks, a
+  // block size below one or far above the scheduler's).
+  if (num_blocks > 4096 || num_blocks < 1 || block_size < 1 || block_size > 64) return 0;
   // The layer over a cache of the tables' size; top-k rows from the bytes (request-local
   // positions, mostly causal, sometimes anything: the engine must not read outside the cache).
   const dcp::ModelDims& m = options.model;

@@ -1110,6 +1110,12 @@ TEST_F(WorkerTest, EngineRejectsBadTablesAndCaches) {
   EXPECT_EQ(planned.code(), absl::StatusCode::kInvalidArgument) << planned;
   EXPECT_NE(planned.message().find("request id 1 reads as cached context"), std::string::npos)
       << planned;
+  // The same among block ids past the dense marks' range (looked up by binary search).
+  const int32_t big = (1 << 22) + 5;
+  tables = {big, big + 1, big + 2, big + 3, big, big + 5, big + 6, big + 7};
+  planned = (*engine)->Plan(batch, {tables.data(), 4, 1 << 23, 16}, 0);
+  EXPECT_NE(planned.message().find("request id 1 reads as cached context"), std::string::npos)
+      << planned;
   // The same tables without the new token there (request 2 decoding into a block of its own
   // after a shared, whole prefix block of 16 rows at W = 1) plan.
   tables = {0, 1, 2, 3, 4, 5, 6, 7};
