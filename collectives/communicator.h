@@ -113,6 +113,13 @@ class Communicator {
 // `local` without a collective.
 absl::Status AgreeOnStatus(Communicator& comm, const absl::Status& local);
 
+// Errors that mean the group itself failed (a peer stopped, died or never joined: a collective
+// timed out, or the communicator broke): no agreement can follow them.
+inline bool IsGroupFailure(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kDeadlineExceeded ||
+         status.code() == absl::StatusCode::kUnavailable;
+}
+
 // The argument check every AllToAllV shares: four spans of `world_size` entries each.
 absl::Status CheckAllToAllVArgs(int world_size, absl::Span<const size_t> send_counts,
                                 absl::Span<const size_t> send_displs,

@@ -48,13 +48,6 @@ constexpr double kBootstrapTimeoutS = 3600.0;
 // How long a rank that ends the job waits for its peers to answer the liveness probe.
 constexpr double kLivenessWaitS = 1.0;
 
-// Errors that mean the group itself failed (a peer stopped, died or never joined): no
-// agreement can follow, so the rank that sees one ends the job at once.
-bool IsGroupFailure(const absl::Status& status) {
-  return status.code() == absl::StatusCode::kDeadlineExceeded ||
-         status.code() == absl::StatusCode::kUnavailable;
-}
-
 int ExitCodeFor(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kOk:

@@ -34,26 +34,19 @@ absl::Status CheckNewSlotsMissContext(const Plan& plan, const StepTables& tables
                                       absl::Span<const SlotRun> runs, std::vector<uint8_t>& marks) {
   if (runs.empty()) return absl::OkStatus();
   const int64_t b = tables.block_size;
-  const int64_t last_block = runs.back().last / b;  // runs are sorted by slot, so by block
-  const bool dense = last_block < kMaxMarkedBlock;
-  auto mark = [&](uint8_t value) {
-    for (const SlotRun& run : runs) {
-      for (int64_t k = run.first / b; k <= run.last / b; ++k) marks[size_t(k)] = value;
-    }
-  };
-  std::vector<int64_t> blocks;  // sparse form: the new tokens' blocks, sorted
-  if (dense) {
-    if (marks.size() <= size_t(last_block)) marks.resize(size_t(last_block) + 1, 0);
-    mark(1);
-  } else {
-    for (const SlotRun& run : runs) {
-      for (int64_t k = run.first / b; k <= run.last / b; ++k) {
-        if (blocks.empty() || blocks.back() != k) blocks.push_back(k);
-      }
+  std::vector<int64_t> blocks;  // the new tokens' blocks, sorted (the runs are)
+  for (const SlotRun& run : runs) {
+    for (int64_t k = run.first / b; k <= run.last / b; ++k) {
+      if (blocks.empty() || blocks.back() != k) blocks.push_back(k);
     }
   }
+  const bool dense = blocks.back() < kMaxMarkedBlock;
+  if (dense) {
+    if (marks.size() <= size_t(blocks.back())) marks.resize(size_t(blocks.back()) + 1, 0);
+    for (int64_t k : blocks) marks[size_t(k)] = 1;
+  }
   auto written = [&](int64_t block) {
-    if (block > last_block) return false;
+    if (block > blocks.back()) return false;
     return dense ? marks[size_t(block)] != 0
                  : std::binary_search(blocks.begin(), blocks.end(), block);
   };
@@ -78,7 +71,9 @@ absl::Status CheckNewSlotsMissContext(const Plan& plan, const StepTables& tables
     }
     if (!status.ok()) break;
   }
-  if (dense) mark(0);
+  if (dense) {
+    for (int64_t k : blocks) marks[size_t(k)] = 0;
+  }
   return status;
 }
 

@@ -228,10 +228,7 @@ absl::Status Worker::Forward(absl::Span<const BatchRequest> batch, const BatchIn
   const absl::Status outcome = Execute(inputs, outputs);
   // A collective that timed out or broke the group cannot be agreed on (the agreement would
   // only report the broken communicator): that error is the answer, as the contract says.
-  if (outcome.code() == absl::StatusCode::kDeadlineExceeded ||
-      outcome.code() == absl::StatusCode::kUnavailable) {
-    return outcome;
-  }
+  if (IsGroupFailure(outcome)) return outcome;
   DCP_RETURN_IF_ERROR(AgreeOnStatus(comm_, outcome));
   cache_->CommitLengths(batch);
   std::move(release_blocks).Cancel();

@@ -101,10 +101,7 @@ int Run(int argc, char** argv, const launch::ProcessInfo& process) {
   // A group failure (a peer stopped, died or did not arrive in time) leaves the other ranks
   // waiting in the next collective, which this rank would never join: end the job everywhere.
   auto end_on_group_failure = [&](const absl::Status& status) {
-    if (status.code() != absl::StatusCode::kDeadlineExceeded &&
-        status.code() != absl::StatusCode::kUnavailable) {
-      return;
-    }
+    if (!IsGroupFailure(status)) return;
     std::fprintf(stderr, "dcp_bench: rank %d: fatal: %s; ending the job on every rank\n",
                  process.rank, std::string(status.message()).c_str());
     std::fflush(stderr);
@@ -140,8 +137,8 @@ int Run(int argc, char** argv, const launch::ProcessInfo& process) {
   if (!status.ok()) return report(status, kExitFailed);
 
   absl::StatusOr<ModeResult> result = RunMode(env);
-  if (!result.ok()) end_on_group_failure(result.status());
   if (!result.ok()) {
+    end_on_group_failure(result.status());
     // A request the mode refuses before measuring (a sweep over an hour) is a usage error.
     const bool usage = result.status().code() == absl::StatusCode::kInvalidArgument;
     return report(result.status(), usage ? kExitUsage : kExitFailed);
