@@ -20,9 +20,7 @@ absl::Status Check(const DenseMhaParams& p) {
                 "(DeepSeek-V3.2) and 256 / 256 (GLM-5)",
                 p.qk_dim, p.v_dim);
   if (p.num_seqs == 0 || p.num_heads == 0 || p.max_seqlen_q == 0) return absl::OkStatus();
-  DCP_CHECK_ARG(p.num_heads <= 65535 && p.num_seqs <= 65535,
-                "DenseMha (CUDA): at most 65535 heads and sequences (got %d, %d)", p.num_heads,
-                p.num_seqs);
+  DCP_CHECK_ARG(p.num_heads <= 65535, "DenseMha (CUDA): at most 65535 heads (got %d)", p.num_heads);
   DCP_CHECK_ARG(p.cu_seqlens_q != nullptr && p.cu_seqlens_k != nullptr,
                 "DenseMha: cu_seqlens_q and cu_seqlens_k must not be null");
   DCP_CHECK_ARG(p.q != nullptr && p.k != nullptr && p.v != nullptr && p.out != nullptr,

@@ -261,10 +261,19 @@ absl::Status LaunchDenseMha(const DenseMhaParams& p, cudaStream_t stream) {
                                         Config::kSmemBytes));
     configured.fetch_or(bit, std::memory_order_relaxed);
   }
-  const dim3 grid((p.max_seqlen_q + Config::kBlockQ - 1) / Config::kBlockQ, p.num_heads,
-                  p.num_seqs);
-  kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(p);
-  DCP_CUDA_LAUNCH_CHECK("DenseMhaKernel");
+  // grid.z holds at most 65535 sequences: more take several launches, each over its share of
+  // cu_seqlens (the offsets in them are absolute, so only the arrays' starts move).
+  constexpr int kMaxSeqsPerLaunch = 65535;
+  for (int first = 0; first < p.num_seqs; first += kMaxSeqsPerLaunch) {
+    DenseMhaParams part = p;
+    part.num_seqs = std::min(kMaxSeqsPerLaunch, p.num_seqs - first);
+    part.cu_seqlens_q = p.cu_seqlens_q + first;
+    part.cu_seqlens_k = p.cu_seqlens_k + first;
+    const dim3 grid((p.max_seqlen_q + Config::kBlockQ - 1) / Config::kBlockQ, p.num_heads,
+                    part.num_seqs);
+    kernel<<<grid, Config::kThreads, Config::kSmemBytes, stream>>>(part);
+    DCP_CUDA_LAUNCH_CHECK("DenseMhaKernel");
+  }
   return absl::OkStatus();
 }
 

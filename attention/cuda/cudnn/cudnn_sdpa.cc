@@ -341,6 +341,12 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
   DCP_CHECK_ARG(p.cu_seqlens_q != nullptr && p.cu_seqlens_k != nullptr && p.q != nullptr &&
                     p.k != nullptr && p.v != nullptr && p.out != nullptr,
                 "DenseMha (cuDNN): null pointer among q, k, v, out, cu_seqlens");
+  // cuDNN's SDPA kernels put the batch in a grid dimension that may hold 65535: a larger batch
+  // is declined (Unimplemented: auto runs it natively, which splits it over launches).
+  if (p.num_seqs > 65535) {
+    return DCP_ERROR(Unimplemented, "DenseMha (cuDNN): %d sequences, at most 65535 a launch",
+                     p.num_seqs);
+  }
   const int32_t* cu_q = params.host_cu_seqlens_q;
   const int32_t* cu_k = params.host_cu_seqlens_k;
   int max_q = 0, max_k = 0;

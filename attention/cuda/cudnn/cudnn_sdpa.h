@@ -55,7 +55,8 @@ class CudnnSdpa {
   absl::Status SetStream(cudaStream_t stream);
 
   // Enqueues the attention on the stream; no host synchronisation. Unimplemented (nothing
-  // enqueued) when cuDNN has no graph for the shape or its int32 offsets overflow.
+  // enqueued) when cuDNN has no graph for the shape, its int32 offsets overflow or the batch
+  // has more than 65535 sequences.
   absl::Status Run(const CudnnSdpaParams& params);
 
   // "cuDNN 9.19.0 (frontend 1.32.0)".

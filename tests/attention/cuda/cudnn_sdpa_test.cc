@@ -534,6 +534,20 @@ TEST_F(DensePrefillTest, CudnnGraphsAreBuiltOncePerBucket) {
   Check(c, in, got, rng);
 }
 
+// More sequences than a grid dimension holds: cuDNN declines them (Unimplemented, nothing
+// written, so `auto` runs the native kernel, which splits them over launches: its test is
+// DenseMhaCudaTest.MoreSequencesThanOneLaunchHolds).
+TEST_F(DensePrefillTest, CudnnDeclinesMoreSequencesThanAGridHolds) {
+  if (RequireCudnn() == nullptr) return;
+  Case c;
+  c.heads = 1;
+  for (int s = 0; s < 65536; ++s) c.seqs.push_back({1, 1 + s % 3});
+  std::mt19937_64 rng(TestSeed());
+  Outputs unused;
+  const absl::Status declined = Run(Impl::kCudnn, c, MakeInputs(c, rng), &unused);
+  EXPECT_EQ(declined.code(), absl::StatusCode::kUnimplemented) << declined;
+}
+
 // Without a GPU, creating the cuDNN backend is an error with a message, never a crash (CI).
 TEST(CudnnSdpaWithoutGpuTest, CreateIsAClearError) {
   if (VisibleGpuCount() > 0) GTEST_SKIP() << "a GPU is visible";

@@ -196,6 +196,19 @@ TEST_F(DenseMhaCudaTest, FillsTheChip) {
   RunAndCheck(c);
 }
 
+// More sequences than a grid's z dimension holds (65535): the launcher splits them over several
+// launches; every row is checked, those past the split included. Before, this was an error.
+TEST_F(DenseMhaCudaTest, MoreSequencesThanOneLaunchHolds) {
+  MhaCase c;
+  c.seqs.reserve(70001);
+  for (int s = 0; s < 70001; ++s) {
+    const int lq = 1 + s % 3;
+    c.seqs.push_back({lq, lq + (s % 5 == 0 ? 2 : 0)});
+  }
+  c.heads = 1;
+  RunAndCheck(c);
+}
+
 TEST_F(DenseMhaCudaTest, RejectsUncompiledSizesAndDtypes) {
   DenseMhaParams p;
   p.num_seqs = 1;

@@ -4,19 +4,21 @@
 // regions still in flight, a copy larger than the ring grows it, switching the device's stream
 // orders the new stream after the old one, and a batch (BeginBatch .. FlushBatch) lands every
 // array at its flush with the copy kernel.
+#include "runtime/cuda/pinned_staging.h"
+
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "runtime/cuda/cuda_device.h"
-#include "runtime/cuda/pinned_staging.h"
 #include "tests/common/gpu_test_util.h"
 #include "tests/common/spin_kernel.h"
 
@@ -278,6 +280,37 @@ TEST_F(PinnedStagingTest, ABatchDefersEverythingToItsFlushAndADiscardedOneLandsN
   EXPECT_TRUE(std::equal(a.begin(), a.end(), got.begin()));
   EXPECT_TRUE(std::equal(got.begin() + 4096, got.begin() + 8192, poison.begin() + 4096));
   EXPECT_TRUE(std::equal(c.begin(), c.end(), got.begin() + 8192));
+}
+
+// A batch array larger than 65535 slices of the copy kernel (512 MiB: a causal top-k of 32
+// prefills of 2048 tokens is exactly that) lands whole, beside a small one, and nothing past it.
+// Before, the flush refused it ("a segment of N bytes is too large") and with it the step's Plan.
+TEST_F(PinnedStagingTest, ABatchArrayPastTheGridsSliceLimitLandsWhole) {
+  constexpr size_t kBig = (size_t{600} << 20) + 13;  // odd: the byte tail too
+  constexpr size_t kSmall = 4000;
+  std::vector<uint8_t> big(kBig);
+  uint64_t state = TestSeed() | 1;  // xorshift: fast enough for 600 MB, never constant
+  for (size_t i = 0; i + 8 <= kBig; i += 8) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    std::memcpy(big.data() + i, &state, 8);
+  }
+  for (size_t i = kBig / 8 * 8; i < kBig; ++i) big[i] = static_cast<uint8_t>(i * 131 + 7);
+  std::mt19937_64 rng(TestSeed());
+  const std::vector<uint8_t> small = Random(kSmall, rng);
+  DeviceArray<uint8_t> dst(kBig + 256 + kSmall + 64);
+  if (HasFailure()) return;  // no room on this device
+  dst.Poison();
+  PinnedStaging staging;
+  staging.BeginBatch();
+  ASSERT_TRUE(staging.Append(dst.get() + kSmall + 64, big.data(), kBig, stream_).ok());
+  ASSERT_TRUE(staging.Append(dst.get(), small.data(), kSmall, stream_).ok());
+  ASSERT_TRUE(staging.FlushBatch(stream_).ok());
+  const std::vector<uint8_t> got = Read(dst.get(), dst.size());
+  EXPECT_TRUE(std::equal(small.begin(), small.end(), got.begin()));
+  EXPECT_TRUE(std::equal(big.begin(), big.end(), got.begin() + kSmall + 64));
+  // The poison between and after the arrays is intact (DeviceArray::Poison writes 0xFF bytes).
+  for (size_t i = kSmall; i < kSmall + 64; ++i) ASSERT_EQ(got[i], 0xFF) << i;
+  for (size_t i = kSmall + 64 + kBig; i < got.size(); ++i) ASSERT_EQ(got[i], 0xFF) << i;
 }
 
 // CudaDevice with DCP_BATCH_UPLOADS=1: StageToDevice inside a batch lands at the flush, before
