@@ -21,9 +21,12 @@ using Clock = std::chrono::steady_clock;
 
 ncclDataType_t NcclType(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kI32: return ncclInt32;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kI32:
+      return ncclInt32;
   }
   return ncclFloat32;
 }
@@ -45,8 +48,8 @@ void Backoff(Clock::time_point started) {
   if (waited < std::chrono::milliseconds(2)) {
     std::this_thread::yield();
   } else {
-    std::this_thread::sleep_for(std::chrono::microseconds(
-        waited < std::chrono::milliseconds(100) ? 20 : 200));
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(waited < std::chrono::milliseconds(100) ? 20 : 200));
   }
 }
 
@@ -62,10 +65,15 @@ bool Capturing(cudaStream_t stream) {
 }
 
 // Polls `comm` until its pending operation (init, enqueue, finalize) has left ncclInProgress.
+// Stops early, with Aborted, once `broken` (when given) is set: the watchdog found a failure
+// and waits for the NCCL lock this poll holds.
 absl::Status PollInProgress(ncclComm_t comm, Clock::time_point deadline, const std::string& what,
-                            double timeout_s) {
+                            double timeout_s, const std::atomic<bool>* broken = nullptr) {
   const auto started = Clock::now();
   for (;;) {
+    if (broken != nullptr && broken->load(std::memory_order_acquire)) {
+      return DCP_ERROR(Aborted, "%s: the communicator failed meanwhile", what);
+    }
     ncclResult_t state = ncclSuccess;
     DCP_NCCL_CHECK(ncclCommGetAsyncError(comm, &state));
     if (state == ncclSuccess) return absl::OkStatus();
@@ -91,11 +99,18 @@ absl::Status CheckStreamDevice(cudaStream_t stream, int device) {
 
 }  // namespace
 
+// A step of a call after Begin (a device copy, a conversion, scratch, the control buffers):
+// its failure breaks the communicator as a failed NCCL call does, since this rank's part of the
+// collective is missing while its peers' is enqueued (its next call would pair with theirs).
+#define DCP_NCCL_LOCAL(expr) DCP_RETURN_IF_ERROR(FailIfError(expr))
+#define DCP_NCCL_LOCAL_CUDA(call) \
+  DCP_NCCL_LOCAL(::dcp::CudaCodeToStatus((call), #call, __FILE__, __LINE__))
+
 // ---- construction -------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(MpiCommunicator& mpi,
-                                                                            double timeout_s,
-                                                                            cudaStream_t stream) {
+                                                                           double timeout_s,
+                                                                           cudaStream_t stream) {
   NcclOptions options;
   options.timeout_s = timeout_s;
   options.stream = stream;
@@ -163,9 +178,11 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Adopt(
                   control->rank(), control->world_size(), rank, world);
   }
   DCP_CUDA_CHECK(cudaSetDevice(device));
+  // Borrowed until Init succeeds: on any error the caller keeps its communicator, untouched.
   std::unique_ptr<NcclCommunicator> self(
-      new NcclCommunicator(comm, ownership, control, device, rank, world, options));
+      new NcclCommunicator(comm, Ownership::kBorrowed, control, device, rank, world, options));
   DCP_RETURN_IF_ERROR(self->Init());
+  self->ownership_ = ownership;
   return self;
 }
 
@@ -205,11 +222,22 @@ NcclCommunicator::~NcclCommunicator() {
     stop_ = true;
   }
   wake_.notify_all();
-  if (watchdog_.joinable()) watchdog_.join();
+  if (watchdog_.joinable()) watchdog_.join();  // after any abort it was handed
   cudaSetDevice(device_);
-  // Let queued work finish (bounded: a stuck collective fails and aborts instead).
+  // Let queued work finish, bounded. Ours (kOwned): a stuck collective fails and aborts. The
+  // engine's (kBorrowed) is not ours to abort: on a timeout it is left to its owner, and so are
+  // our buffers (work still queued may use them; cudaFree would wait for it).
+  bool drained = true;
   if (!broken_.load() && host_event_ != nullptr && !Capturing(stream_)) {
-    (void)WaitOnHost("destruction of the NCCL communicator");
+    const bool owned = ownership_ == Ownership::kOwned;
+    const absl::Status waited = WaitOnHost("destruction of the NCCL communicator", owned);
+    if (!waited.ok() && !owned) {
+      drained = false;
+      std::fprintf(stderr,
+                   "[rank %d] ~NcclCommunicator: %s; the adopted NCCL communicator is left to "
+                   "its owner (not aborted) and this wrapper's device buffers are not freed\n",
+                   rank_, std::string(waited.message()).c_str());
+    }
   }
   {
     std::lock_guard<std::mutex> lock(nccl_mutex_);
@@ -229,6 +257,7 @@ NcclCommunicator::~NcclCommunicator() {
     }
     comm_ = nullptr;
   }
+  if (!drained) return;
   for (Tracked& tracked : ring_) {
     if (tracked.event != nullptr) cudaEventDestroy(tracked.event);
   }
@@ -236,6 +265,7 @@ NcclCommunicator::~NcclCommunicator() {
   if (order_event_ != nullptr) cudaEventDestroy(order_event_);
   if (barrier_word_ != nullptr) cudaFree(barrier_word_);
   if (scratch_ != nullptr) cudaFree(scratch_);
+  for (void* retired : retired_scratch_) cudaFree(retired);
   if (control_bytes_ != nullptr) cudaFree(control_bytes_);
   if (control_host_ != nullptr) cudaFreeHost(control_host_);
 }
@@ -259,14 +289,30 @@ absl::Status NcclCommunicator::Fail(absl::Status status) {
     }
     status = failure_;
   }
+  ncclComm_t doomed = nullptr;
   {
     std::lock_guard<std::mutex> lock(nccl_mutex_);
-    if (comm_ != nullptr) {
-      ncclCommAbort(comm_);  // kernels stuck waiting for peers exit; the stream drains
-      comm_ = nullptr;
+    std::swap(doomed, comm_);  // no call reaches NCCL through it from now on
+  }
+  if (doomed != nullptr) AbortNccl(doomed);
+  return status;
+}
+
+void NcclCommunicator::AbortNccl(ncclComm_t comm) {
+  // ncclCommAbort makes NCCL's kernels stuck on peers exit (the stream drains), then waits
+  // until every CUDA graph that captured this communicator's calls is destroyed. The caller's
+  // thread may own such graphs, so the watchdog's thread aborts, and the caller returns the
+  // error at once. Only without a watchdog (before Init started it, or after the destructor
+  // stopped it) does the calling thread abort.
+  {
+    std::lock_guard<std::mutex> lock(track_mutex_);
+    if (!stop_ && watchdog_.joinable() && std::this_thread::get_id() != watchdog_.get_id()) {
+      abort_pending_ = comm;
+      wake_.notify_all();
+      return;
     }
   }
-  return status;
+  ncclCommAbort(comm);
 }
 
 std::string NcclCommunicator::Describe(const char* what, uint64_t call) const {
@@ -295,7 +341,7 @@ absl::Status NcclCommunicator::Enqueue(const char* what, EnqueueFn&& enqueue) {
       if (result == ncclInProgress) {
         // Peers are being connected (first use of a pattern): wait until NCCL has enqueued.
         enqueued = PollInProgress(comm_, Clock::now() + Seconds(timeout_s_),
-                                  Describe(what, calls_.load()), timeout_s_);
+                                  Describe(what, calls_.load()), timeout_s_, &broken_);
       } else if (result != ncclSuccess) {
         enqueued =
             NcclCodeToStatus(result, Describe(what, calls_.load()).c_str(), __FILE__, __LINE__);
@@ -304,6 +350,10 @@ absl::Status NcclCommunicator::Enqueue(const char* what, EnqueueFn&& enqueue) {
   }
   if (!enqueued.ok()) return Fail(enqueued);
   return absl::OkStatus();
+}
+
+absl::Status NcclCommunicator::FailIfError(absl::Status status) {
+  return status.ok() ? status : Fail(std::move(status));
 }
 
 absl::Status NcclCommunicator::Finish(const char* what) {
@@ -336,7 +386,10 @@ absl::Status NcclCommunicator::Track(const char* what) {
   return absl::OkStatus();
 }
 
-absl::Status NcclCommunicator::WaitOnHost(const char* what) {
+absl::Status NcclCommunicator::WaitOnHost(const char* what, bool fail_on_error) {
+  const auto fail = [&](absl::Status status) {
+    return fail_on_error ? Fail(std::move(status)) : status;
+  };
   if (Capturing(stream_)) {
     return DCP_ERROR(FailedPrecondition,
                      "%s waits on the host, which a CUDA graph capture forbids: bind the "
@@ -344,7 +397,7 @@ absl::Status NcclCommunicator::WaitOnHost(const char* what) {
                      what);
   }
   if (const cudaError_t recorded = cudaEventRecord(host_event_, stream_); recorded != cudaSuccess) {
-    return Fail(
+    return fail(
         CudaCodeToStatus(recorded, Describe(what, calls_.load()).c_str(), __FILE__, __LINE__));
   }
   const auto started = Clock::now();
@@ -353,7 +406,7 @@ absl::Status NcclCommunicator::WaitOnHost(const char* what) {
     const cudaError_t done = cudaEventQuery(host_event_);
     if (done == cudaSuccess) return CheckUsable();  // the watchdog may have seen an error
     if (done != cudaErrorNotReady) {
-      return Fail(
+      return fail(
           CudaCodeToStatus(done, Describe(what, calls_.load()).c_str(), __FILE__, __LINE__));
     }
     if (broken_.load(std::memory_order_acquire)) return failure();
@@ -368,12 +421,13 @@ absl::Status NcclCommunicator::WaitOnHost(const char* what) {
               NcclCodeToStatus(state, Describe(what, calls_.load()).c_str(), __FILE__, __LINE__);
         }
       }
-      if (!async_error.ok()) return Fail(async_error);
+      if (!async_error.ok()) return fail(async_error);
       if (Clock::now() > deadline) {
-        return Fail(DCP_ERROR(DeadlineExceeded,
+        return fail(DCP_ERROR(DeadlineExceeded,
                               "%s did not complete within %.1f s: a peer rank failed or never "
-                              "joined; NCCL communicator aborted",
-                              Describe(what, calls_.load()), timeout_s_));
+                              "joined%s",
+                              Describe(what, calls_.load()), timeout_s_,
+                              fail_on_error ? "; NCCL communicator aborted" : ""));
       }
     }
     Backoff(started);
@@ -388,8 +442,15 @@ void NcclCommunicator::WatchdogLoop() {
   const auto interval = Seconds(interval_s_);
   const auto timeout = Seconds(timeout_s_);
   std::unique_lock<std::mutex> lock(track_mutex_);
-  while (!stop_) {
-    wake_.wait_for(lock, interval, [&] { return stop_; });
+  for (;;) {
+    wake_.wait_for(lock, interval, [&] { return stop_ || abort_pending_ != nullptr; });
+    if (abort_pending_ != nullptr) {  // handed over by Fail on the caller's thread
+      ncclComm_t doomed = std::exchange(abort_pending_, nullptr);
+      lock.unlock();
+      ncclCommAbort(doomed);
+      lock.lock();
+      continue;
+    }
     if (stop_) break;
     if (broken_.load(std::memory_order_acquire)) continue;
     absl::Status found;
@@ -444,14 +505,15 @@ absl::Status NcclCommunicator::EnsureScratch(size_t bytes, const char* what) {
                      "CUDA graph capture: call ReserveReduceScatter first",
                      what, bytes, scratch_bytes_);
   }
-  if (scratch_ != nullptr) {
-    DCP_RETURN_IF_ERROR(WaitOnHost(what));  // queued sums may still read it
-    DCP_CUDA_CHECK(cudaFree(scratch_));
-    scratch_ = nullptr;
-    scratch_bytes_ = 0;
-  }
-  DCP_CUDA_CHECK(cudaMalloc(&scratch_, bytes));
-  scratch_bytes_ = bytes;
+  // The smaller buffer is kept until destruction, not freed: queued sums and CUDA graphs
+  // captured before this growth still use its address. Growth at least doubles, so what is
+  // kept stays below the live buffer's size.
+  const size_t grown = std::max(bytes, 2 * scratch_bytes_);
+  void* fresh = nullptr;
+  DCP_CUDA_CHECK(cudaMalloc(&fresh, grown));
+  if (scratch_ != nullptr) retired_scratch_.push_back(scratch_);
+  scratch_ = fresh;
+  scratch_bytes_ = grown;
   return absl::OkStatus();
 }
 
@@ -499,8 +561,7 @@ absl::Status NcclCommunicator::ReserveReduceScatter(size_t count, DType dtype) {
 
 // ---- data plane ----------------------------------------------------------------------------
 
-absl::Status NcclCommunicator::AllGather(const void* send, void* recv, size_t count,
-                                         DType dtype) {
+absl::Status NcclCommunicator::AllGather(const void* send, void* recv, size_t count, DType dtype) {
   DCP_RETURN_IF_ERROR(CheckUsable());
   if (count == 0) return absl::OkStatus();
   constexpr const char* kWhat = "ncclAllGather";
@@ -525,8 +586,8 @@ absl::Status NcclCommunicator::AllGatherV(const void* send, size_t send_count, v
   size_t own_offset = 0;
   for (int r = 0; r < rank_; ++r) own_offset += counts[r];
   if (send_count > 0) {
-    DCP_CUDA_CHECK(cudaMemcpyAsync(out + own_offset * element, send, send_count * element,
-                                   cudaMemcpyDeviceToDevice, stream_));
+    DCP_NCCL_LOCAL_CUDA(cudaMemcpyAsync(out + own_offset * element, send, send_count * element,
+                                        cudaMemcpyDeviceToDevice, stream_));
   }
   if (world_size_ > 1) {
     DCP_RETURN_IF_ERROR(Enqueue(kWhat, [&](ncclComm_t comm) {
@@ -569,14 +630,14 @@ absl::Status NcclCommunicator::ReduceScatterSum(const void* send, void* recv, si
   constexpr const char* kWhat = "ncclReduceScatter(bf16 summed as fp32)";
   DCP_RETURN_IF_ERROR(Begin(kWhat));
   const size_t total = count * size_t(world_size_);
-  DCP_RETURN_IF_ERROR(EnsureScratch((total + count) * sizeof(float), kWhat));
+  DCP_NCCL_LOCAL(EnsureScratch((total + count) * sizeof(float), kWhat));
   float* send_f32 = static_cast<float*>(scratch_);
   float* recv_f32 = send_f32 + total;
-  DCP_RETURN_IF_ERROR(cuda::Convert(send_f32, DType::kF32, send, DType::kBF16, total, stream_));
+  DCP_NCCL_LOCAL(cuda::Convert(send_f32, DType::kF32, send, DType::kBF16, total, stream_));
   DCP_RETURN_IF_ERROR(Enqueue(kWhat, [&](ncclComm_t comm) {
     return ncclReduceScatter(send_f32, recv_f32, count, ncclFloat32, ncclSum, comm, stream_);
   }));
-  DCP_RETURN_IF_ERROR(cuda::Convert(recv, DType::kBF16, recv_f32, DType::kF32, count, stream_));
+  DCP_NCCL_LOCAL(cuda::Convert(recv, DType::kBF16, recv_f32, DType::kF32, count, stream_));
   return Finish(kWhat);
 }
 
@@ -588,8 +649,8 @@ absl::Status NcclCommunicator::AllToAll(const void* send, void* recv, size_t cou
   const size_t block = count * dtype_size(dtype);
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
-  DCP_CUDA_CHECK(cudaMemcpyAsync(out + rank_ * block, in + rank_ * block, block,
-                                 cudaMemcpyDeviceToDevice, stream_));
+  DCP_NCCL_LOCAL_CUDA(cudaMemcpyAsync(out + rank_ * block, in + rank_ * block, block,
+                                      cudaMemcpyDeviceToDevice, stream_));
   if (world_size_ > 1) {
     DCP_RETURN_IF_ERROR(Enqueue(kWhat, [&](ncclComm_t comm) {
       ncclResult_t first = ncclGroupStart();
@@ -622,10 +683,9 @@ absl::Status NcclCommunicator::AllToAllV(const void* send, absl::Span<const size
   const auto* in = static_cast<const char*>(send);
   auto* out = static_cast<char*>(recv);
   if (send_counts[rank_] > 0) {
-    DCP_CUDA_CHECK(cudaMemcpyAsync(out + recv_displs[rank_] * element,
-                                   in + send_displs[rank_] * element,
-                                   send_counts[rank_] * element, cudaMemcpyDeviceToDevice,
-                                   stream_));
+    DCP_NCCL_LOCAL_CUDA(
+        cudaMemcpyAsync(out + recv_displs[rank_] * element, in + send_displs[rank_] * element,
+                        send_counts[rank_] * element, cudaMemcpyDeviceToDevice, stream_));
   }
   if (world_size_ > 1) {
     DCP_RETURN_IF_ERROR(Enqueue(kWhat, [&](ncclComm_t comm) {
@@ -702,16 +762,17 @@ absl::Status NcclCommunicator::HostAllGather(int64_t value, absl::Span<int64_t> 
   constexpr const char* kWhat = "ncclAllGather(HostAllGather)";
   DCP_RETURN_IF_ERROR(Begin(kWhat));
   const size_t gathered = size_t(world_size_) * sizeof(int64_t);
-  DCP_RETURN_IF_ERROR(ControlBytes(gathered + sizeof(int64_t)));
+  DCP_NCCL_LOCAL(ControlBytes(gathered + sizeof(int64_t)));
   auto* device_values = static_cast<char*>(control_bytes_);
   auto* host = static_cast<char*>(control_host_);
   std::memcpy(host + gathered, &value, sizeof(value));
-  DCP_CUDA_CHECK(cudaMemcpyAsync(device_values + gathered, host + gathered, sizeof(value),
-                                 cudaMemcpyHostToDevice, stream_));
+  DCP_NCCL_LOCAL_CUDA(cudaMemcpyAsync(device_values + gathered, host + gathered, sizeof(value),
+                                      cudaMemcpyHostToDevice, stream_));
   DCP_RETURN_IF_ERROR(Enqueue(kWhat, [&](ncclComm_t comm) {
     return ncclAllGather(device_values + gathered, device_values, 1, ncclInt64, comm, stream_);
   }));
-  DCP_CUDA_CHECK(cudaMemcpyAsync(host, device_values, gathered, cudaMemcpyDeviceToHost, stream_));
+  DCP_NCCL_LOCAL_CUDA(
+      cudaMemcpyAsync(host, device_values, gathered, cudaMemcpyDeviceToHost, stream_));
   DCP_RETURN_IF_ERROR(WaitOnHost(kWhat));
   std::memcpy(values.data(), host, gathered);
   return absl::OkStatus();
@@ -725,16 +786,16 @@ absl::Status NcclCommunicator::HostBroadcast(void* data, size_t bytes, int root)
   if (bytes == 0) return absl::OkStatus();
   constexpr const char* kWhat = "ncclBroadcast(HostBroadcast)";
   DCP_RETURN_IF_ERROR(Begin(kWhat));
-  DCP_RETURN_IF_ERROR(ControlBytes(bytes));
+  DCP_NCCL_LOCAL(ControlBytes(bytes));
   if (rank_ == root) {
     std::memcpy(control_host_, data, bytes);
-    DCP_CUDA_CHECK(
+    DCP_NCCL_LOCAL_CUDA(
         cudaMemcpyAsync(control_bytes_, control_host_, bytes, cudaMemcpyHostToDevice, stream_));
   }
   DCP_RETURN_IF_ERROR(Enqueue(kWhat, [&](ncclComm_t comm) {
     return ncclBroadcast(control_bytes_, control_bytes_, bytes, ncclUint8, root, comm, stream_);
   }));
-  DCP_CUDA_CHECK(
+  DCP_NCCL_LOCAL_CUDA(
       cudaMemcpyAsync(control_host_, control_bytes_, bytes, cudaMemcpyDeviceToHost, stream_));
   DCP_RETURN_IF_ERROR(WaitOnHost(kWhat));
   std::memcpy(data, control_host_, bytes);
@@ -742,11 +803,8 @@ absl::Status NcclCommunicator::HostBroadcast(void* data, size_t bytes, int root)
 }
 
 void NcclCommunicator::Abort(int exit_code) {
-  {
-    std::lock_guard<std::mutex> lock(nccl_mutex_);
-    if (comm_ != nullptr) ncclCommAbort(comm_);
-    comm_ = nullptr;
-  }
+  // The processes end, and NCCL's state with them: no ncclCommAbort here, which would wait for
+  // every CUDA graph holding this communicator's calls (or for an abort already under way).
   if (control_ != nullptr) control_->Abort(exit_code);
   std::fprintf(stderr,
                "[rank %d] NcclCommunicator::Abort(%d): no MPI communicator to end the group; "

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "absl/cleanup/cleanup.h"
 #include "core/environment.h"
 #include "core/status.h"
 
@@ -86,6 +87,9 @@ absl::StatusOr<LayerTimes> TimeLayer(
     const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     DCP_CUDA_CHECK(instantiated);
+    // Destroyed on every return: NCCL's abort after a failed replay waits for the graphs that
+    // hold its communicator's calls.
+    absl::Cleanup destroy_exec = [exec] { cudaGraphExecDestroy(exec); };
     if (nodes.ok()) {
       times.kernel_sum_us = nodes->sum_us;
       times.graph_nodes = nodes->nodes;
@@ -116,7 +120,6 @@ absl::StatusOr<LayerTimes> TimeLayer(
       }
       note_busy(busy, &times.graph_busy_us);
     }
-    cudaGraphExecDestroy(exec);
     return absl::OkStatus();
   };
   absl::Status status = timed();

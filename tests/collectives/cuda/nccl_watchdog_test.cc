@@ -171,5 +171,40 @@ TEST_F(NcclWatchdogTest, DeadlineFiresOnAStreamOrderedCollective) {
   EXPECT_TRUE(StreamDrains(10.0));
 }
 
+// A failure while a CUDA graph holding the communicator's calls still exists: NCCL's abort
+// waits until that graph is destroyed, and the thread that owns the graph is the caller's. The
+// failing call (host completion: its own deadline) must return at the deadline, not wait in
+// the abort for a graph only it can destroy; once the graph goes, the abort finishes and the
+// communicator can be destroyed. Before, the call aborted on its own thread and never returned.
+TEST_F(NcclWatchdogTest, AFailureWithALiveGraphReturnsAndTheAbortWaitsForTheGraph) {
+  NcclCommunicator& comm = Adopt(Completion::kStream);
+  DeviceArray<float> send(std::vector<float>(256, 1.0f)), recv(256);
+  ASSERT_TRUE(comm.AllGather(send.get(), recv.get(), 256, DType::kF32).ok());  // warm-up
+  ASSERT_TRUE(comm.Synchronize().ok());
+  cudaGraph_t graph = nullptr;
+  DCP_ASSERT_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  const absl::Status captured = comm.AllGather(send.get(), recv.get(), 256, DType::kF32);
+  DCP_ASSERT_CUDA(cudaStreamEndCapture(stream_, &graph));
+  ASSERT_TRUE(captured.ok()) << captured;
+  cudaGraphExec_t exec = nullptr;
+  DCP_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+  ASSERT_TRUE(comm.BindStream(stream_, Completion::kHost).ok());
+  Block();
+  const auto start = Clock::now();
+  const absl::Status status = comm.AllGather(send.get(), recv.get(), 256, DType::kF32);
+  const double waited = SecondsSince(start);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_LT(waited, kTimeout + 2.0) << "the failing call waited in NCCL's abort";
+  ExpectBrokenWith(comm, "ncclAllGather");
+
+  // The graph goes, the stream is let go: the abort (on the watchdog's thread) can finish,
+  // and TearDown destroys the communicator, which waits for it.
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  Release();
+  EXPECT_TRUE(StreamDrains(10.0));
+}
+
 }  // namespace
 }  // namespace dcp::testing
