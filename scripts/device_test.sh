@@ -196,8 +196,9 @@ ${DCP_RUNS:-1 nccl ag_rs
 EOF_RUNS
     # Problem files on CUDA ranks (np 2, host-staged MPI) against make_problem's float64
     # reference, tolerance 0.05 (bf16 K/V and q'): the DeepSeek-dim bf16 problems, the
-    # fp8_ds_mla ones (the reference quantizes the float32 values, a CUDA rank their bf16
-    # rounding), then random fp8_ds_mla problems (tests/launch/random_problems.cmake).
+    # fp8_ds_mla ones (the reference quantizes the values as a CUDA rank stores them, rounded
+    # to bf16: verify's last argument; from the float32 values it is 0.04 off on its own),
+    # then random fp8_ds_mla problems (tests/launch/random_problems.cmake).
     make_problem="$build/tests/launch/make_problem"
     dir=/tmp/dcp-problems
     mkdir -p "$dir"
@@ -209,7 +210,7 @@ EOF_RUNS
         timeout 150 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 </dev/null \
             "$run" --device cuda --comm mpi --problem "$problem" --output "$result" \
             --kv-cache-dtype "$kv" >"$log" 2>&1 &&
-          "$make_problem" verify "$problem" "$result" 2 - 0.05 "$kv" >>"$log" 2>&1
+          "$make_problem" verify "$problem" "$result" 2 - 0.05 "$kv" - bf16 >>"$log" 2>&1
         code=$?
         [ "$code" -eq 0 ] || failures=$((failures + 1))
         note "problem $variant ($kv) np 2: exit $code | $(grep -E '^verify' "$log" | cut -c1-300)"
@@ -223,7 +224,7 @@ deepseek_fp8_sparse fp8_ds_mla
 EOF_PROBLEMS
       cmake -DMAKE_PROBLEM="$make_problem" -DDCP_RUN="$run" -DFOLDER="$dir" -DFIRST=1 -DLAST=8 \
         -DLAUNCH="mpirun@@--allow-run-as-root@@--oversubscribe@@--bind-to@@none" -DFP8=1 \
-        -DEXTRA="--device@@cuda@@--comm@@mpi" -DTOLERANCE=0.05 -DANY_ROUTES=1 \
+        -DEXTRA="--device@@cuda@@--comm@@mpi" -DTOLERANCE=0.05 -DSTORED=bf16 -DANY_ROUTES=1 \
         -P tests/launch/random_problems.cmake >>"$out/dcp_run.log" 2>&1
       code=$?
       [ "$code" -eq 0 ] || failures=$((failures + 1))

@@ -628,9 +628,12 @@ absl::Status NcclCommunicator::ReduceScatterSum(const void* send, void* recv, si
   }
   // bf16: sum in fp32, round once (NCCL's own bf16 sum rounds at every hop).
   constexpr const char* kWhat = "ncclReduceScatter(bf16 summed as fp32)";
-  DCP_RETURN_IF_ERROR(Begin(kWhat));
   const size_t total = count * size_t(world_size_);
-  DCP_NCCL_LOCAL(EnsureScratch((total + count) * sizeof(float), kWhat));
+  // Scratch before the call begins: refused inside a capture, or out of memory, it fails this
+  // call alone (nothing of it was enqueued on any rank's behalf) and the communicator stays.
+  DCP_CUDA_CHECK(cudaSetDevice(device_));
+  DCP_RETURN_IF_ERROR(EnsureScratch((total + count) * sizeof(float), kWhat));
+  DCP_RETURN_IF_ERROR(Begin(kWhat));
   float* send_f32 = static_cast<float*>(scratch_);
   float* recv_f32 = send_f32 + total;
   DCP_NCCL_LOCAL(cuda::Convert(send_f32, DType::kF32, send, DType::kBF16, total, stream_));
@@ -760,9 +763,10 @@ absl::Status NcclCommunicator::HostAllGather(int64_t value, absl::Span<int64_t> 
   if (control_ != nullptr) return control_->HostAllGather(value, values);
   // Over NCCL: [W] gathered values, then this rank's value, in device memory.
   constexpr const char* kWhat = "ncclAllGather(HostAllGather)";
-  DCP_RETURN_IF_ERROR(Begin(kWhat));
   const size_t gathered = size_t(world_size_) * sizeof(int64_t);
-  DCP_NCCL_LOCAL(ControlBytes(gathered + sizeof(int64_t)));
+  DCP_CUDA_CHECK(cudaSetDevice(device_));
+  DCP_RETURN_IF_ERROR(ControlBytes(gathered + sizeof(int64_t)));  // before: fails this call only
+  DCP_RETURN_IF_ERROR(Begin(kWhat));
   auto* device_values = static_cast<char*>(control_bytes_);
   auto* host = static_cast<char*>(control_host_);
   std::memcpy(host + gathered, &value, sizeof(value));
@@ -785,8 +789,9 @@ absl::Status NcclCommunicator::HostBroadcast(void* data, size_t bytes, int root)
   if (control_ != nullptr) return control_->HostBroadcast(data, bytes, root);
   if (bytes == 0) return absl::OkStatus();
   constexpr const char* kWhat = "ncclBroadcast(HostBroadcast)";
+  DCP_CUDA_CHECK(cudaSetDevice(device_));
+  DCP_RETURN_IF_ERROR(ControlBytes(bytes));  // before the call begins: fails this call only
   DCP_RETURN_IF_ERROR(Begin(kWhat));
-  DCP_NCCL_LOCAL(ControlBytes(bytes));
   if (rank_ == root) {
     std::memcpy(control_host_, data, bytes);
     DCP_NCCL_LOCAL_CUDA(

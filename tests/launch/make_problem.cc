@@ -6,12 +6,15 @@
 //   make_problem all <folder>               every variant, as <folder>/<variant>.safetensors
 //   make_problem random <seed> <path> [fp8] a random problem (RandomProblem), for sweeps
 //   make_problem verify <problem> <result> <world_size> [route|-] [tolerance|-] [kv_dtype|-]
-//                       [decode_threshold]  checks a result file against the float64 reference
+//                       [decode_threshold|-] [f32|bf16]
+//                                           checks a result file against the float64 reference
 //                                           (relative error, default 1e-4); kv_dtype
 //                                           fp8_ds_mla: keys read from the cache are the
-//                                           format's dequantized rows (tests/reference); the
-//                                           decode threshold of the run (default 1) tells
-//                                           which requests the dense route leaves to the
+//                                           format's dequantized rows (tests/reference),
+//                                           quantized from the values as the ranks store them
+//                                           (f32 on CPU ranks, the default; bf16 on CUDA
+//                                           ranks); the decode threshold of the run (default 1)
+//                                           tells which requests the dense route leaves to the
 //                                           sparse one
 #include <algorithm>
 #include <array>
@@ -498,18 +501,27 @@ std::map<std::string, std::string> Variants() {
   return images;
 }
 
-// What a CPU rank's fp8_ds_mla cache gives back for rows [rows, 512] / [rows, 64], row by row
+// What a rank's fp8_ds_mla cache gives back for rows [rows, 512] / [rows, 64], row by row
 // through tests/reference's model of the format (written from FORMATS.md, sharing no code with
-// dcp): kv_c dequantized, k_pe rounded to bf16. x is the float32 value.
+// dcp): kv_c dequantized, k_pe rounded to bf16. x is the value as the rank stores it: float32 on
+// CPU ranks, rounded to bf16 first on CUDA ranks (`stored_bf16`).
 void Fp8DsMlaCache(const std::vector<double>& kv_c, const std::vector<double>& k_pe,
-                   std::vector<double>* kv_cache, std::vector<double>* pe_cache) {
+                   bool stored_bf16, std::vector<double>* kv_cache, std::vector<double>* pe_cache) {
+  const auto stored = [stored_bf16](double value) {
+    const float x = float(value);
+    if (!stored_bf16) return x;
+    const uint32_t word = uint32_t(dcp::reference::Bf16Nearest(x)) << 16;
+    float rounded;
+    std::memcpy(&rounded, &word, 4);
+    return rounded;
+  };
   const size_t rows = k_pe.size() / 64;
   kv_cache->resize(kv_c.size());
   pe_cache->resize(k_pe.size());
   std::vector<float> x(576);
   for (size_t row = 0; row < rows; ++row) {
-    for (int e = 0; e < 512; ++e) x[e] = float(kv_c[row * 512 + e]);
-    for (int e = 0; e < 64; ++e) x[512 + e] = float(k_pe[row * 64 + e]);
+    for (int e = 0; e < 512; ++e) x[e] = stored(kv_c[row * 512 + e]);
+    for (int e = 0; e < 64; ++e) x[512 + e] = stored(k_pe[row * 64 + e]);
     const std::vector<uint8_t> stored =
         dcp::reference::QuantizeFp8DsMlaRow(x.data(), x.data() + 512);
     const std::vector<double> values = dcp::reference::DequantizeFp8DsMlaRow(stored.data());
@@ -524,7 +536,7 @@ void Fp8DsMlaCache(const std::vector<double>& kv_c, const std::vector<double>& k
 // and their new tokens fresh (decodes, query_len <= decode_threshold, stay on the sparse route).
 int Verify(const std::string& problem_path, const std::string& result_path, int world_size,
            const std::string& route, double tolerance, const std::string& kv_dtype,
-           int decode_threshold) {
+           int decode_threshold, const std::string& stored) {
   std::map<std::string, Tensor> p, r;
   std::map<std::string, std::string> pm, rm;
   if (!ReadFile(problem_path, &p, &pm) || !ReadFile(result_path, &r, &rm)) {
@@ -571,8 +583,13 @@ int Verify(const std::string& problem_path, const std::string& result_path, int 
                  static_cast<long long>(rank), static_cast<long long>(dr));
     return 1;
   }
+  if (stored != "f32" && stored != "bf16") {
+    std::fprintf(stderr, "verify: unknown storage '%s' (f32: CPU ranks, bf16: CUDA ranks)\n",
+                 stored.c_str());
+    return 1;
+  }
   std::vector<double> kv_cache, pe_cache;
-  if (fp8) Fp8DsMlaCache(kv_c, k_pe, &kv_cache, &pe_cache);
+  if (fp8) Fp8DsMlaCache(kv_c, k_pe, stored == "bf16", &kv_cache, &pe_cache);
   const bool dense_route = rm["route"] == "dense_mha";
   double out_error = 0, out_scale = 0, lse_error = 0;
   int64_t t = 0, row_offset = 0;
@@ -681,17 +698,20 @@ int main(int argc, char** argv) {
                 run.args.c_str());
     return WriteImage(argv[3], Image(file)) ? 0 : 1;
   }
-  if (command == "verify" && argc >= 5 && argc <= 9) {
+  if (command == "verify" && argc >= 5 && argc <= 10) {
     const std::string tolerance = argc >= 7 ? argv[6] : "-";
+    const std::string threshold = argc >= 9 ? argv[8] : "-";
+    const std::string stored = argc == 10 ? argv[9] : "-";
     return Verify(argv[2], argv[3], std::atoi(argv[4]), argc >= 6 ? argv[5] : "",
                   tolerance == "-" ? 1e-4 : std::atof(tolerance.c_str()), argc >= 8 ? argv[7] : "",
-                  argc == 9 ? std::atoi(argv[8]) : 1);
+                  threshold == "-" ? 1 : std::atoi(threshold.c_str()),
+                  stored == "-" ? "f32" : stored);
   }
   std::fprintf(
       stderr,
       "usage: make_problem write <variant> <path> | all <folder> | random <seed> <path> [fp8] | "
       "verify <problem> "
       "<result> <world_size> [route|-] [tolerance|-] [bf16|fp8_ds_mla|-] "
-      "[decode_threshold]\n");
+      "[decode_threshold|-] [f32|bf16: how the ranks store values, f32 on CPU ranks]\n");
   return 2;
 }

@@ -9,6 +9,8 @@
 #   -DFP8=1                    fp8_ds_mla dims and cache (verify on the dequantized rows)
 #   -DEXTRA=a@@b               more dcp_run flags for every run (e.g. --device@@cuda@@--comm@@mpi)
 #   -DTOLERANCE=x              verify's relative tolerance (default 1e-4: CPU ranks)
+#   -DSTORED=bf16              values as the ranks store them before an fp8 cache quantizes
+#                              them (default f32: CPU ranks; bf16: CUDA ranks)
 #   -DANY_ROUTES=1             no check that the seeds ran both routes (CUDA ranks take the
 #                              sparse one where no dense kernel has the random head sizes)
 cmake_minimum_required(VERSION 3.25)
@@ -16,6 +18,9 @@ string(REPLACE "@@" ";" LAUNCH "${LAUNCH}")
 string(REPLACE "@@" ";" EXTRA "${EXTRA}")
 if(NOT DEFINED TOLERANCE)
   set(TOLERANCE -)
+endif()
+if(NOT DEFINED STORED)
+  set(STORED f32)
 endif()
 set(kind "")
 set(verify_kv -)
@@ -45,7 +50,7 @@ foreach(seed RANGE ${FIRST} ${LAST})
     message(FATAL_ERROR "seed ${seed}: dcp_run exit ${rc}\ncommand: ${command}\n${out}\n${err}")
   endif()
   execute_process(COMMAND ${MAKE_PROBLEM} verify ${problem} ${result} ${np} - ${TOLERANCE}
-                          ${verify_kv} ${decode_threshold}
+                          ${verify_kv} ${decode_threshold} ${STORED}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "seed ${seed}: ${out}${err}\ncommand: ${command}")
