@@ -372,6 +372,9 @@ absl::StatusOr<BenchOptions> ParseBenchOptions(int argc, const char* const* argv
                   "--heads %d per rank is more than the ceiling of %d heads (dcp_run's)", heads,
                   launch::kMaxHeads);
   }
+  DCP_CHECK_ARG(options.index_topk <= launch::kMaxIndexTopk,
+                "--index_topk %d is more than the ceiling of %d (dcp_run's)", options.index_topk,
+                launch::kMaxIndexTopk);
   DCP_CHECK_ARG(options.block_size % options.interleave == 0,
                 "--interleave (%d) must divide --block_size (%d)", options.interleave,
                 options.block_size);
