@@ -61,8 +61,11 @@ absl::Status HostStagedCommunicator::AllGather(const void* send, void* recv, siz
   const size_t total = bytes * size_t(world_size());
   DCP_RETURN_IF_ERROR(Reserve(send_, bytes));
   DCP_RETURN_IF_ERROR(Reserve(recv_, total));
-  DCP_RETURN_IF_ERROR(ToHost(send_.data, send, bytes));
+  // A failed copy still joins the collective (with stale bytes), so that the peers' calls
+  // keep pairing with this rank's; the error follows, and the step's agreement spreads it.
+  const absl::Status staged = ToHost(send_.data, send, bytes);
   DCP_RETURN_IF_ERROR(host_.AllGather(send_.data, recv_.data, count, dtype));
+  DCP_RETURN_IF_ERROR(staged);
   return ToDevice(recv, recv_.data, total);
 }
 
@@ -72,8 +75,9 @@ absl::Status HostStagedCommunicator::AllGatherV(const void* send, size_t send_co
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0}) * element;
   DCP_RETURN_IF_ERROR(Reserve(send_, send_count * element));
   DCP_RETURN_IF_ERROR(Reserve(recv_, total));
-  DCP_RETURN_IF_ERROR(ToHost(send_.data, send, send_count * element));
+  const absl::Status staged = ToHost(send_.data, send, send_count * element);
   DCP_RETURN_IF_ERROR(host_.AllGatherV(send_.data, send_count, recv_.data, counts, dtype));
+  DCP_RETURN_IF_ERROR(staged);  // joined the collective anyway (AllGather says why)
   return ToDevice(recv, recv_.data, total);
 }
 
@@ -83,8 +87,9 @@ absl::Status HostStagedCommunicator::ReduceScatterSum(const void* send, void* re
   const size_t total = bytes * size_t(world_size());
   DCP_RETURN_IF_ERROR(Reserve(send_, total));
   DCP_RETURN_IF_ERROR(Reserve(recv_, bytes));
-  DCP_RETURN_IF_ERROR(ToHost(send_.data, send, total));
+  const absl::Status staged = ToHost(send_.data, send, total);
   DCP_RETURN_IF_ERROR(host_.ReduceScatterSum(send_.data, recv_.data, count, dtype));
+  DCP_RETURN_IF_ERROR(staged);  // joined the collective anyway (AllGather says why)
   return ToDevice(recv, recv_.data, bytes);
 }
 
@@ -93,8 +98,9 @@ absl::Status HostStagedCommunicator::AllToAll(const void* send, void* recv, size
   const size_t total = count * dtype_size(dtype) * size_t(world_size());
   DCP_RETURN_IF_ERROR(Reserve(send_, total));
   DCP_RETURN_IF_ERROR(Reserve(recv_, total));
-  DCP_RETURN_IF_ERROR(ToHost(send_.data, send, total));
+  const absl::Status staged = ToHost(send_.data, send, total);
   DCP_RETURN_IF_ERROR(host_.AllToAll(send_.data, recv_.data, count, dtype));
+  DCP_RETURN_IF_ERROR(staged);  // joined the collective anyway (AllGather says why)
   return ToDevice(recv, recv_.data, total);
 }
 
@@ -116,11 +122,12 @@ absl::Status HostStagedCommunicator::AllToAllV(const void* send,
   const size_t element = dtype_size(dtype);
   DCP_RETURN_IF_ERROR(Reserve(send_, send_extent * element));
   DCP_RETURN_IF_ERROR(Reserve(recv_, recv_extent * element));
-  DCP_RETURN_IF_ERROR(ToHost(send_.data, send, send_extent * element));
+  absl::Status staged = ToHost(send_.data, send, send_extent * element);
   // Gaps between the received blocks keep the device's values: stage them too.
-  DCP_RETURN_IF_ERROR(ToHost(recv_.data, recv, recv_extent * element));
+  if (staged.ok()) staged = ToHost(recv_.data, recv, recv_extent * element);
   DCP_RETURN_IF_ERROR(host_.AllToAllV(send_.data, send_counts, send_displs, recv_.data,
                                       recv_counts, recv_displs, dtype));
+  DCP_RETURN_IF_ERROR(staged);  // joined the collective anyway (AllGather says why)
   return ToDevice(recv, recv_.data, recv_extent * element);
 }
 
@@ -128,9 +135,9 @@ absl::Status HostStagedCommunicator::Broadcast(void* data, size_t bytes, int roo
   DCP_CHECK_ARG(root >= 0 && root < world_size(), "Broadcast: root %d outside [0, %d)", root,
                 world_size());
   DCP_RETURN_IF_ERROR(Reserve(send_, bytes));
-  if (rank() == root) DCP_RETURN_IF_ERROR(ToHost(send_.data, data, bytes));
+  const absl::Status staged = rank() == root ? ToHost(send_.data, data, bytes) : absl::OkStatus();
   DCP_RETURN_IF_ERROR(host_.Broadcast(send_.data, bytes, root));
-  if (rank() == root) return absl::OkStatus();
+  if (rank() == root) return staged;  // joined the collective anyway (AllGather says why)
   return ToDevice(data, send_.data, bytes);
 }
 

@@ -5,7 +5,10 @@
 // per call; correct for any placement.
 // Copies run on `stream` (null: the legacy default stream, ordered with CudaDevice's blocking
 // stream) and are synchronized before the host collective, so a call returns with its device
-// results written. Errors and timeouts are the host communicator's (it polls a deadline).
+// results written. Errors and timeouts are the host communicator's (it polls a deadline). A
+// device-to-host copy that fails still joins the host collective (with stale bytes) and then
+// returns its error, so the peers' calls keep pairing with this rank's (the step's status
+// agreement spreads the error); a pinned buffer that cannot be grown fails before the call.
 // Stream order: BindStream moves the copies to another stream of this GPU, but every call still
 // completes on the host (completion() stays kHost, also when kStream is asked for), which is
 // correct in stream order too; such calls cannot be captured into a CUDA graph.
