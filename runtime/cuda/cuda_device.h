@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,7 @@ class CudaDevice final : public Device {
   std::vector<cudaEvent_t> marks_;  // RecordMark's events, by slot
   cudaStream_t stream_;      // where calls enqueue: own_stream_ or the caller's (SetStream)
   cublasHandle_t cublas_;
+  std::set<std::string> declined_shapes_;        // cuDNN's reasons already logged (DenseMha)
   std::unique_ptr<cuda::GemmTuner> gemm_tuner_;  // PrepareGemm's choices, used by Gemm
   void* topk_record_ = nullptr;  // device scratch of the top-k check, allocated on first use
   void* topk_host_record_ = nullptr;   // pinned copy of it (BeginValidateTopk), first use

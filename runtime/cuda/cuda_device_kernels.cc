@@ -157,8 +157,11 @@ absl::Status CudaDevice::DenseMha(const DenseMhaParams& params) {
           ran.code() != absl::StatusCode::kUnimplemented) {
         return ran;
       }
-      DCP_LOG(WARNING) << "cuDNN SDPA declined a shape, running the native kernel: "
-                       << ran.message();
+      // Once per reason (the shape recurs at every layer of every step).
+      if (declined_shapes_.insert(std::string(ran.message())).second) {
+        DCP_LOG(WARNING) << "cuDNN SDPA declined a shape, running the native kernel: "
+                         << ran.message();
+      }
     }
   }
   p.host_cu_seqlens_q = p.host_cu_seqlens_k = nullptr;  // copies may die with this frame

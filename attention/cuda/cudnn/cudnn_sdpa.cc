@@ -109,6 +109,9 @@ struct CudnnSdpa::Impl {
   cudaStream_t stream = nullptr;
   size_t backend_version = 0;
   std::map<GraphKey, Graph> graphs;
+  // Keys whose graph could not be built, with the reason: not rebuilt at every call (a build
+  // that fails costs as much as one that succeeds).
+  std::map<GraphKey, absl::Status> declined;
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
 
@@ -144,6 +147,7 @@ absl::StatusOr<const Graph*> CudnnSdpa::Impl::GetGraph(const DenseMhaParams& p, 
                      p.v_token_stride, p.v_head_stride,  batch,            max_q,
                      max_k,            form.uniform};
   if (auto it = graphs.find(key); it != graphs.end()) return &it->second;
+  if (auto it = declined.find(key); it != declined.end()) return it->second;
 
   const int64_t b = batch, h = p.num_heads, sq = max_q, skv = max_k, dqk = p.qk_dim,
                 dv = p.v_dim;
@@ -224,12 +228,14 @@ absl::StatusOr<const Graph*> CudnnSdpa::Impl::GetGraph(const DenseMhaParams& p, 
   }
 
   auto fail = [&](const char* step, fe::error_t error) {
-    return DCP_ERROR(Unimplemented,
-                     "cuDNN SDPA graph (heads %d, qk %d, v %d, %s, batch %d, s_q %d, s_kv %d, "
-                     "%s) failed at %s: %s",
-                     p.num_heads, p.qk_dim, p.v_dim, p.causal ? "causal" : "non-causal", batch,
-                     max_q, max_k, form.uniform ? "uniform" : "ragged", step,
-                     error.get_message());
+    absl::Status status = DCP_ERROR(
+        Unimplemented,
+        "cuDNN SDPA graph (heads %d, qk %d, v %d, %s, batch %d, s_q %d, s_kv %d, %s) failed at "
+        "%s: %s",
+        p.num_heads, p.qk_dim, p.v_dim, p.causal ? "causal" : "non-causal", batch, max_q, max_k,
+        form.uniform ? "uniform" : "ragged", step, error.get_message());
+    declined.emplace(key, status);
+    return status;
   };
   if (auto e = graph->validate(); !e.is_good()) return fail("validate", e);
   if (auto e = graph->build_operation_graph(handle); !e.is_good()) {
@@ -271,9 +277,12 @@ absl::StatusOr<std::unique_ptr<CudnnSdpa>> CudnnSdpa::Create(cudaStream_t stream
   auto impl = std::make_unique<Impl>();
   try {
     impl->backend_version = fe::detail::get_backend_version();
-    if (impl->backend_version < 90600) {
+    // 9.6 has ragged bottom-right causal SDPA; the uniform graphs' Stats at the layout the
+    // caller's lse rows need (not packed BHSD) is honoured from 9.12 on (the frontend refuses
+    // it below, at every uniform batch's graph).
+    if (impl->backend_version < 91200) {
       return DCP_ERROR(Unavailable,
-                       "cuDNN %d.%d.%d is too old for ragged bottom-right causal SDPA (>= 9.6)",
+                       "cuDNN %d.%d.%d is too old: dcp's SDPA graphs need cuDNN >= 9.12",
                        impl->backend_version / 10000, impl->backend_version / 100 % 100,
                        impl->backend_version % 100);
     }
@@ -341,12 +350,6 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
   DCP_CHECK_ARG(p.cu_seqlens_q != nullptr && p.cu_seqlens_k != nullptr && p.q != nullptr &&
                     p.k != nullptr && p.v != nullptr && p.out != nullptr,
                 "DenseMha (cuDNN): null pointer among q, k, v, out, cu_seqlens");
-  // cuDNN's SDPA kernels put the batch in a grid dimension that may hold 65535: a larger batch
-  // is declined (Unimplemented: auto runs it natively, which splits it over launches).
-  if (p.num_seqs > 65535) {
-    return DCP_ERROR(Unimplemented, "DenseMha (cuDNN): %d sequences, at most 65535 a launch",
-                     p.num_seqs);
-  }
   const int32_t* cu_q = params.host_cu_seqlens_q;
   const int32_t* cu_k = params.host_cu_seqlens_k;
   int max_q = 0, max_k = 0;
@@ -378,6 +381,14 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
     form.uniform = cu_q[s + 1] - cu_q[s] == max_q && cu_k[s + 1] - cu_k[s] == max_k;
   }
   const int batch = form.uniform ? p.num_seqs : Bucket(p.num_seqs, kMinBatchBucket);
+  // cuDNN's SDPA kernels put the batch in a grid dimension that may hold 65535: a larger
+  // (padded) batch is declined (Unimplemented: auto runs it natively, which splits it over
+  // launches).
+  if (batch > 65535) {
+    return DCP_ERROR(Unimplemented,
+                     "DenseMha (cuDNN): %d sequences (a batch of %d), at most 65535 a launch",
+                     p.num_seqs, batch);
+  }
   const int bucket_q = form.uniform ? max_q : Bucket(max_q, kMinLengthBucket);
   const int bucket_k = form.uniform ? max_k : Bucket(max_k, kMinLengthBucket);
   const Graph* graph = nullptr;

@@ -1,7 +1,7 @@
 // Dense MHA through cuDNN's fused SDPA (the cuDNN frontend's C++ graph API), the
 // `prefill_backend: cudnn` of CUDA ranks. Same contract as cuda::DenseMha (DenseMhaParams:
-// packed varlen bf16 q/k/v at the caller's strides, causal = bottom-right aligned, fp32 out,
-// natural-log lse, out 0 / lse -inf for a query that sees no key).
+// packed varlen bf16 q/k/v at the caller's strides, causal = bottom-right aligned, fp32 or bf16
+// out, natural-log lse, out 0 / lse -inf for a query that sees no key). Needs cuDNN >= 9.12.
 //
 // - cuDNN is loaded at run time (dlopen of libcudnn.so.9 through the frontend's dynamic
 //   loading): dcp builds without cuDNN and runs without it (Create is then Unavailable). A
@@ -14,9 +14,12 @@
 //   plain strided graphs instead: no ragged offsets, no padding mask (DCP_CUDNN_SDPA_RAGGED=1
 //   keeps them ragged, to measure the difference).
 // - Graphs are built once per (heads, sizes, strides, causal, bucketed batch and lengths) and
-//   cached; the first call of a shape pays the build (tens of ms).
-// - cuDNN writes bf16 O and fp32 Stats into scratch owned here (grown on demand); a small
-//   kernel turns them into fp32 out / lse at the caller's strides.
+//   cached; the first call of a shape pays the build (tens of ms). A graph cuDNN cannot build
+//   is remembered too (the call is Unimplemented again, without a second build).
+// - Uniform graphs whose O and Stats layouts are the caller's write out and lse directly;
+//   otherwise cuDNN writes bf16 O and fp32 Stats into scratch owned here (grown on demand: a
+//   cudaMalloc inside Run, the first time a step needs more) and a small kernel turns them
+//   into out / lse at the caller's strides.
 // Not thread-safe: one instance per device and stream (CudaDevice owns one).
 #pragma once
 
