@@ -441,8 +441,15 @@ absl::Status DcpEngine::BindStream(void* stream) {
   // The device enqueues on the stream; the collectives too, completing in stream order when a
   // stream is given (the device's own stream keeps today's host completion).
   DCP_RETURN_IF_ERROR(device_.SetStream(stream));
-  DCP_RETURN_IF_ERROR(
-      comm_.BindStream(stream, stream != nullptr ? Completion::kStream : Completion::kHost));
+  const absl::Status bound =
+      comm_.BindStream(stream, stream != nullptr ? Completion::kStream : Completion::kHost);
+  if (!bound.ok()) {
+    // The device goes back to the stream the engine was bound to (its own if none), so that a
+    // later Run is not split between two streams: kernels on the new one, collectives on the old.
+    (void)device_.SetStream(stream_bound_ ? bound_stream_ : nullptr);
+    stream_bound_ = false;
+    return bound;
+  }
   bound_stream_ = stream;
   stream_bound_ = true;
   return absl::OkStatus();

@@ -9,8 +9,22 @@
 // Plan is collective (every rank, same batch) and may allocate and exchange host messages: three
 // host collectives at W > 1 (ExchangePlan, runtime/planner.h), none at W = 1. Run
 // enqueues kernels and collectives on `stream` and returns: no host synchronisation, no
-// allocation, no host collective (unless stats are on). A step's plan stays valid until the
-// next Plan; every layer of the step runs against it.
+// allocation, no host collective (unless stats are on: their marks are read on the host at
+// the layer's end, so a stats Run cannot be captured). Exception: a dense step through cuDNN
+// builds a graph and may grow cuDNN's scratch the first time it meets a shape bucket (run
+// such a step eagerly before capturing one like it). A step's plan stays valid until the next
+// Plan; every layer of the step runs against it.
+//
+// CUDA graphs. A graph captured from Run is bound to the plan it was captured under: Plan
+// rewrites the step's device metadata in place and sizes the scratch for its own step, while
+// the graph keeps the capture's launch parameters (request and block-table extents, split
+// counts) and buffer addresses. Replay it only until the next Plan, then capture again (an
+// engine that replays one graph across steps needs a plan of fixed capacities; not built).
+//
+// Streams. Plan enqueues its metadata upload on the stream last bound (the device's own if
+// none): bind another (or nullptr) before destroying that stream. Run's first kernels read the
+// layer's weights before waiting for earlier work on the stream (programmatic dependent
+// launch): weights must be written before the kernel that precedes Run on the stream starts.
 //
 // Errors. Plan's errors (bad batch, bad tables, tables that put a new token on a slot the step
 // reads as context or that another new token writes, ranks that differ in the batch or the top-k
@@ -98,11 +112,12 @@ class DcpEngine {
   absl::Status Run(const LayerWeightsView& weights, const KvCacheView& cache,
                    const LayerTensors& tensors, void* stream = nullptr);
   // Binds the device and the communicator to `stream` (collectives then complete in stream
-  // order: no host wait, capturable). Not during a capture.
+  // order: no host wait, capturable). Not during a capture. If the communicator refuses the
+  // stream, the device goes back to the stream bound before and the error is returned.
   absl::Status BindStream(void* stream);
 
-  // With stats on, Run times its phases (waiting for the device at each boundary) into
-  // last_stats(); off by default.
+  // With stats on, Run times its phases with events on the stream, read on the host at the
+  // layer's end (one wait a layer; not capturable), into last_stats(); off by default.
   void set_collect_stats(bool on) { collect_stats_ = on; }
   const ForwardStats& last_stats() const { return stats_; }
   const dcp::Plan& plan() const { return plan_; }

@@ -36,8 +36,10 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int ordinal) {
     return set;
   }
   std::unique_ptr<CudaDevice> device(new CudaDevice(ordinal, stream, cublas));
-  // The side stream (blocking like the main one, for the same reason) and its two events.
-  DCP_CUDA_CHECK(cudaStreamCreateWithFlags(&device->side_stream_, cudaStreamDefault));
+  // The side stream and its two events. Non-blocking: it runs forked work only, ordered by the
+  // events, and only inside a capture, where a blocking stream would make any use of the legacy
+  // stream in the process (a caller's synchronous cudaMemcpy) invalidate the capture.
+  DCP_CUDA_CHECK(cudaStreamCreateWithFlags(&device->side_stream_, cudaStreamNonBlocking));
   DCP_CUDA_CHECK(cudaEventCreateWithFlags(&device->fork_event_, cudaEventDisableTiming));
   DCP_CUDA_CHECK(cudaEventCreateWithFlags(&device->join_event_, cudaEventDisableTiming));
   return device;
@@ -203,11 +205,13 @@ absl::Status CudaDevice::BeginSide() {
   // eagerly their four event calls cost more host time than the overlap saves at decode sizes
   // (H200, 1 token x 128 heads: host 23 -> 32-37 us per layer, the layer host-bound).
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  DCP_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  unsigned long long capture_id = 0;
+  DCP_CUDA_CHECK(cudaStreamGetCaptureInfo(stream_, &capture, &capture_id));
   if (capture != cudaStreamCaptureStatusActive) {
     side_ = Side::kInOrder;
     return absl::OkStatus();
   }
+  join_capture_id_ = capture_id;
   DCP_CUDA_CHECK(cudaEventRecord(fork_event_, stream_));
   DCP_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_event_, 0));
   main_stream_ = stream_;
@@ -232,6 +236,15 @@ absl::Status CudaDevice::JoinSide() {
   DCP_CHECK_ARG(side_ == Side::kNone, "JoinSide inside a side section");
   if (!join_pending_) return absl::OkStatus();
   join_pending_ = false;
+  // A join left by a Run that failed between EndSide and JoinSide belongs to that capture: a
+  // later layer that did not fork must not wait for its event (eagerly an error, in another
+  // capture an isolation error).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  unsigned long long capture_id = 0;
+  DCP_CUDA_CHECK(cudaStreamGetCaptureInfo(stream_, &capture, &capture_id));
+  if (capture != cudaStreamCaptureStatusActive || capture_id != join_capture_id_) {
+    return absl::OkStatus();
+  }
   DCP_CUDA_CHECK(cudaStreamWaitEvent(stream_, join_event_, 0));
   return absl::OkStatus();
 }

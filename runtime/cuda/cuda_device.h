@@ -156,6 +156,7 @@ class CudaDevice final : public Device {
   enum class Side { kNone, kInOrder, kForked };  // the open side section, if any
   Side side_ = Side::kNone;
   bool join_pending_ = false;  // EndSide recorded join_event_; JoinSide has not waited yet
+  unsigned long long join_capture_id_ = 0;  // the capture that forked (join_event_'s)
 };
 
 // The GPU of this process: local rank (OMPI_COMM_WORLD_LOCAL_RANK, else MPI_LOCALRANKID, else
