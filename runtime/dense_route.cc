@@ -97,6 +97,7 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
         kv_chunk_.Reserve(device_, size_t(rows) * hl * kv_width * element).status());
     DCP_RETURN_IF_ERROR(q_.Reserve(device_, size_t(tp) * hl * qk * element).status());
     DCP_RETURN_IF_ERROR(projections_.TuneUpProject(rows));
+    DCP_RETURN_IF_ERROR(PrepareAttention());
     return projections_.Prepare(rows);
   }
   if (!chunks_.empty()) {
@@ -124,7 +125,36 @@ absl::Status DenseRoute::Prepare(const Plan& plan, const StepTables& tables) {
   for (const ChunkSteps& chunk : chunks_) {
     DCP_RETURN_IF_ERROR(projections_.TuneUpProject(chunk.num_keys));
   }
+  DCP_RETURN_IF_ERROR(PrepareAttention());
   return projections_.Prepare(std::max(tp, max_chunk_keys_));
+}
+
+absl::Status DenseRoute::PrepareAttention() {
+  if (num_tokens_ == 0) return absl::OkStatus();
+  // The DenseMha calls Run makes, as Run makes them (sizes, strides, host cu_seqlens; no
+  // pointers): the device prepares each (cuDNN builds its graph and reserves its scratch here,
+  // not inside Run).
+  DenseMhaParams base = QueryParams(nullptr);
+  base.out_dtype = DType::kF32;
+  if (fused_) {
+    base.host_cu_seqlens_k = cu_k_host_.data();
+    base.max_seqlen_k = max_fused_keys_;
+    base.causal = true;
+    return device_.PrepareDenseMha(base);
+  }
+  DenseMhaParams causal = base;
+  causal.host_cu_seqlens_k = cu_q_host_.data();
+  causal.max_seqlen_k = max_query_len_;
+  causal.causal = true;
+  DCP_RETURN_IF_ERROR(device_.PrepareDenseMha(causal));
+  for (const ChunkSteps& chunk : chunks_) {
+    DenseMhaParams context = base;
+    context.host_cu_seqlens_k = cu_k_host_.data() + chunk.cu_k_offset;
+    context.max_seqlen_k = chunk.max_keys;
+    context.causal = false;
+    DCP_RETURN_IF_ERROR(device_.PrepareDenseMha(context));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DenseRoute::PrepareFused(const ContextChunk& chunk, std::vector<int32_t>& reorganize,

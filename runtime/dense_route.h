@@ -69,6 +69,8 @@ class DenseRoute {
   absl::Status ChunkKeys(const KvCacheView& cache, const ChunkSteps& chunk, void* kv,
                          StepStats* stats, const void* new_rows = nullptr,
                          absl::Span<const RowCopy> also = {});
+  // Device::PrepareDenseMha for every DenseMha call of the step (Prepare's last step).
+  absl::Status PrepareAttention();
   // The one-chunk case's maps (Prepare): `reorganize` and `cu_k`, the chunk's, become the
   // [context | new] ones; the new tokens' rows go to new_rows_index_.
   absl::Status PrepareFused(const ContextChunk& chunk, std::vector<int32_t>& reorganize,

@@ -123,6 +123,14 @@ class Device {
     (void)params;
     return false;
   }
+  // Plan time, for a DenseMha call a Run will make (sizes, strides and host cu_seqlens as Run's;
+  // pointers may be null): whatever the implementation would otherwise do at its first call of
+  // the shape (cuDNN: build the graph, reserve its scratch), so that the call only enqueues.
+  // An error is the one the call would return.
+  virtual absl::Status PrepareDenseMha(const DenseMhaParams& params) {
+    (void)params;
+    return absl::OkStatus();
+  }
   virtual absl::Status DenseMha(const DenseMhaParams& params) = 0;
   virtual absl::Status SparseMqa(const SparseMqaParams& params) = 0;
   // Bytes of SparseMqaParams::workspace (split-KV partials) a launch of these sizes uses; 0 when

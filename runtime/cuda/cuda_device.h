@@ -87,6 +87,7 @@ class CudaDevice final : public Device {
   absl::Status PrepareGemm(const GemmParams& params) override;
   bool GemmSupports(const GemmParams& params) const override;
   bool GemmOverlapsSlots(const GemmParams& params) const override;
+  absl::Status PrepareDenseMha(const DenseMhaParams& params) override;
   absl::Status DenseMha(const DenseMhaParams& params) override;
   absl::Status SparseMqa(const SparseMqaParams& params) override;
   int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& params) const override;
@@ -117,6 +118,8 @@ class CudaDevice final : public Device {
   absl::Status JoinSide() override;
 
  private:
+  // Whether DenseMha of `p` (host cu_seqlens set) goes to cuDNN: the backend, or auto's table.
+  bool UsesCudnn(const DenseMhaParams& p) const;
   CudaDevice(int ordinal, cudaStream_t stream, cublasHandle_t cublas)
       : ordinal_(ordinal),
         own_stream_(stream),

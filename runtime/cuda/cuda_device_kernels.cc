@@ -106,6 +106,37 @@ bool CudaDevice::GemmOverlapsSlots(const GemmParams& params) const {
   return cuda::GemmOverlapsSlots(params);
 }
 
+bool CudaDevice::UsesCudnn(const DenseMhaParams& p) const {
+  if (cudnn_ == nullptr || p.dtype != DType::kBF16) return false;
+  if (dense_backend_ == DenseBackend::kCudnn) return true;
+  if (dense_backend_ != DenseBackend::kAuto) return false;
+  const int32_t* cu_q = p.host_cu_seqlens_q;
+  const int32_t* cu_k = p.host_cu_seqlens_k;
+  int longest_q = 0, longest_k = 0;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    longest_q = std::max(longest_q, cu_q[s + 1] - cu_q[s]);
+    longest_k = std::max(longest_k, cu_k[s + 1] - cu_k[s]);
+  }
+  return cuda::PreferCudnn(
+      {p.qk_dim, p.v_dim, p.num_heads, cu_q[p.num_seqs] - cu_q[0], longest_q, longest_k, p.causal});
+}
+
+absl::Status CudaDevice::PrepareDenseMha(const DenseMhaParams& params) {
+  if (params.num_seqs <= 0 || params.host_cu_seqlens_q == nullptr ||
+      params.host_cu_seqlens_k == nullptr || !UsesCudnn(params)) {
+    return absl::OkStatus();  // the native kernel needs nothing ahead
+  }
+  DCP_RETURN_IF_ERROR(Activate());
+  const absl::Status prepared =
+      cudnn_->Prepare({params, params.host_cu_seqlens_q, params.host_cu_seqlens_k});
+  // auto: a shape cuDNN declines runs natively (Run declines it again, without a build).
+  if (!prepared.ok() && dense_backend_ == DenseBackend::kAuto &&
+      prepared.code() == absl::StatusCode::kUnimplemented) {
+    return absl::OkStatus();
+  }
+  return prepared;
+}
+
 absl::Status CudaDevice::DenseMha(const DenseMhaParams& params) {
   DCP_RETURN_IF_ERROR(Activate());
   DenseMhaParams p = params;
@@ -142,14 +173,7 @@ absl::Status CudaDevice::DenseMha(const DenseMhaParams& params) {
       longest_q = std::max(longest_q, len_q);
     }
     if (p.max_seqlen_q <= 0) p.max_seqlen_q = longest_q;
-    bool use_cudnn = dense_backend_ == DenseBackend::kCudnn;
-    if (dense_backend_ == DenseBackend::kAuto) {
-      int longest_k = 0;
-      for (int s = 0; s < p.num_seqs; ++s) longest_k = std::max(longest_k, cu_k[s + 1] - cu_k[s]);
-      use_cudnn = cuda::PreferCudnn({p.qk_dim, p.v_dim, p.num_heads, cu_q[p.num_seqs] - cu_q[0],
-                                     longest_q, longest_k, p.causal});
-    }
-    if (use_cudnn && cudnn_ != nullptr && p.dtype == DType::kBF16) {
+    if (UsesCudnn(p)) {
       DCP_RETURN_IF_ERROR(cudnn_->SetStream(stream_));
       absl::Status ran = cudnn_->Run({p, p.host_cu_seqlens_q, p.host_cu_seqlens_k});
       // auto: a shape cuDNN has no graph for (Unimplemented, nothing enqueued) runs natively.

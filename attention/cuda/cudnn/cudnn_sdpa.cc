@@ -311,6 +311,7 @@ std::string CudnnSdpa::version() const {
 }
 
 int CudnnSdpa::num_graphs() const { return static_cast<int>(impl_->graphs.size()); }
+size_t CudnnSdpa::scratch_bytes() const { return impl_->scratch_bytes; }
 
 absl::Status CudnnSdpa::Supports(int num_heads, int qk_dim, int v_dim) {
   DenseMhaParams p;
@@ -336,7 +337,18 @@ absl::Status CudnnSdpa::Supports(int num_heads, int qk_dim, int v_dim) {
   return absl::OkStatus();
 }
 
-absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
+// Everything a call decides before enqueueing: the checks, the graph's form and buckets, the
+// graph itself (built and cached on first sight). graph is null when there is nothing to run.
+struct CudnnSdpa::Shape {
+  int max_q = 0, max_k = 0, batch = 0;
+  int64_t total_q = 0;
+  GraphForm form;
+  const Graph* graph = nullptr;
+};
+
+absl::StatusOr<CudnnSdpa::Shape> CudnnSdpa::Analyze(const CudnnSdpaParams& params,
+                                                    bool need_pointers) {
+  Shape shape;
   const DenseMhaParams& p = params.mha;
   DCP_CHECK_ARG(p.dtype == DType::kBF16, "DenseMha (cuDNN): dtype must be BF16, got %s",
                 dtype_name(p.dtype));
@@ -344,12 +356,13 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
                 "DenseMha (cuDNN): out dtype must be F32 or BF16, got %s",
                 dtype_name(p.out_dtype));
   DCP_CHECK_ARG(p.num_seqs >= 0 && p.num_heads >= 0, "DenseMha (cuDNN): negative size");
-  if (p.num_seqs == 0 || p.num_heads == 0) return absl::OkStatus();
+  if (p.num_seqs == 0 || p.num_heads == 0) return shape;
   DCP_CHECK_ARG(params.host_cu_seqlens_q != nullptr && params.host_cu_seqlens_k != nullptr,
                 "DenseMha (cuDNN): host copies of cu_seqlens are required");
-  DCP_CHECK_ARG(p.cu_seqlens_q != nullptr && p.cu_seqlens_k != nullptr && p.q != nullptr &&
-                    p.k != nullptr && p.v != nullptr && p.out != nullptr,
-                "DenseMha (cuDNN): null pointer among q, k, v, out, cu_seqlens");
+  DCP_CHECK_ARG(
+      !need_pointers || (p.cu_seqlens_q != nullptr && p.cu_seqlens_k != nullptr && p.q != nullptr &&
+                         p.k != nullptr && p.v != nullptr && p.out != nullptr),
+      "DenseMha (cuDNN): null pointer among q, k, v, out, cu_seqlens");
   const int32_t* cu_q = params.host_cu_seqlens_q;
   const int32_t* cu_k = params.host_cu_seqlens_k;
   int max_q = 0, max_k = 0;
@@ -360,7 +373,7 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
     max_k = std::max(max_k, lk);
   }
   const int64_t total_q = cu_q[p.num_seqs] - cu_q[0], total_k = cu_k[p.num_seqs] - cu_k[0];
-  if (total_q == 0) return absl::OkStatus();
+  if (total_q == 0) return shape;
   const int64_t h = p.num_heads, dv = p.v_dim;
   // Ragged offsets are int32 element counts (Unimplemented: auto runs such a shape natively).
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
@@ -391,12 +404,49 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
   }
   const int bucket_q = form.uniform ? max_q : Bucket(max_q, kMinLengthBucket);
   const int bucket_k = form.uniform ? max_k : Bucket(max_k, kMinLengthBucket);
-  const Graph* graph = nullptr;
   try {
-    DCP_ASSIGN_OR_RETURN(graph, impl_->GetGraph(p, batch, bucket_q, bucket_k, form));
+    DCP_ASSIGN_OR_RETURN(shape.graph, impl_->GetGraph(p, batch, bucket_q, bucket_k, form));
   } catch (const std::exception& e) {
     return DCP_ERROR(Internal, "cuDNN SDPA graph build threw: %s", e.what());
   }
+  shape.max_q = max_q;
+  shape.max_k = max_k;
+  shape.batch = batch;
+  shape.total_q = total_q;
+  shape.form = form;
+  return shape;
+}
+
+// Scratch of a call: index arrays (ragged) | O bf16 [total_q, h, dv] | Stats fp32 [total_q, h] |
+// workspace; `direct` (O is the caller's out) and `direct_lse` (Stats is the caller's lse)
+// leave parts out.
+int64_t CudnnSdpa::ScratchBytes(const Shape& shape, int num_heads, int v_dim, bool direct,
+                                bool direct_lse) {
+  const int64_t h = num_heads, dv = v_dim;
+  const int64_t index_bytes = shape.form.uniform ? 0 : Align(int64_t{7} * (shape.batch + 1) * 4);
+  const int64_t o_bytes = direct ? 0 : Align(shape.total_q * h * dv * 2);
+  const int64_t stats_bytes = direct_lse ? 0 : Align(shape.total_q * h * 4);
+  return index_bytes + o_bytes + stats_bytes + Align(shape.graph->workspace_bytes);
+}
+
+absl::Status CudnnSdpa::Prepare(const CudnnSdpaParams& params) {
+  DCP_ASSIGN_OR_RETURN(const Shape shape, Analyze(params, /*need_pointers=*/false));
+  if (shape.graph == nullptr) return absl::OkStatus();
+  // The most a call of this shape can use (not direct: that depends on the pointers).
+  return impl_->Reserve(
+      size_t(ScratchBytes(shape, params.mha.num_heads, params.mha.v_dim, false, false)));
+}
+
+absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
+  DCP_ASSIGN_OR_RETURN(const Shape shape, Analyze(params, /*need_pointers=*/true));
+  if (shape.graph == nullptr) return absl::OkStatus();
+  const DenseMhaParams& p = params.mha;
+  const int32_t* cu_q = params.host_cu_seqlens_q;
+  const int32_t* cu_k = params.host_cu_seqlens_k;
+  const int max_k = shape.max_k, batch = shape.batch;
+  const int64_t total_q = shape.total_q, h = p.num_heads, dv = p.v_dim;
+  const GraphForm form = shape.form;
+  const Graph* graph = shape.graph;
 
   // Direct: cuDNN writes the caller's bf16 out and lse itself, no finish pass (at 2 x 2k tokens
   // and 128 heads the pass moved ~400 MB, ~100 us). That needs the packed [T, H, v_dim] out
@@ -411,13 +461,14 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
                       (p.lse == nullptr || (p.lse_token_stride == h &&
                                             reinterpret_cast<uintptr_t>(lse_base) % 16 == 0));
 
-  // Scratch: index arrays (ragged) | O bf16 [total_q, h, dv] | Stats fp32 [total_q, h] |
-  // workspace (direct: O and, with an lse, Stats are the caller's).
+  // Scratch (ScratchBytes; direct: O and, with an lse, Stats are the caller's). Prepare has
+  // reserved it for the shape when the caller planned it; else it grows here.
+  const bool direct_lse = direct && lse_base != nullptr;
   const int64_t index_bytes = form.uniform ? 0 : Align(int64_t{7} * (batch + 1) * 4);
   const int64_t o_bytes = direct ? 0 : Align(total_q * h * dv * 2);
-  const int64_t stats_bytes = direct && lse_base != nullptr ? 0 : Align(total_q * h * 4);
+  const int64_t stats_bytes = direct_lse ? 0 : Align(total_q * h * 4);
   DCP_RETURN_IF_ERROR(
-      impl_->Reserve(size_t(index_bytes + o_bytes + stats_bytes + Align(graph->workspace_bytes))));
+      impl_->Reserve(size_t(ScratchBytes(shape, p.num_heads, p.v_dim, direct, direct_lse))));
   auto* base = static_cast<std::byte*>(impl_->scratch);
   auto* index = reinterpret_cast<int32_t*>(base);
   auto* o = direct ? reinterpret_cast<__nv_bfloat16*>(const_cast<std::byte*>(out_base))
@@ -518,11 +569,15 @@ absl::Status CudnnSdpa::SetStream(cudaStream_t) {
 absl::Status CudnnSdpa::Supports(int, int, int) {
   return DCP_ERROR(Unimplemented, "dcp was built without the cuDNN frontend headers");
 }
+absl::Status CudnnSdpa::Prepare(const CudnnSdpaParams&) {
+  return DCP_ERROR(Unimplemented, "dcp was built without the cuDNN frontend headers");
+}
 absl::Status CudnnSdpa::Run(const CudnnSdpaParams&) {
   return DCP_ERROR(Unimplemented, "dcp was built without the cuDNN frontend headers");
 }
 std::string CudnnSdpa::version() const { return "none"; }
 int CudnnSdpa::num_graphs() const { return 0; }
+size_t CudnnSdpa::scratch_bytes() const { return 0; }
 
 }  // namespace dcp::cuda
 

@@ -57,20 +57,32 @@ class CudnnSdpa {
   // Rebinds the handle to another stream of the same device (cheap when unchanged).
   absl::Status SetStream(cudaStream_t stream);
 
+  // Plan time, for a call Run will make: the same checks and answer (Unimplemented where Run
+  // would decline), builds the shape's graph and reserves the most scratch such a call uses, so
+  // that Run neither builds nor allocates. Pointers may be null; the host cu_seqlens and every
+  // size and stride must be Run's. May allocate and wait for the device.
+  absl::Status Prepare(const CudnnSdpaParams& params);
+
   // Enqueues the attention on the stream; no host synchronisation. Unimplemented (nothing
   // enqueued) when cuDNN has no graph for the shape, its int32 offsets overflow or the batch
-  // has more than 65535 sequences.
+  // has more than 65535 sequences. Builds the graph and grows the scratch itself for a shape
+  // that Prepare did not see.
   absl::Status Run(const CudnnSdpaParams& params);
 
   // "cuDNN 9.19.0 (frontend 1.32.0)".
   std::string version() const;
-  // Graphs built so far (tests check that a shape is built once).
+  // Graphs built so far (tests check that a shape is built once), and the scratch reserved.
   int num_graphs() const;
+  size_t scratch_bytes() const;
 
   struct Impl;
 
  private:
+  struct Shape;
   explicit CudnnSdpa(std::unique_ptr<Impl> impl);
+  absl::StatusOr<Shape> Analyze(const CudnnSdpaParams& params, bool need_pointers);
+  static int64_t ScratchBytes(const Shape& shape, int num_heads, int v_dim, bool direct,
+                              bool direct_lse);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -534,6 +534,39 @@ TEST_F(DensePrefillTest, CudnnGraphsAreBuiltOncePerBucket) {
   Check(c, in, got, rng);
 }
 
+// Prepare at plan time leaves Run nothing to build or allocate (the engine's contract: Run only
+// enqueues, so it can be captured): a shape no earlier test used, prepared, then run; the graph
+// count and the scratch stay as Prepare left them, and the result is right.
+TEST_F(DensePrefillTest, PreparedShapeRunsWithoutBuildingOrAllocating) {
+  cuda::CudnnSdpa* cudnn = RequireCudnn();
+  if (cudnn == nullptr) return;
+  Case c;
+  c.heads = 24;  // a bucket of its own
+  c.seqs = {{300, 700}, {1, 40}, {257, 257}};
+  std::mt19937_64 rng(TestSeed());
+  const Inputs in = MakeInputs(c, rng);
+  DenseMhaParams p;  // sizes and strides as Run (below) passes them; no pointers
+  p.dtype = DType::kBF16;
+  p.out_dtype = DType::kF32;
+  p.num_seqs = int(c.seqs.size());
+  p.num_heads = c.heads, p.qk_dim = c.dims.qk, p.v_dim = c.dims.v;
+  p.q_token_stride = p.k_token_stride = int64_t{c.heads} * c.dims.qk;
+  p.q_head_stride = p.k_head_stride = c.dims.qk;
+  p.v_token_stride = int64_t{c.heads} * c.dims.v;
+  p.v_head_stride = c.dims.v;
+  p.causal = true;
+  const int graphs_before = cudnn->num_graphs();
+  ASSERT_TRUE(cudnn->Prepare({p, in.cu_q.data(), in.cu_k.data()}).ok());
+  EXPECT_EQ(cudnn->num_graphs(), graphs_before + 1);
+  const size_t reserved = cudnn->scratch_bytes();
+  Outputs got;
+  const absl::Status status = Run(Impl::kCudnn, c, in, &got);
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(cudnn->num_graphs(), graphs_before + 1) << "Run built a graph";
+  EXPECT_EQ(cudnn->scratch_bytes(), reserved) << "Run grew the scratch";
+  Check(c, in, got, rng);
+}
+
 // More sequences than a grid dimension holds: cuDNN declines them (Unimplemented, nothing
 // written, so `auto` runs the native kernel, which splits them over launches: its test is
 // DenseMhaCudaTest.MoreSequencesThanOneLaunchHolds).
