@@ -19,18 +19,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-ncclDataType_t NcclType(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return ncclFloat32;
-    case DType::kBF16:
-      return ncclBfloat16;
-    case DType::kI32:
-      return ncclInt32;
-  }
-  return ncclFloat32;
-}
-
 Clock::duration Seconds(double seconds) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }

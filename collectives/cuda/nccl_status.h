@@ -9,6 +9,7 @@
 #include <nccl.h>
 
 #include "absl/status/status.h"
+#include "core/dtype.h"
 #include "core/status.h"
 
 namespace dcp {
@@ -17,6 +18,19 @@ namespace dcp {
 // ncclInProgress is an error here too: callers of non-blocking communicators poll for it
 // themselves (nccl_communicator.cc).
 absl::Status NcclCodeToStatus(ncclResult_t code, const char* call, const char* file, int line);
+
+// NCCL's type for a dtype of ours (every DType has one).
+inline ncclDataType_t NcclType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kI32:
+      return ncclInt32;
+  }
+  return ncclFloat32;
+}
 
 }  // namespace dcp
 

@@ -16,18 +16,6 @@ namespace dcp::bench {
 #if DCP_WITH_CUDA
 namespace {
 
-ncclDataType_t NcclType(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return ncclFloat32;
-    case DType::kBF16:
-      return ncclBfloat16;
-    case DType::kI32:
-      return ncclInt32;
-  }
-  return ncclFloat32;
-}
-
 class RawNccl final : public RawPeer {
  public:
   RawNccl(ncclComm_t comm, cudaStream_t stream, int rank, int world)
