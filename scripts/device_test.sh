@@ -248,10 +248,11 @@ if has_stage worker; then
       for poison in 0 1; do
         for rep in $(seq "${DCP_WORKER_REPS:-2}"); do
           log="$out/one_worker_run.log"
-          DCP_TEST_DEVICE=cuda DCP_CUDA_POISON_ALLOCATIONS=$poison timeout 120 mpirun \
+          DCP_REQUIRE_GPU=1 DCP_TEST_DEVICE=cuda DCP_CUDA_POISON_ALLOCATIONS=$poison timeout 120 mpirun \
               --allow-run-as-root --oversubscribe --bind-to none -np "$np" </dev/null "$exe" \
               --gtest_color=no ${DCP_WORKER_FILTER:+--gtest_filter=$DCP_WORKER_FILTER} >"$log" 2>&1
           code=$?
+          [ "$code" -eq 0 ] || failures=$((failures + 1))
           note "worker np $np poison $poison rep $rep: exit $code $(grep -E '^\[  FAILED  \]|exceeds|evaluates to|out token|lse token|I [0-9]+ combine|seed|NaN|nan' "$log" | head -8 | tr '\n' ' ' | cut -c1-700)"
           { echo "=== worker np $np poison $poison rep $rep (exit $code)"; cat "$log"; } >>"$out/worker.log"
           rm -f "$log"

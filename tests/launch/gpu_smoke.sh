@@ -22,8 +22,11 @@ if [ ! -f "$build/build.ninja" ]; then
   dcp_configure_gpu . "$build" "$prefix" -DDCP_BUILD_TESTS=ON -DDCP_BUILD_BENCH=OFF \
     >/tmp/configure.log 2>&1 || { tail -30 /tmp/configure.log; exit 1; }
 fi
-ninja -C "$build" -j "$(nproc)" dcp_run make_problem 2>&1 | grep -E "error|FAILED" | head -30
-[ -x "$build/launch/dcp_run" ] || { echo "gpu_smoke: dcp_run did not build"; exit 1; }
+ninja -C "$build" -j "$(nproc)" dcp_run make_problem >/tmp/gpu_smoke_build.log 2>&1 || {
+  grep -E "error|FAILED" /tmp/gpu_smoke_build.log | head -30
+  echo "gpu_smoke: the build failed"
+  exit 1
+}
 
 status=0
 step() {
@@ -44,7 +47,7 @@ while read -r variant kv; do
   step mpirun -np 2 "$run" --device cuda --comm mpi --problem /tmp/dcp-problems/$variant.safetensors \
     --output /tmp/dcp-problems/$variant.out.safetensors --kv-cache-dtype "$kv" --tolerance 0.05 --check
   step "$build/tests/launch/make_problem" verify /tmp/dcp-problems/$variant.safetensors \
-    /tmp/dcp-problems/$variant.out.safetensors 2 - 0.05 "$kv"
+    /tmp/dcp-problems/$variant.out.safetensors 2 - 0.05 "$kv" - bf16  # CUDA ranks store bf16
 done <<EOF
 deepseek_dense_bf16 bf16
 deepseek_sparse_bf16 bf16
@@ -56,3 +59,4 @@ mpirun -np 2 "$run" --device cuda --comm mpi \
   --problem /tmp/dcp-problems/bad_topk_future.safetensors 2>&1 | grep "dcp_run"
 [ "${PIPESTATUS[0]}" -eq 2 ] || status=1
 echo "gpu_smoke: $([ $status -eq 0 ] && echo all passed || echo FAILURES)"
+exit "$status"

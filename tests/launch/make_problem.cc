@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -650,6 +651,8 @@ int Verify(const std::string& problem_path, const std::string& result_path, int 
         const double got_lse = r["lse"].values[t * h + head];
         if (keys.empty()) {
           if (!(std::isinf(got_lse) && got_lse < 0)) lse_error = INFINITY;
+        } else if (!std::isfinite(got_lse)) {
+          lse_error = INFINITY;  // std::max would keep the old value over a NaN
         } else {
           lse_error = std::max(lse_error, std::fabs(got_lse - lse) / std::max(1.0, std::fabs(lse)));
         }
@@ -670,6 +673,38 @@ int Verify(const std::string& problem_path, const std::string& result_path, int 
       result_path.c_str(), out_rel, lse_error, rm["route"].c_str(), rm["chunks"].c_str(),
       ok ? "OK" : "FAIL");
   return ok ? 0 : 1;
+}
+
+// A copy of result file `in` with element `index` of F32 tensor `name` set to `value` ("nan",
+// "inf", or a number): verify's own test (a NaN where a value belongs must fail).
+int Corrupt(const std::string& in, const std::string& out, const std::string& name, int64_t index,
+            const std::string& value) {
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, std::string> metadata;
+  if (!ReadFile(in, &tensors, &metadata)) {
+    std::fprintf(stderr, "corrupt: cannot read %s\n", in.c_str());
+    return 1;
+  }
+  auto it = tensors.find(name);
+  if (it == tensors.end() || it->second.dtype != "F32" || index < 0 ||
+      index >= static_cast<int64_t>(it->second.values.size())) {
+    std::fprintf(stderr, "corrupt: no F32 tensor '%s' with element %lld\n", name.c_str(),
+                 static_cast<long long>(index));
+    return 1;
+  }
+  it->second.values[index] = std::strtod(value.c_str(), nullptr);
+  File file;
+  file.metadata = metadata;
+  for (const auto& [tensor_name, tensor] : tensors) {
+    if (tensor.dtype != "F32") {
+      std::fprintf(stderr, "corrupt: tensor '%s' is %s, only F32 results are handled\n",
+                   tensor_name.c_str(), tensor.dtype.c_str());
+      return 1;
+    }
+    file.tensors[tensor_name] =
+        Floats(tensor.shape, std::vector<float>(tensor.values.begin(), tensor.values.end()), false);
+  }
+  return WriteImage(out, Image(file)) ? 0 : 1;
 }
 
 }  // namespace
@@ -698,6 +733,9 @@ int main(int argc, char** argv) {
                 run.args.c_str());
     return WriteImage(argv[3], Image(file)) ? 0 : 1;
   }
+  if (command == "corrupt" && argc == 7) {
+    return Corrupt(argv[2], argv[3], argv[4], std::atoll(argv[5]), argv[6]);
+  }
   if (command == "verify" && argc >= 5 && argc <= 10) {
     const std::string tolerance = argc >= 7 ? argv[6] : "-";
     const std::string threshold = argc >= 9 ? argv[8] : "-";
@@ -710,6 +748,7 @@ int main(int argc, char** argv) {
   std::fprintf(
       stderr,
       "usage: make_problem write <variant> <path> | all <folder> | random <seed> <path> [fp8] | "
+      "corrupt <result> <out> <tensor> <index> <value> | "
       "verify <problem> "
       "<result> <world_size> [route|-] [tolerance|-] [bf16|fp8_ds_mla|-] "
       "[decode_threshold|-] [f32|bf16: how the ranks store values, f32 on CPU ranks]\n");

@@ -17,6 +17,10 @@
 
 namespace dcp::testing {
 
+// A multi-rank binary's exit code when every test that ran skipped on every rank and none
+// failed (no GPU): CTest's SKIP_RETURN_CODE of the GPU entries (tests/multirank/CMakeLists.txt).
+inline constexpr int kAllSkippedExitCode = 77;
+
 inline int world_rank() {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

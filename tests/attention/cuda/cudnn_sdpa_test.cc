@@ -367,7 +367,7 @@ TEST_P(DensePrefillSizesTest, LongSequence) {
 // (non-causal), each through cuDNN, merged by their LSE on the host, equal the attention over
 // [context | new] at once. A wrong LSE unit (log2, unscaled) fails here.
 TEST_P(DensePrefillSizesTest, ChunksMergedByLseMatchTheWholeSequence) {
-  if (RequireCudnn() == nullptr) return;
+  if (RequireCudnn() == nullptr) GTEST_SKIP() << "cuDNN unavailable";
   const SizePair dims = GetParam();
   const int heads = 16, qk = dims.qk, dv = dims.v;
   std::mt19937_64 rng(TestSeed());
@@ -436,7 +436,7 @@ TEST_P(DensePrefillSizesTest, ChunksMergedByLseMatchTheWholeSequence) {
 
 // The two implementations agree within bf16 tolerance on the same inputs.
 TEST_P(DensePrefillSizesTest, NativeAndCudnnAgree) {
-  if (RequireCudnn() == nullptr) return;
+  if (RequireCudnn() == nullptr) GTEST_SKIP() << "cuDNN unavailable";
   Case c;
   c.dims = GetParam();
   c.heads = 32;
@@ -519,7 +519,7 @@ INSTANTIATE_TEST_SUITE_P(BothModels, DensePrefillSizesTest,
 // Graphs are cached: a second batch in the same buckets builds nothing.
 TEST_F(DensePrefillTest, CudnnGraphsAreBuiltOncePerBucket) {
   cuda::CudnnSdpa* cudnn = RequireCudnn();
-  if (cudnn == nullptr) return;
+  if (cudnn == nullptr) GTEST_SKIP() << "cuDNN unavailable";
   Case c;
   c.heads = 8;
   c.seqs = {{100, 100}, {90, 120}};
@@ -539,7 +539,7 @@ TEST_F(DensePrefillTest, CudnnGraphsAreBuiltOncePerBucket) {
 // count and the scratch stay as Prepare left them, and the result is right.
 TEST_F(DensePrefillTest, PreparedShapeRunsWithoutBuildingOrAllocating) {
   cuda::CudnnSdpa* cudnn = RequireCudnn();
-  if (cudnn == nullptr) return;
+  if (cudnn == nullptr) GTEST_SKIP() << "cuDNN unavailable";
   Case c;
   c.heads = 24;  // a bucket of its own
   c.seqs = {{300, 700}, {1, 40}, {257, 257}};
@@ -571,7 +571,7 @@ TEST_F(DensePrefillTest, PreparedShapeRunsWithoutBuildingOrAllocating) {
 // written, so `auto` runs the native kernel, which splits them over launches: its test is
 // DenseMhaCudaTest.MoreSequencesThanOneLaunchHolds).
 TEST_F(DensePrefillTest, CudnnDeclinesMoreSequencesThanAGridHolds) {
-  if (RequireCudnn() == nullptr) return;
+  if (RequireCudnn() == nullptr) GTEST_SKIP() << "cuDNN unavailable";
   Case c;
   c.heads = 1;
   for (int s = 0; s < 65536; ++s) c.seqs.push_back({1, 1 + s % 3});

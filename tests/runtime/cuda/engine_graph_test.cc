@@ -48,7 +48,7 @@ TEST_F(EngineGraphTest, CapturedDecodeStepReplaysEqualToEager) {
   ASSERT_TRUE(engine.ok()) << engine.status();
 
   // A padded decode batch of 8 requests over 1000-odd cached tokens, random top-k.
-  std::mt19937 rng(7);
+  std::mt19937 rng(static_cast<uint32_t>(TestSeed()));
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   std::vector<BatchRequest> batch;
   std::vector<int32_t> tables(8 * 20);
@@ -125,9 +125,15 @@ TEST_F(EngineGraphTest, CapturedDecodeStepReplaysEqualToEager) {
   const std::vector<float> q2 = random(t * kHeads * kDn);
   void* q2_d = to_device(q_nope_b, q2, {t, kHeads, kDn});
   ASSERT_EQ(q2_d, q_nope);  // same buffer (no growth)
+  const std::vector<float> first_out = replay_out;
+  DCP_ASSERT_CUDA(cudaMemsetAsync(*out_d, 0xFF, eager_out.size() * 4, stream));  // poison
   DCP_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
   DCP_ASSERT_CUDA(cudaStreamSynchronize(stream));
   DCP_ASSERT_CUDA(cudaMemcpy(replay_out.data(), *out_d, replay_out.size() * 4, cudaMemcpyDefault));
+  // The replay read the new queries: its output moved (a replay of stale inputs would equal a
+  // stale eager run below too).
+  EXPECT_NE(0, std::memcmp(replay_out.data(), first_out.data(), first_out.size() * 4));
+  DCP_ASSERT_CUDA(cudaMemsetAsync(*out_d, 0xFF, eager_out.size() * 4, stream));  // poison
   ASSERT_TRUE((*engine)->Run(weights, cache_view, tensors, stream).ok());
   DCP_ASSERT_CUDA(cudaStreamSynchronize(stream));
   DCP_ASSERT_CUDA(cudaMemcpy(eager_out.data(), *out_d, eager_out.size() * 4, cudaMemcpyDefault));
