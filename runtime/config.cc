@@ -1,6 +1,7 @@
 #include "runtime/config.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "core/status.h"
 
@@ -89,6 +90,33 @@ absl::Status AttentionConfig::Validate() const {
                 "(auto, none or a backend name)");
   DCP_RETURN_IF_ERROR(CheckKvCacheDTypeSupported(kv_cache_dtype, "attention.kv_cache_dtype"));
   return absl::OkStatus();
+}
+
+uint64_t SettingsFingerprint(const DcpOptions& o) {
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over 8-byte words, then a final mix
+  const auto put = [&hash](uint64_t word) {
+    hash ^= word;
+    hash *= 1099511628211ull;
+  };
+  const ModelDims& m = o.model;
+  for (const int v :
+       {m.num_heads, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim,
+        o.dcp.world_size, o.dcp.interleave, static_cast<int>(o.dcp.combine),
+        o.scheduler.max_num_seqs, o.scheduler.max_model_len, o.scheduler.block_size,
+        o.scheduler.decode_threshold, o.attention.index_topk, o.attention.is_sparse ? 1 : 0,
+        o.attention.force_mqa ? 1 : 0, static_cast<int>(o.attention.kv_cache_dtype)}) {
+    put(static_cast<uint64_t>(static_cast<int64_t>(v)));
+  }
+  uint32_t scale_bits = 0;
+  const float scale = m.scale();
+  std::memcpy(&scale_bits, &scale, sizeof(scale_bits));
+  put(scale_bits);
+  put(static_cast<uint64_t>(o.workspace_rows_override));
+  for (const char c : o.attention.prefill_backend) put(static_cast<unsigned char>(c));
+  hash ^= hash >> 33;  // avalanche: a difference anywhere reaches every bit
+  hash *= 0xff51afd7ed558ccdull;
+  hash ^= hash >> 33;
+  return hash;
 }
 
 absl::Status ValidateConfigs(const ModelDims& model, const DcpConfig& dcp,

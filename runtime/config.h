@@ -76,6 +76,14 @@ absl::Status ValidateConfigs(const ModelDims& model, const DcpConfig& dcp,
                              const SchedulerConfig& scheduler, const AttentionConfig& attention);
 
 // Everything a DcpContext or DcpEngine is created from.
+struct DcpOptions;
+// A hash of every option the ranks of a group must share (model dimensions and scale, W and the
+// interleave, the combine, the scheduler's limits and decode threshold, the attention options,
+// the KV cache format, the workspace override); per-rank fields (rank, timeouts, block pool)
+// are left out. Carried in every plan (Plan::settings), so ranks created with different
+// options fail their first Plan instead of computing over different layouts.
+uint64_t SettingsFingerprint(const DcpOptions& options);
+
 struct DcpOptions {
   ModelDims model;
   DcpConfig dcp;  // world_size and rank must match the communicator's

@@ -111,6 +111,7 @@ absl::StatusOr<std::unique_ptr<DcpEngine>> DcpEngine::Create(const DcpOptions& o
   e.planner_.scheduler = options.scheduler;
   e.planner_.attention = options.attention;
   e.planner_.layout = layout;
+  e.planner_.settings = SettingsFingerprint(options);
   DCP_ASSIGN_OR_RETURN(
       e.planner_.workspace,
       ComputeWorkspaceSize({options.scheduler.block_size, options.scheduler.max_num_seqs,

@@ -76,6 +76,7 @@ std::string SerializePlan(const Plan& plan) {
   payload.Put(plan.num_tokens);
   payload.Put(plan.num_decode_tokens);
   payload.Put(plan.topk_width);
+  payload.Put(static_cast<int64_t>(plan.settings));
   payload.Put(static_cast<int64_t>(plan.requests.size()));
   for (const PlannedRequest& r : plan.requests) {
     payload.Put(r.request_id);
@@ -142,6 +143,8 @@ absl::StatusOr<Plan> DeserializePlan(std::string_view bytes) {
   DCP_CHECK_ARG(topk_width >= 0 && topk_width <= (1 << 20), "plan top-k width %d out of range",
                 topk_width);
   plan.topk_width = static_cast<int32_t>(topk_width);
+  DCP_ASSIGN_OR_RETURN(int64_t settings, in.Get());
+  plan.settings = static_cast<uint64_t>(settings);
   DCP_ASSIGN_OR_RETURN(int64_t num_requests, in.GetCount(7));
   plan.requests.resize(num_requests);
   for (PlannedRequest& r : plan.requests) {

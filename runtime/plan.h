@@ -28,8 +28,8 @@ struct PlannedRequest {
 };
 
 struct Plan {
-  // 2: the checksum hashes 8-byte words; 3: topk_width
-  static constexpr uint32_t kVersion = 3;
+  // 2: the checksum hashes 8-byte words; 3: topk_width; 4: settings
+  static constexpr uint32_t kVersion = 4;
 
   Route route = Route::kSparseMqa;
   int32_t num_decodes = 0;
@@ -38,6 +38,7 @@ struct Plan {
   int64_t num_decode_tokens = 0;  // tokens of the decodes (the first ones in execution order)
   int32_t topk_width = 0;         // the step's top-k width (PlannerConfig::topk_width): ranks
                                   // that disagree on it have different plans
+  uint64_t settings = 0;          // SettingsFingerprint of the planning rank's options
   std::vector<PlannedRequest> requests;  // decodes, then prefills, each in caller order
   WorkspaceSize workspace;
   // Dense route only: chunks of the prefills' context; a segment's `request` indexes the

@@ -109,6 +109,7 @@ absl::StatusOr<Plan> BuildPlan(absl::Span<const BatchRequest> batch, const Plann
   Plan plan;
   plan.workspace = config.workspace;
   plan.topk_width = config.topk_width;
+  plan.settings = config.settings;
 
   std::vector<int64_t> caller_begin(batch.size() + 1, 0);
   for (size_t i = 0; i < batch.size(); ++i) caller_begin[i + 1] = caller_begin[i] + batch[i].query_len;
@@ -197,6 +198,13 @@ absl::StatusOr<Plan> ExchangePlan(Communicator& comm, absl::Span<const BatchRequ
   check = received.status();
   // The checked bytes against this rank's own plan in the same form (rank 0 sent its own;
   // DeserializePlan took every byte, so equal bytes are equal plans).
+  if (check.ok() && received->settings != own->settings) {
+    check = DCP_ERROR(FailedPrecondition,
+                      "this rank was created with options that differ from rank 0's (model "
+                      "dimensions, interleave, combine, scheduler limits, decode threshold, "
+                      "attention options or KV cache format): every rank of a group needs the "
+                      "same ones");
+  }
   if (check.ok() && (comm.rank() != 0 || damage_for_testing) && bytes != SerializePlan(*own)) {
     check = DCP_ERROR(FailedPrecondition,
                       "the plan from rank 0 differs from this rank's view of the batch "

@@ -28,6 +28,7 @@ struct PlannerConfig {
   // A row of K < index_topk entries cannot hold every causal key of a prefill longer than K,
   // so the dense route takes prefills up to min(index_topk, K).
   int topk_width = 0;
+  uint64_t settings = 0;  // SettingsFingerprint of the rank's options (DcpEngine::Create)
 };
 
 // Start-up resolution of attention.prefill_backend: "none" -> false; "auto" -> whether the

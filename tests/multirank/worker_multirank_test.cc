@@ -1150,6 +1150,37 @@ TEST_F(WorkerTest, EngineTopkWidthIsPlannedAndAgreed) {
   }
 }
 
+// Ranks created with different options fail their first Plan on every rank, naming the cause:
+// different interleaves gave each rank another token ownership, and the plans (which carry no
+// layout) still compared equal, so the layer combined partials over the wrong keys.
+TEST_F(WorkerTest, EngineRanksWithDifferentOptionsFailThePlan) {
+  if (world() == 1) GTEST_SKIP() << "needs two ranks";
+  const Dims dims = TestDims(UseCuda() ? 8 : 4 * world());
+  const std::vector<BatchRequest> batch = {{1, 40, 40}, {2, 9, 1}};
+  const std::vector<int32_t> tables = {0, 1, 2, 3, 4, 5, 6, 7};
+  const StepTables step{tables.data(), 4, 8, 16};
+  auto device = MakeCpuDevice(DType::kF32);
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(::testing::Message() << "variant " << variant);
+    DcpOptions options = ScenarioOptions(Scenario{}, dims, world(), rank());
+    if (rank() == world() - 1) {
+      if (variant == 0) options.dcp.interleave = options.dcp.interleave == 1 ? 2 : 1;
+      if (variant == 1) {
+        options.dcp.combine = options.dcp.combine == CombineBackend::kAllToAll
+                                  ? CombineBackend::kAllGatherReduceScatter
+                                  : CombineBackend::kAllToAll;
+      }
+      if (variant == 2) options.model.softmax_scale = 0.125f;
+    }
+    auto engine = DcpEngine::Create(options, mpi_comm(), *device);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const absl::Status planned = (*engine)->Plan(batch, step, 64);
+    EXPECT_EQ(planned.code(), absl::StatusCode::kFailedPrecondition) << planned;
+    EXPECT_NE(planned.message().find("options that differ from rank 0's"), std::string::npos)
+        << planned;
+  }
+}
+
 // Run refuses outputs that overlap what it reads or writes, before it writes anything (out over
 // kv_new fed the decodes' outputs to the prefill's attention).
 TEST_F(WorkerTest, EngineRunRefusesAliasedOutputs) {
