@@ -92,6 +92,7 @@ class Job {
   bool is_root() const { return process_.rank == 0; }
   // AgreeOnStatus over the bootstrap communicator; a communicator that cannot agree aborts.
   absl::Status Agree(const absl::Status& local);
+  absl::Status SameCommandLine(int argc, char** argv);
   // Agree after a step that rank 0 did alone (its peers idle): they wait kBootstrapTimeoutS.
   absl::Status AgreeAfterRootWork(const absl::Status& local);
   // Ends the job on every rank with kExitRuntimeError after a group failure.
@@ -193,6 +194,7 @@ absl::Status Job::Run(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<LivenessProbe>> probe = LivenessProbe::Create(MPI_COMM_WORLD);
     if (probe.ok()) liveness_ = std::move(probe).value();  // without it: no rank named
   }
+  DCP_RETURN_IF_ERROR(Agree(SameCommandLine(argc, argv)));
   DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return Configure(argc, argv); })));
   if (command_line_.help) {
     if (is_root()) std::fputs(UsageText("dcp_run").c_str(), stdout);
@@ -244,6 +246,27 @@ void Job::Release() {
   device_.reset();
   liveness_.reset();
   bootstrap_.reset();
+}
+
+absl::Status Job::SameCommandLine(int argc, char** argv) {
+  // Flags are read on every rank from its own command line (a config file is rank 0's, sent to
+  // all). Ranks started with different flags (mpirun's "a : b" form) would plan and scatter
+  // with different settings (a problem file's rows per rank then disagree in the scatter):
+  // refused here, before anything reads them. Every rank reaches this exchange.
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the arguments and their ends
+  for (int i = 1; i < argc; ++i) {
+    for (const char* c = argv[i]; *c != '\0'; ++c) {
+      hash = (hash ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+    }
+    hash = (hash ^ 0x100u) * 1099511628211ull;
+  }
+  std::vector<int64_t> hashes(size_t(bootstrap_->world_size()));
+  DCP_RETURN_IF_ERROR(
+      bootstrap_->HostAllGather(static_cast<int64_t>(hash), absl::MakeSpan(hashes)));
+  DCP_CHECK_ARG(hashes[size_t(bootstrap_->rank())] == hashes[0],
+                "this rank was started with other arguments than rank 0: every rank of dcp_run "
+                "needs the same command line");
+  return absl::OkStatus();
 }
 
 absl::Status Job::Configure(int argc, char** argv) {
