@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "core/environment.h"
+#include "core/fnv_hash.h"
 #include "core/kv_layout.h"
 #include "core/status.h"
 #include "launch/batch_calls.h"
@@ -253,16 +254,14 @@ absl::Status Job::SameCommandLine(int argc, char** argv) {
   // all). Ranks started with different flags (mpirun's "a : b" form) would plan and scatter
   // with different settings (a problem file's rows per rank then disagree in the scatter):
   // refused here, before anything reads them. Every rank reaches this exchange.
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the arguments and their ends
+  Fnv1a64 hash;  // the arguments, each followed by a separator no byte equals
   for (int i = 1; i < argc; ++i) {
-    for (const char* c = argv[i]; *c != '\0'; ++c) {
-      hash = (hash ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
-    }
-    hash = (hash ^ 0x100u) * 1099511628211ull;
+    for (const char* c = argv[i]; *c != '\0'; ++c) hash.AddWord(static_cast<unsigned char>(*c));
+    hash.AddWord(0x100u);
   }
   std::vector<int64_t> hashes(size_t(bootstrap_->world_size()));
   DCP_RETURN_IF_ERROR(
-      bootstrap_->HostAllGather(static_cast<int64_t>(hash), absl::MakeSpan(hashes)));
+      bootstrap_->HostAllGather(static_cast<int64_t>(hash.value()), absl::MakeSpan(hashes)));
   DCP_CHECK_ARG(hashes[size_t(bootstrap_->rank())] == hashes[0],
                 "this rank was started with other arguments than rank 0: every rank of dcp_run "
                 "needs the same command line");

@@ -134,27 +134,37 @@ absl::Status DenseRoute::PrepareAttention() {
   // The DenseMha calls Run makes, as Run makes them (sizes, strides, host cu_seqlens; no
   // pointers): the device prepares each (cuDNN builds its graph and reserves its scratch here,
   // not inside Run).
-  DenseMhaParams base = QueryParams(nullptr);
-  base.out_dtype = DType::kF32;
-  if (fused_) {
-    base.host_cu_seqlens_k = cu_k_host_.data();
-    base.max_seqlen_k = max_fused_keys_;
-    base.causal = true;
-    return device_.PrepareDenseMha(base);
-  }
-  DenseMhaParams causal = base;
-  causal.host_cu_seqlens_k = cu_q_host_.data();
-  causal.max_seqlen_k = max_query_len_;
-  causal.causal = true;
-  DCP_RETURN_IF_ERROR(device_.PrepareDenseMha(causal));
+  const DenseMhaParams base = QueryParams(nullptr);
+  if (fused_) return device_.PrepareDenseMha(FusedAttention(base));
+  DCP_RETURN_IF_ERROR(device_.PrepareDenseMha(NewTokenAttention(base)));
   for (const ChunkSteps& chunk : chunks_) {
-    DenseMhaParams context = base;
-    context.host_cu_seqlens_k = cu_k_host_.data() + chunk.cu_k_offset;
-    context.max_seqlen_k = chunk.max_keys;
-    context.causal = false;
-    DCP_RETURN_IF_ERROR(device_.PrepareDenseMha(context));
+    DCP_RETURN_IF_ERROR(device_.PrepareDenseMha(ChunkAttention(base, chunk)));
   }
   return absl::OkStatus();
+}
+
+DenseMhaParams DenseRoute::FusedAttention(DenseMhaParams p) const {
+  p.cu_seqlens_k = cu_seqlens_k_.as<int32_t>();
+  p.host_cu_seqlens_k = cu_k_host_.data();
+  p.max_seqlen_k = max_fused_keys_;
+  p.causal = true;  // bottom-right: the new tokens come after their context
+  return p;
+}
+
+DenseMhaParams DenseRoute::NewTokenAttention(DenseMhaParams p) const {
+  p.cu_seqlens_k = p.cu_seqlens_q;  // new tokens: as many keys as queries
+  p.host_cu_seqlens_k = cu_q_host_.data();
+  p.max_seqlen_k = max_query_len_;
+  p.causal = true;
+  return p;
+}
+
+DenseMhaParams DenseRoute::ChunkAttention(DenseMhaParams p, const ChunkSteps& chunk) const {
+  p.cu_seqlens_k = cu_seqlens_k_.as<int32_t>() + chunk.cu_k_offset;
+  p.host_cu_seqlens_k = cu_k_host_.data() + chunk.cu_k_offset;
+  p.max_seqlen_k = chunk.max_keys;
+  p.causal = false;
+  return p;
 }
 
 absl::Status DenseRoute::PrepareFused(const ContextChunk& chunk, std::vector<int32_t>& reorganize,
@@ -310,16 +320,12 @@ absl::Status DenseRoute::RunFused(const KvCacheView& cache, const DenseRouteInpu
   DCP_ASSIGN_OR_RETURN(void* kv, kv_chunk_.Get(size_t(rows) * hl * kv_width * element));
   DCP_RETURN_IF_ERROR(ChunkKeys(cache, chunk, kv, stats, in.kv_new, query_copies));
   PhaseTimer timer(stats);
-  DenseMhaParams attention = QueryParams(q);
+  DenseMhaParams attention = FusedAttention(QueryParams(q));
   attention.k = kv;
   attention.v = static_cast<std::byte*>(kv) + size_t(qk) * element;
   attention.out = outputs.out;
   attention.out_dtype = outputs.out_dtype;
   attention.lse = outputs.lse;
-  attention.cu_seqlens_k = cu_seqlens_k_.as<int32_t>();
-  attention.host_cu_seqlens_k = cu_k_host_.data();
-  attention.max_seqlen_k = max_fused_keys_;
-  attention.causal = true;  // bottom-right: the new tokens come after their context
   DCP_RETURN_IF_ERROR(device_.DenseMha(attention));
   timer.End(&ForwardStats::attention_s);
   if (stats) stats->flops += causal_flops_ + chunk.flops;
@@ -382,16 +388,12 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
     out_new = o;
     lse_new = static_cast<float*>(l);
   }
-  DenseMhaParams causal = base;
+  DenseMhaParams causal = NewTokenAttention(base);
   causal.k = kv_new;
   causal.v = v_of(kv_new);
   causal.out = out_new;
   causal.out_dtype = out_new_dtype;
   causal.lse = lse_new;
-  causal.cu_seqlens_k = base.cu_seqlens_q;  // new tokens: as many keys as queries
-  causal.host_cu_seqlens_k = cu_q_host_.data();
-  causal.max_seqlen_k = max_query_len_;
-  causal.causal = true;
   DCP_RETURN_IF_ERROR(device_.DenseMha(causal));
   timer.End(&ForwardStats::attention_s);
   if (stats) stats->flops += causal_flops_;
@@ -419,15 +421,11 @@ absl::Status DenseRoute::Run(const KvCacheView& cache, const DenseRouteInputs& i
     DCP_RETURN_IF_ERROR(ChunkKeys(cache, chunk, kv, stats));
     // Every prefill's queries against its keys in this chunk (none: out 0, lse -inf).
     timer.Restart();
-    DenseMhaParams context = base;
+    DenseMhaParams context = ChunkAttention(base, chunk);
     context.k = kv;
     context.v = v_of(kv);
     context.out = first ? out_ctx : out_chunk;
     context.lse = first ? lse_ctx : lse_chunk;
-    context.cu_seqlens_k = cu_seqlens_k_.as<int32_t>() + chunk.cu_k_offset;
-    context.host_cu_seqlens_k = cu_k_host_.data() + chunk.cu_k_offset;
-    context.max_seqlen_k = chunk.max_keys;
-    context.causal = false;
     DCP_RETURN_IF_ERROR(device_.DenseMha(context));
     if (!first) {
       DCP_RETURN_IF_ERROR(device_.MergeStates({out_ctx, lse_ctx, out_chunk, lse_chunk, out_ctx,

@@ -77,6 +77,12 @@ class DenseRoute {
                             std::vector<int32_t>& cu_k);
   // DenseMha's parameters of the prefills' queries q (strides of q, the kv buffers and out).
   DenseMhaParams QueryParams(const void* q) const;
+  // QueryParams' `p` with the keys of one DenseMha call of the step (sizes, cu_seqlens,
+  // causality; Run sets the buffers): the fused [context | new] keys, the new tokens' own, or
+  // one context chunk's. Prepare and Run build their calls alike through these.
+  DenseMhaParams FusedAttention(DenseMhaParams p) const;
+  DenseMhaParams NewTokenAttention(DenseMhaParams p) const;
+  DenseMhaParams ChunkAttention(DenseMhaParams p, const ChunkSteps& chunk) const;
   // One attention launch over [context | new] for the one-chunk case (see the top).
   absl::Status RunFused(const KvCacheView& cache, const DenseRouteInputs& in,
                         const RouteOutputs& outputs, void* q,

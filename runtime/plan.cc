@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "core/fnv_hash.h"
 #include "core/status.h"
 
 namespace dcp {
@@ -14,19 +15,9 @@ constexpr uint64_t kMagic = 0x4e414c50504344ull;  // "DCPPLAN"
 // one multiply per byte, ~5 us for the plan of 64 decodes). A trailing partial word, which a
 // damaged length could leave, is hashed byte by byte.
 uint64_t Fnv1a(std::string_view bytes) {
-  uint64_t hash = 1469598103934665603ull;
-  size_t i = 0;
-  for (; i + 8 <= bytes.size(); i += 8) {
-    uint64_t word;
-    std::memcpy(&word, bytes.data() + i, 8);
-    hash ^= word;
-    hash *= 1099511628211ull;
-  }
-  for (; i < bytes.size(); ++i) {
-    hash ^= static_cast<unsigned char>(bytes[i]);
-    hash *= 1099511628211ull;
-  }
-  return hash;
+  Fnv1a64 hash;
+  hash.AddWords(bytes);
+  return hash.value();
 }
 
 class Writer {

@@ -487,6 +487,7 @@ void NcclCommunicator::WatchdogLoop() {
 
 absl::Status NcclCommunicator::EnsureScratch(size_t bytes, const char* what) {
   if (bytes <= scratch_bytes_) return absl::OkStatus();
+  DCP_CUDA_CHECK(cudaSetDevice(device_));
   if (Capturing(stream_)) {
     return DCP_ERROR(FailedPrecondition,
                      "%s needs %d bytes of scratch (%d reserved) and cannot allocate during a "
@@ -542,7 +543,6 @@ absl::Status NcclCommunicator::WatchStream(const char* what) {
 absl::Status NcclCommunicator::ReserveReduceScatter(size_t count, DType dtype) {
   DCP_RETURN_IF_ERROR(CheckUsable());
   if (dtype != DType::kBF16 || count == 0) return absl::OkStatus();
-  DCP_CUDA_CHECK(cudaSetDevice(device_));
   return EnsureScratch((count * size_t(world_size_) + count) * sizeof(float),
                        "ReserveReduceScatter");
 }
@@ -619,7 +619,6 @@ absl::Status NcclCommunicator::ReduceScatterSum(const void* send, void* recv, si
   const size_t total = count * size_t(world_size_);
   // Scratch before the call begins: refused inside a capture, or out of memory, it fails this
   // call alone (nothing of it was enqueued on any rank's behalf) and the communicator stays.
-  DCP_CUDA_CHECK(cudaSetDevice(device_));
   DCP_RETURN_IF_ERROR(EnsureScratch((total + count) * sizeof(float), kWhat));
   DCP_RETURN_IF_ERROR(Begin(kWhat));
   float* send_f32 = static_cast<float*>(scratch_);
@@ -728,6 +727,7 @@ absl::Status NcclCommunicator::Barrier() {
 
 absl::Status NcclCommunicator::ControlBytes(size_t bytes) {
   if (bytes <= control_capacity_) return absl::OkStatus();
+  DCP_CUDA_CHECK(cudaSetDevice(device_));
   const size_t grown = std::max<size_t>(bytes, 256);
   if (control_bytes_ != nullptr) {
     DCP_CUDA_CHECK(cudaFree(control_bytes_));  // control calls complete before they return
@@ -752,7 +752,6 @@ absl::Status NcclCommunicator::HostAllGather(int64_t value, absl::Span<int64_t> 
   // Over NCCL: [W] gathered values, then this rank's value, in device memory.
   constexpr const char* kWhat = "ncclAllGather(HostAllGather)";
   const size_t gathered = size_t(world_size_) * sizeof(int64_t);
-  DCP_CUDA_CHECK(cudaSetDevice(device_));
   DCP_RETURN_IF_ERROR(ControlBytes(gathered + sizeof(int64_t)));  // before: fails this call only
   DCP_RETURN_IF_ERROR(Begin(kWhat));
   auto* device_values = static_cast<char*>(control_bytes_);
@@ -777,7 +776,6 @@ absl::Status NcclCommunicator::HostBroadcast(void* data, size_t bytes, int root)
   if (control_ != nullptr) return control_->HostBroadcast(data, bytes, root);
   if (bytes == 0) return absl::OkStatus();
   constexpr const char* kWhat = "ncclBroadcast(HostBroadcast)";
-  DCP_CUDA_CHECK(cudaSetDevice(device_));
   DCP_RETURN_IF_ERROR(ControlBytes(bytes));  // before the call begins: fails this call only
   DCP_RETURN_IF_ERROR(Begin(kWhat));
   if (rank_ == root) {

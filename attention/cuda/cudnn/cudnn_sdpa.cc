@@ -420,13 +420,20 @@ absl::StatusOr<CudnnSdpa::Shape> CudnnSdpa::Analyze(const CudnnSdpaParams& param
 // Scratch of a call: index arrays (ragged) | O bf16 [total_q, h, dv] | Stats fp32 [total_q, h] |
 // workspace; `direct` (O is the caller's out) and `direct_lse` (Stats is the caller's lse)
 // leave parts out.
-int64_t CudnnSdpa::ScratchBytes(const Shape& shape, int num_heads, int v_dim, bool direct,
-                                bool direct_lse) {
+struct CudnnSdpa::ScratchLayout {
+  int64_t index_bytes = 0, o_bytes = 0, stats_bytes = 0, workspace_bytes = 0;
+  int64_t total() const { return index_bytes + o_bytes + stats_bytes + workspace_bytes; }
+};
+
+CudnnSdpa::ScratchLayout CudnnSdpa::Scratch(const Shape& shape, int num_heads, int v_dim,
+                                            bool direct, bool direct_lse) {
   const int64_t h = num_heads, dv = v_dim;
-  const int64_t index_bytes = shape.form.uniform ? 0 : Align(int64_t{7} * (shape.batch + 1) * 4);
-  const int64_t o_bytes = direct ? 0 : Align(shape.total_q * h * dv * 2);
-  const int64_t stats_bytes = direct_lse ? 0 : Align(shape.total_q * h * 4);
-  return index_bytes + o_bytes + stats_bytes + Align(shape.graph->workspace_bytes);
+  ScratchLayout layout;
+  layout.index_bytes = shape.form.uniform ? 0 : Align(int64_t{7} * (shape.batch + 1) * 4);
+  layout.o_bytes = direct ? 0 : Align(shape.total_q * h * dv * 2);
+  layout.stats_bytes = direct_lse ? 0 : Align(shape.total_q * h * 4);
+  layout.workspace_bytes = Align(shape.graph->workspace_bytes);
+  return layout;
 }
 
 absl::Status CudnnSdpa::Prepare(const CudnnSdpaParams& params) {
@@ -434,7 +441,7 @@ absl::Status CudnnSdpa::Prepare(const CudnnSdpaParams& params) {
   if (shape.graph == nullptr) return absl::OkStatus();
   // The most a call of this shape can use (not direct: that depends on the pointers).
   return impl_->Reserve(
-      size_t(ScratchBytes(shape, params.mha.num_heads, params.mha.v_dim, false, false)));
+      size_t(Scratch(shape, params.mha.num_heads, params.mha.v_dim, false, false).total()));
 }
 
 absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
@@ -461,14 +468,13 @@ absl::Status CudnnSdpa::Run(const CudnnSdpaParams& params) {
                       (p.lse == nullptr || (p.lse_token_stride == h &&
                                             reinterpret_cast<uintptr_t>(lse_base) % 16 == 0));
 
-  // Scratch (ScratchBytes; direct: O and, with an lse, Stats are the caller's). Prepare has
-  // reserved it for the shape when the caller planned it; else it grows here.
-  const bool direct_lse = direct && lse_base != nullptr;
-  const int64_t index_bytes = form.uniform ? 0 : Align(int64_t{7} * (batch + 1) * 4);
-  const int64_t o_bytes = direct ? 0 : Align(total_q * h * dv * 2);
-  const int64_t stats_bytes = direct_lse ? 0 : Align(total_q * h * 4);
-  DCP_RETURN_IF_ERROR(
-      impl_->Reserve(size_t(ScratchBytes(shape, p.num_heads, p.v_dim, direct, direct_lse))));
+  // Scratch (direct: O and, with an lse, Stats are the caller's). Prepare has reserved it for
+  // the shape when the caller planned it; else it grows here.
+  const ScratchLayout scratch =
+      Scratch(shape, p.num_heads, p.v_dim, direct, direct && lse_base != nullptr);
+  const int64_t index_bytes = scratch.index_bytes, o_bytes = scratch.o_bytes,
+                stats_bytes = scratch.stats_bytes;
+  DCP_RETURN_IF_ERROR(impl_->Reserve(size_t(scratch.total())));
   auto* base = static_cast<std::byte*>(impl_->scratch);
   auto* index = reinterpret_cast<int32_t*>(base);
   auto* o = direct ? reinterpret_cast<__nv_bfloat16*>(const_cast<std::byte*>(out_base))

@@ -79,10 +79,11 @@ class CudnnSdpa {
 
  private:
   struct Shape;
+  struct ScratchLayout;
   explicit CudnnSdpa(std::unique_ptr<Impl> impl);
   absl::StatusOr<Shape> Analyze(const CudnnSdpaParams& params, bool need_pointers);
-  static int64_t ScratchBytes(const Shape& shape, int num_heads, int v_dim, bool direct,
-                              bool direct_lse);
+  static ScratchLayout Scratch(const Shape& shape, int num_heads, int v_dim, bool direct,
+                               bool direct_lse);
   std::unique_ptr<Impl> impl_;
 };
 
