@@ -11,6 +11,11 @@
 
 namespace dcp {
 
+// The widest top-k selection a token may carry (keys per token of the sparse route): the kernels
+// count keys in int, and every layer (the engine's step and inputs, the plan, the launchers,
+// dcp_run and dcp_bench) refuses wider ones with this one bound.
+inline constexpr int kMaxTopkWidth = 1 << 20;
+
 // Row-major strided batched GEMM with fp32 accumulation, the one shape behind every
 // up-projection: for b in [0, batch): C[b] = alpha * op(A[b]) @ op(B[b]) (+ beta * C[b]).
 // op(A) is [m, k] (A stored [k, m] when trans_a), op(B) is [k, n] (B stored [n, k] when

@@ -18,7 +18,8 @@ constexpr int64_t kMaxRequests = 1 << 20;
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 
 // Reads digits[k] at text[*pos]; false (and *pos unchanged) when no digit is there.
-absl::StatusOr<bool> ReadNumber(std::string_view term, size_t* pos, int64_t* value) {
+absl::StatusOr<bool> ReadNumber(std::string_view term, size_t* pos, int64_t* value,
+                                bool kilo = true) {
   size_t begin = *pos;
   int64_t number = 0;
   while (*pos < term.size() && IsDigit(term[*pos])) {
@@ -30,7 +31,7 @@ absl::StatusOr<bool> ReadNumber(std::string_view term, size_t* pos, int64_t* val
   }
   if (*pos == begin) return false;
   // `k` multiplies, unless it starts the `kv` marker (`q1kv1k`: one token over 1024).
-  if (*pos < term.size() && term[*pos] == 'k' && term.substr(*pos, 2) != "kv") {
+  if (kilo && *pos < term.size() && term[*pos] == 'k' && term.substr(*pos, 2) != "kv") {
     number *= 1024;
     ++*pos;
     if (number > kMaxValue) {
@@ -51,8 +52,11 @@ absl::Status ParseTerm(std::string_view term, std::vector<RequestShape>* request
   };
   size_t pos = 0;
   int64_t count = 1;
-  // A leading count takes no `k` suffix in vLLM's grammar; accept it anyway (8k requests).
-  DCP_ASSIGN_OR_RETURN(bool has_count, ReadNumber(term, &pos, &count));
+  // A leading count takes no `k` suffix (vLLM's grammar: `k` follows a length only).
+  DCP_ASSIGN_OR_RETURN(bool has_count, ReadNumber(term, &pos, &count, /*kilo=*/false));
+  if (has_count && pos < term.size() && term[pos] == 'k') {
+    return bad("a count takes no 'k' (only the lengths do)");
+  }
   if (pos >= term.size() || term[pos] != 'q') return bad("expected 'q'");
   ++pos;
   int64_t query_len = 0;
@@ -92,6 +96,22 @@ std::string NewSpelling(std::string_view old_form) {
   return text;
 }
 
+// The grammar has no whitespace: a spec or list holding any is refused with its spelling
+// without it (vLLM's parser refuses it too).
+absl::Status RefuseWhitespace(std::string_view text) {
+  std::string compact(text);
+  compact.erase(
+      std::remove_if(compact.begin(), compact.end(), [](char c) { return absl::ascii_isspace(c); }),
+      compact.end());
+  return DCP_ERROR(InvalidArgument,
+                   "batch spec '%s' holds whitespace; the grammar has none: write '%s'", text,
+                   compact);
+}
+
+bool HasWhitespace(std::string_view text) {
+  return std::any_of(text.begin(), text.end(), [](char c) { return absl::ascii_isspace(c); });
+}
+
 absl::Status RefuseOldForm(std::string_view text) {
   return DCP_ERROR(InvalidArgument,
                    "batch spec '%s' uses the old form (';' between batches, ',' between terms); "
@@ -108,6 +128,7 @@ absl::StatusOr<std::vector<RequestShape>> ParseBatchSpec(std::string_view spec) 
                      "empty batch spec (expected e.g. q2k, 8q1kv1k, 2q2k_32q1kv1k)");
   }
   if (text.find(';') != absl::string_view::npos) return RefuseOldForm(spec);
+  if (HasWhitespace(spec)) return RefuseWhitespace(spec);
   if (text.find(',') != absl::string_view::npos) {
     return DCP_ERROR(InvalidArgument,
                      "batch spec '%s' holds several batches (',' separates batches; '_' joins "
@@ -115,7 +136,6 @@ absl::StatusOr<std::vector<RequestShape>> ParseBatchSpec(std::string_view spec) 
                      spec);
   }
   for (absl::string_view piece : absl::StrSplit(text, '_')) {
-    piece = absl::StripAsciiWhitespace(piece);
     const std::string_view term(piece.data(), piece.size());
     if (term.empty()) {
       return DCP_ERROR(InvalidArgument, "batch spec '%s' has an empty term", spec);
@@ -128,9 +148,9 @@ absl::StatusOr<std::vector<RequestShape>> ParseBatchSpec(std::string_view spec) 
 absl::StatusOr<std::vector<std::string>> SplitBatchList(std::string_view list) {
   const absl::string_view text(list.data(), list.size());
   if (text.find(';') != absl::string_view::npos) return RefuseOldForm(list);
+  if (HasWhitespace(list)) return RefuseWhitespace(list);
   std::vector<std::string> specs;
   for (absl::string_view piece : absl::StrSplit(text, ',')) {
-    piece = absl::StripAsciiWhitespace(piece);
     if (piece.empty()) {
       return DCP_ERROR(InvalidArgument,
                        "batch list '%s' has an empty batch (',' separates batches, e.g. "

@@ -1,7 +1,8 @@
 // The batch-spec grammar of vLLM's attention benchmarks (FORMATS.md), the one grammar of
 // dcp_run and dcp_bench: a term is `[count]q<qlen>[kv<kvlen>]` (`s<kvlen>` is the older
-// spelling of `kv`), a number followed by `k` is multiplied by 1024, kvlen defaults to qlen (a
-// prefill). `_` joins the terms of one batch, `,` separates batches. `q2k` is one prefill of
+// spelling of `kv`), a length followed by `k` is multiplied by 1024 (a count takes no `k`),
+// kvlen defaults to qlen (a prefill). `_` joins the terms of one batch, `,` separates batches;
+// no whitespace anywhere (as vLLM's parser). `q2k` is one prefill of
 // 2048 tokens, `8q1kv1k` eight decodes over 1024 tokens, `16q64kv128` sixteen extends of 64
 // new tokens over 64 cached ones, `2q2k_32q1kv1k` one batch of both, `q2k,8q1kv1k` two
 // batches. The older form with `;` between batches and `,` between terms is refused with the

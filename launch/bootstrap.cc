@@ -2,7 +2,10 @@
 
 #include <mpi.h>
 
+#include <vector>
+
 #include "collectives/mpi_status.h"
+#include "core/fnv_hash.h"
 #include "core/status.h"
 
 namespace dcp::launch {
@@ -33,6 +36,23 @@ void FinalizeMpi() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
+}
+
+absl::Status SameCommandLineOnEveryRank(Communicator& comm, int argc, char** argv,
+                                        const char* tool) {
+  Fnv1a64 hash;  // the arguments, each followed by a separator no byte equals
+  for (int i = 1; i < argc; ++i) {
+    for (const char* c = argv[i]; *c != '\0'; ++c) hash.AddWord(static_cast<unsigned char>(*c));
+    hash.AddWord(0x100u);
+  }
+  std::vector<int64_t> hashes(size_t(comm.world_size()));
+  DCP_RETURN_IF_ERROR(
+      comm.HostAllGather(static_cast<int64_t>(hash.value()), absl::MakeSpan(hashes)));
+  DCP_CHECK_ARG(hashes[size_t(comm.rank())] == hashes[0],
+                "this rank was started with other arguments than rank 0: every rank of %s needs "
+                "the same command line",
+                tool);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Device>> MakeRankDevice(const std::string& kind,

@@ -23,6 +23,14 @@ absl::StatusOr<ProcessInfo> InitMpi(int* argc, char*** argv);
 // MPI_Finalize unless already finalized.
 void FinalizeMpi();
 
+// Whether every rank was started with rank 0's arguments (argv[1..]): flags are read on every
+// rank from its own command line, so ranks started MPMD (mpirun's "a : b" form) with other
+// flags would plan, scatter or measure with other settings. An error naming the cause on the
+// ranks whose arguments differ, OK on the others: callers agree on it (AgreeOnStatus) before
+// reading a flag. Every rank must call it (one host all-gather on `comm`).
+absl::Status SameCommandLineOnEveryRank(Communicator& comm, int argc, char** argv,
+                                        const char* tool);
+
 // The rank's device: "cpu" (host memory, F32 storage) or "cuda" (GPU local_rank % count, on
 // builds with CUDA; an error elsewhere).
 absl::StatusOr<std::unique_ptr<Device>> MakeRankDevice(const std::string& kind,

@@ -16,7 +16,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "core/environment.h"
-#include "core/fnv_hash.h"
 #include "core/kv_layout.h"
 #include "core/status.h"
 #include "launch/batch_calls.h"
@@ -93,7 +92,6 @@ class Job {
   bool is_root() const { return process_.rank == 0; }
   // AgreeOnStatus over the bootstrap communicator; a communicator that cannot agree aborts.
   absl::Status Agree(const absl::Status& local);
-  absl::Status SameCommandLine(int argc, char** argv);
   // Agree after a step that rank 0 did alone (its peers idle): they wait kBootstrapTimeoutS.
   absl::Status AgreeAfterRootWork(const absl::Status& local);
   // Ends the job on every rank with kExitRuntimeError after a group failure.
@@ -195,7 +193,10 @@ absl::Status Job::Run(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<LivenessProbe>> probe = LivenessProbe::Create(MPI_COMM_WORLD);
     if (probe.ok()) liveness_ = std::move(probe).value();  // without it: no rank named
   }
-  DCP_RETURN_IF_ERROR(Agree(SameCommandLine(argc, argv)));
+  // Flags are read on every rank from its own command line (a config file is rank 0's, sent
+  // to all); ranks started with other flags would scatter a problem file's rows with other
+  // settings: refused before anything reads them.
+  DCP_RETURN_IF_ERROR(Agree(SameCommandLineOnEveryRank(*bootstrap_, argc, argv, "dcp_run")));
   DCP_RETURN_IF_ERROR(Agree(Guarded([&] { return Configure(argc, argv); })));
   if (command_line_.help) {
     if (is_root()) std::fputs(UsageText("dcp_run").c_str(), stdout);
@@ -247,25 +248,6 @@ void Job::Release() {
   device_.reset();
   liveness_.reset();
   bootstrap_.reset();
-}
-
-absl::Status Job::SameCommandLine(int argc, char** argv) {
-  // Flags are read on every rank from its own command line (a config file is rank 0's, sent to
-  // all). Ranks started with different flags (mpirun's "a : b" form) would plan and scatter
-  // with different settings (a problem file's rows per rank then disagree in the scatter):
-  // refused here, before anything reads them. Every rank reaches this exchange.
-  Fnv1a64 hash;  // the arguments, each followed by a separator no byte equals
-  for (int i = 1; i < argc; ++i) {
-    for (const char* c = argv[i]; *c != '\0'; ++c) hash.AddWord(static_cast<unsigned char>(*c));
-    hash.AddWord(0x100u);
-  }
-  std::vector<int64_t> hashes(size_t(bootstrap_->world_size()));
-  DCP_RETURN_IF_ERROR(
-      bootstrap_->HostAllGather(static_cast<int64_t>(hash.value()), absl::MakeSpan(hashes)));
-  DCP_CHECK_ARG(hashes[size_t(bootstrap_->rank())] == hashes[0],
-                "this rank was started with other arguments than rank 0: every rank of dcp_run "
-                "needs the same command line");
-  return absl::OkStatus();
 }
 
 absl::Status Job::Configure(int argc, char** argv) {

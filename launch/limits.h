@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "attention/attention_params.h"
 #include "launch/batch_spec.h"
 #include "launch/run_config.h"
 
@@ -16,7 +17,7 @@ namespace dcp::launch {
 
 // Stated ceilings (docs/hardening.md). Each is far above any real deployment and far below
 // what would overflow the int32/int64 arithmetic that sizes the buffers.
-inline constexpr int64_t kMaxIndexTopk = 1 << 20;       // K (the worker's top-k width limit)
+inline constexpr int64_t kMaxIndexTopk = kMaxTopkWidth;  // K (the worker's top-k width limit)
 inline constexpr int64_t kMaxModelLen = 1 << 24;        // max_model_len, any seq_len
 inline constexpr int64_t kMaxNumSeqs = 1 << 20;         // max_num_seqs, requests per batch
 inline constexpr int64_t kMaxKvBlocks = 1 << 26;        // num_kv_blocks per rank

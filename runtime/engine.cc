@@ -7,6 +7,7 @@
 #include <numeric>
 #include <utility>
 
+#include "attention/attention_params.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "runtime/input_checks.h"
@@ -143,7 +144,7 @@ absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTab
                       tables.block_size, options_.scheduler.block_size);
   }
   if (local.ok()) local = CheckStepTables(batch, tables, layout, rank);
-  if (local.ok() && (topk_width < 0 || topk_width > (1 << 20))) {
+  if (local.ok() && (topk_width < 0 || topk_width > kMaxTopkWidth)) {
     local = DCP_ERROR(InvalidArgument, "top-k width %d outside [0, 2^20]", topk_width);
   }
   if (local.ok() && topk_width == 0) {

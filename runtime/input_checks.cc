@@ -1,5 +1,6 @@
 #include "runtime/input_checks.h"
 
+#include "attention/attention_params.h"
 #include "core/status.h"
 
 namespace dcp {
@@ -63,7 +64,7 @@ absl::Status CheckLayerInputs(const LayerInputShape& shape, absl::Span<const Bat
   if (inputs.topk.shape.empty()) return CheckLengthsWithoutTopk(batch, shape.index_topk);
   // The width is the indexer's (usually index_topk); -1 pads rows that select fewer keys.
   DCP_CHECK_ARG(inputs.topk.shape.size() == 2 && inputs.topk.shape[0] == num_tokens &&
-                    inputs.topk.shape[1] >= 1 && inputs.topk.shape[1] <= (1 << 20),
+                    inputs.topk.shape[1] >= 1 && inputs.topk.shape[1] <= kMaxTopkWidth,
                 "topk has shape %s, expected [%d, K] with 1 <= K <= 2^20",
                 ShapeString(inputs.topk.shape), num_tokens);
   return CheckView("topk", inputs.topk, inputs.topk.shape, false, memory);

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "attention/attention_params.h"
 #include "core/fnv_hash.h"
 #include "core/status.h"
 
@@ -131,7 +132,7 @@ absl::StatusOr<Plan> DeserializePlan(std::string_view bytes) {
   DCP_ASSIGN_OR_RETURN(plan.num_tokens, in.Get());
   DCP_ASSIGN_OR_RETURN(plan.num_decode_tokens, in.Get());
   DCP_ASSIGN_OR_RETURN(int64_t topk_width, in.Get());
-  DCP_CHECK_ARG(topk_width >= 0 && topk_width <= (1 << 20), "plan top-k width %d out of range",
+  DCP_CHECK_ARG(topk_width >= 0 && topk_width <= kMaxTopkWidth, "plan top-k width %d out of range",
                 topk_width);
   plan.topk_width = static_cast<int32_t>(topk_width);
   DCP_ASSIGN_OR_RETURN(int64_t settings, in.Get());

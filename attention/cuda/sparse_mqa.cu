@@ -78,7 +78,7 @@ absl::Status Check(const SparseMqaParams& p) {
   // cannot be addressed (the engine and the launcher refuse both earlier, with these limits).
   DCP_CHECK_ARG(p.num_slots <= INT32_MAX, "SparseMqa: %d cache slots, at most 2^31 - 1",
                 p.num_slots);
-  DCP_CHECK_ARG(p.topk <= (1 << 20), "SparseMqa: top-k width %d, at most 2^20", p.topk);
+  DCP_CHECK_ARG(p.topk <= kMaxTopkWidth, "SparseMqa: top-k width %d, at most 2^20", p.topk);
   DCP_CHECK_ARG(p.dtype == DType::kBF16, "SparseMqa (CUDA): dtype must be BF16, got %s",
                 dtype_name(p.dtype));
   DCP_RETURN_IF_ERROR(CheckKvCacheDTypeSupported(p.kv_format, "SparseMqa (CUDA)"));

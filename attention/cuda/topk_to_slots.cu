@@ -31,7 +31,7 @@ absl::Status CheckTopkToSlots(const TopkToSlotsParams& p) {
   DCP_CHECK_ARG(p.num_tokens >= 0 && p.topk_width >= 0 && p.num_requests >= 0 && p.max_blocks >= 0,
                 "TopkToSlots: negative size (tokens %d, topk_width %d, requests %d, blocks %d)",
                 p.num_tokens, p.topk_width, p.num_requests, p.max_blocks);
-  DCP_CHECK_ARG(p.topk_width <= (1 << 20), "TopkToSlots: top-k width %d, at most 2^20",
+  DCP_CHECK_ARG(p.topk_width <= kMaxTopkWidth, "TopkToSlots: top-k width %d, at most 2^20",
                 p.topk_width);
   DCP_CHECK_ARG(p.world_size >= 1 && p.rank >= 0 && p.rank < p.world_size,
                 "TopkToSlots: rank %d outside world of %d", p.rank, p.world_size);

@@ -13,19 +13,20 @@
 #include "absl/strings/str_format.h"
 #include "collectives/mpi_communicator.h"
 #include "collectives/mpi_status.h"
+#include "core/status.h"
 #include "launch/bench/bench_harness.h"
 #include "launch/bench/bench_options.h"
 #include "launch/bench/bench_setup.h"
 #include "launch/bench/modes.h"
 #include "launch/bootstrap.h"
-#include "collectives/mpi_status.h"
-#include "core/status.h"
 #include "launch/version.h"
 
 namespace dcp::bench {
 namespace {
 
 constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2;
+// The host collectives' deadline until --timeout is read: the start-up agreement only.
+constexpr double kBootstrapTimeoutS = 600.0;
 
 // One line per rank, gathered to rank 0: where each rank runs.
 absl::Status PrintRanks(const BenchEnv& env) {
@@ -81,6 +82,18 @@ int Run(int argc, char** argv, const launch::ProcessInfo& process) {
     if (root) std::fprintf(stderr, "dcp_bench: %s\n", std::string(status.message()).c_str());
     return code;
   };
+  // The group first, then one agreement that every rank holds rank 0's arguments (flags are
+  // every rank's own: ranks started MPMD with others measured other shapes, or waited in
+  // collectives their peers never joined); parsing them then gives every rank one outcome.
+  // The timeout is the bootstrap's until --timeout is read.
+  auto bootstrap = MpiCommunicator::Create(MPI_COMM_WORLD, kBootstrapTimeoutS);
+  if (!bootstrap.ok()) return report(bootstrap.status(), kExitFailed);
+  const absl::Status same = AgreeOnStatus(
+      **bootstrap, launch::SameCommandLineOnEveryRank(**bootstrap, argc, argv, "dcp_bench"));
+  if (!same.ok()) {
+    if (!root) std::fprintf(stderr, "dcp_bench: %s\n", std::string(same.message()).c_str());
+    return report(same, IsGroupFailure(same) ? kExitFailed : kExitUsage);
+  }
   absl::StatusOr<BenchOptions> options = ParseBenchOptions(argc, argv);
   if (!options.ok()) {
     report(options.status(), kExitUsage);
@@ -107,8 +120,7 @@ int Run(int argc, char** argv, const launch::ProcessInfo& process) {
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, kExitFailed);
   };
-  auto bootstrap = MpiCommunicator::Create(MPI_COMM_WORLD, options->timeout_s);
-  if (!bootstrap.ok()) return report(bootstrap.status(), kExitFailed);
+  (*bootstrap)->set_timeout_s(options->timeout_s);
   auto device = MakeBenchDevice(*options);
   absl::Status status = AgreeOnStatus(**bootstrap, device.status());
   end_on_group_failure(status);

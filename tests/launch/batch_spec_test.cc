@@ -23,12 +23,12 @@ TEST(BatchSpecTest, SIsTheOlderSpellingOfKv) {
 }
 
 TEST(BatchSpecTest, MixedTermsKeepTheirOrder) {
-  EXPECT_EQ(*ParseBatchSpec("q4_2q1kv10_ q3s5"), (Requests{{4, 4}, {10, 1}, {10, 1}, {5, 3}}));
+  EXPECT_EQ(*ParseBatchSpec("q4_2q1kv10_q3s5"), (Requests{{4, 4}, {10, 1}, {10, 1}, {5, 3}}));
   EXPECT_EQ(*ParseBatchSpec("2q1k_q1kv2k"), (Requests{{1024, 1024}, {1024, 1024}, {2048, 1}}));
 }
 
 TEST(BatchSpecTest, CommaSeparatesBatches) {
-  EXPECT_EQ(*SplitBatchList(" q4_2q1kv10 , q8"), (std::vector<std::string>{"q4_2q1kv10", "q8"}));
+  EXPECT_EQ(*SplitBatchList("q4_2q1kv10,q8"), (std::vector<std::string>{"q4_2q1kv10", "q8"}));
   // One batch spec holds no ',': ParseBatchSpec says where the batches split.
   absl::Status status = ParseBatchSpec("q4,q8").status();
   EXPECT_NE(status.message().find("several batches"), std::string::npos) << status;
@@ -53,7 +53,30 @@ TEST(BatchSpecTest, KiloSuffixOnEveryNumber) {
   EXPECT_EQ(*ParseBatchSpec("q1ks4k"), (Requests{{4096, 1024}}));
   EXPECT_EQ(*ParseBatchSpec("q1kkv4k"), (Requests{{4096, 1024}}));
   EXPECT_EQ(*ParseBatchSpec("q1kv4k"), (Requests{{4096, 1}}));  // `kv` is no suffix
-  EXPECT_EQ(ParseBatchSpec("1kq1")->size(), 1024u);
+}
+
+// vLLM's grammar puts `k` after a length only: `1kq1` is no count of 1024.
+TEST(BatchSpecTest, ACountTakesNoKiloSuffix) {
+  for (const char* bad : {"1kq1", "2kq1kv4k", "q4_8kq1"}) {
+    const absl::Status status = ParseBatchSpec(bad).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(status.message().find("a count takes no 'k'"), std::string::npos) << status;
+  }
+  EXPECT_EQ(ParseBatchSpec("1024q1")->size(), 1024u);
+}
+
+// The grammar has no whitespace; a spec or list with some is refused, spelled without it.
+TEST(BatchSpecTest, WhitespaceIsRefusedWithTheSpellingWithout) {
+  for (const auto& [text, compact] : std::vector<std::pair<std::string, std::string>>{
+           {"q4_ q3s5", "q4_q3s5"}, {" q2k", "q2k"}, {"q2k\t", "q2k"}, {"8q1kv1k ", "8q1kv1k"}}) {
+    const absl::Status status = ParseBatchSpec(text).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(status.message().find("holds whitespace"), std::string::npos) << status;
+    EXPECT_NE(status.message().find("write '" + compact + "'"), std::string::npos) << status;
+  }
+  const absl::Status status = SplitBatchList("q2k, 8q1kv1k").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("write 'q2k,8q1kv1k'"), std::string::npos) << status;
 }
 
 TEST(BatchSpecTest, RejectsMalformedTerms) {
