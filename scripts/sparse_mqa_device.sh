@@ -32,7 +32,7 @@
 #      built, B = the measurement build), one process each.
 # Every stage has a time cap (a hung kernel must not eat the call). Logs go to $OUT.
 # Environment: DCP_DEBS (the .debs folder, default .debs), DCP_STAGES (default
-# "build test bench variants engine nopdl sanitize"; ncu, ncu_sections, ncu_engine, worker,
+# "build test bench variants engine nopdl sanitize"; ncu, ncu_sections, ncu_gemm, ncu_engine, worker,
 # nogather, trace, ab and abtest (ab's build tested too) are extra), DCP_VARIANTS (stage variants: ';'-separated environments to bench under,
 # default the wgmma kernel's persistent CTAs), DCP_TEST_FILTER, DCP_TEST_TIMEOUT (seconds, default 180),
 # DCP_BENCH_ARGS (appended), DCP_BENCH_ONLY (the kernels runs' --only: ','-separated row-name
@@ -334,6 +334,27 @@ if has_stage ncu && [ "$hung" -eq 0 ]; then
        /gpu__time_duration.sum/ { s[label] += $(NF); n[label]++ }
        END { for (k in s) printf "ncu %-44s %7.2f us (mean of %d)\n", k, s[k] / n[k], n[k] }' \
       "$out/ncu.txt" | sort | tee -a "$summary"
+fi
+
+# What bounds the dense route's up-projection GEMM (stage ncu_gemm, extra): tensor-pipe, L2 and
+# DRAM utilisation of every GEMM kernel the kernels rows of DCP_NCU_GEMM_ROWS launch (default
+# the up-projection at 16 heads x 1k rows, issue 13's missed shape, and the ceiling GEMM); the
+# tuner's candidate timings are among them, the chosen kernel's replays last.
+if has_stage ncu_gemm && [ "$hung" -eq 0 ]; then
+  timeout 150 mpirun --allow-run-as-root --bind-to none -np 1 ncu --clock-control none \
+      -k 'regex:gemm|Gemm|nvjet|xmma|cutlass' --metrics \
+      gpu__time_duration.sum,launch__grid_size,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum.per_second,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed \
+      "$bench" --mode kernels --device cuda --model deepseek_v32 --heads 16 --batches q1k \
+      -w 1 -n 2 -b 1M -e 1M --only "${DCP_NCU_GEMM_ROWS:-gemm_up_kv,gemm_ceiling}" \
+      >"$out/ncu_gemm.txt" 2>&1
+  note "ncu gemm: exit $? ($(elapsed))"
+  # One line per profiled kernel: its name (cut), then its metrics.
+  awk '/\([0-9]+, [0-9]+, [0-9]+\)x\(/ { if (line != "") print line; sub(/^ +/, ""); line = substr($0, 1, 60) }
+       /gpu__time_duration|launch__grid_size|gmma_cycles|lts__throughput|lts__t_bytes|dram__throughput|sm__throughput/ {
+         line = line " " $1 "=" $NF }
+       END { if (line != "") print line }' "$out/ncu_gemm.txt" \
+      | sed 's/gpu__time_duration.sum/t/; s/launch__grid_size/grid/; s/sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active/gmma%/; s/lts__throughput.avg.pct_of_peak_sustained_elapsed/l2%/; s/lts__t_bytes.sum.per_second/l2B\/s/; s/dram__throughput.avg.pct_of_peak_sustained_elapsed/dram%/; s/sm__throughput.avg.pct_of_peak_sustained_elapsed/sm%/' \
+      | tail -40 | tee -a "$summary"
 fi
 
 # What bounds the wgmma kernel (stage ncu_sections, extra): Nsight Compute's speed-of-light,
