@@ -339,10 +339,12 @@ fi
 # What bounds the dense route's up-projection GEMM (stage ncu_gemm, extra): tensor-pipe, L2 and
 # DRAM utilisation of every GEMM kernel the kernels rows of DCP_NCU_GEMM_ROWS launch (default
 # the up-projection at 16 heads x 1k rows, issue 13's missed shape, and the ceiling GEMM); the
-# tuner's candidate timings are among them, the chosen kernel's replays last.
+# tuner's candidate timings are among them, the chosen kernel's replays last. Caches are not
+# flushed between kernels (as in the bench's replays). Seen on an H100 (2026-12-05, flushed):
+# every candidate one wave of 128-132 CTAs at 31-44% SM and 32-44% L2 throughput: latency-bound.
 if has_stage ncu_gemm && [ "$hung" -eq 0 ]; then
   timeout 150 mpirun --allow-run-as-root --bind-to none -np 1 ncu --clock-control none \
-      -k 'regex:gemm|Gemm|nvjet|xmma|cutlass' --metrics \
+      --cache-control none -k 'regex:gemm|Gemm|nvjet|xmma|cutlass' --metrics \
       gpu__time_duration.sum,launch__grid_size,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_bytes.sum.per_second,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed \
       "$bench" --mode kernels --device cuda --model deepseek_v32 --heads 16 --batches q1k \
       -w 1 -n 2 -b 1M -e 1M --only "${DCP_NCU_GEMM_ROWS:-gemm_up_kv,gemm_ceiling}" \

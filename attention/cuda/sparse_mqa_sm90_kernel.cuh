@@ -167,9 +167,7 @@ __global__ void __launch_bounds__(384, 1)
       MbarrierInit(free_bar + 8 * half, kRoles && (half == kR0 || half == kR1) ? 256 : 128);
     }
     MbarrierInit(q_ready_bar, 128);  // the producer's 128 cp.async arrivals
-    // Both consumer WGs after an item's last pair; in the roles schedule with an early free
-    // (kSm90EarlyQFree) the scorer alone, after the item's last S.
-    MbarrierInit(q_free_bar, kRoles && kSm90EarlyQFree ? 128 : 256);
+    MbarrierInit(q_free_bar, 256);   // both consumer WGs, after an item's last pair
     if constexpr (kRoles) {
       MbarrierInit(p_ready_bar, 128);  // WG0, once P of the block in K0 is written
       MbarrierInit(p_ready_bar + 8, 128);
@@ -386,11 +384,8 @@ __global__ void __launch_bounds__(384, 1)
     float m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
 
     if constexpr (kRoles) {
-      const Sm90RolesShared roles_shared{q_base,    {k_base[0], k_base[1]},
-                                         s_index,   s_max,
-                                         s_sum,     ready_bar,
-                                         free_bar,  p_ready_bar,
-                                         q_free_bar};
+      const Sm90RolesShared roles_shared{
+          q_base, {k_base[0], k_base[1]}, s_index, s_max, s_sum, ready_bar, free_bar, p_ready_bar};
       if (wg == 0) {
         Sm90RolesScore<Config>(roles_shared, o, m, l, first_block, num_pairs, pairs_done, work.key_end,
                                p.num_slots, scale_log2, split.rescale_slack, first_item, t);
@@ -545,9 +540,8 @@ __global__ void __launch_bounds__(384, 1)
       DCP_SM90_TRACE(traced, pair_mark + trace::kPvDone);
       MbarrierArrive(free_bar + 8 * (wg == 0 ? kL1 : kR0));
     }
-    // Every wgmma of this item has retired (each pair ends waiting for them): Q may be reloaded
-    // (the roles scorer freed it already with kSm90EarlyQFree).
-    if (num_pairs > 0 && !(kRoles && kSm90EarlyQFree)) MbarrierArrive(q_free_bar);
+    // Every wgmma of this item has retired (each pair ends waiting for them): Q may be reloaded.
+    if (num_pairs > 0) MbarrierArrive(q_free_bar);
     pairs_done += num_pairs;
 
     // Row sums of both WGs (each summed P of its own blocks), then normalise and store. The roles

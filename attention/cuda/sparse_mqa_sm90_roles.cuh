@@ -34,21 +34,6 @@
 
 namespace dcp::cuda {
 
-// Item boundaries of persistent CTAs in the roles schedule (a measurement option, off in the
-// default build: -DDCP_SPARSE_MQA_EARLY_Q_FREE, scripts/sparse_mqa_device.sh stage ab). At 512
-// keys a token (4 pairs an item) ~7 us of each ~27 us item passes between items on the H200
-// (the ~2.4 us a block of the 2048-key rows would give ~19.5 us); ~9% at 2048 keys. With it the
-// scorer frees the Q tile (q_free) once the S of the item's last block has retired, and WG1,
-// which never reads Q in this schedule, no longer arrives: the producer's load of the next
-// item's Q runs under the last block's softmax and both PVs instead of after them. (Deferring
-// the scorer's epilogue under the next item's first S was tried too: O of the previous item
-// beside the in-flight S spilled ~2.3 KB and serialised the wgmmas, C7514.)
-#ifdef DCP_SPARSE_MQA_EARLY_Q_FREE
-inline constexpr bool kSm90EarlyQFree = true;
-#else
-inline constexpr bool kSm90EarlyQFree = false;
-#endif
-
 // Where the roles schedule's consumers find the shared state of one item.
 struct Sm90RolesShared {
   uint32_t q_base;
@@ -58,7 +43,6 @@ struct Sm90RolesShared {
   float* s_l;              // float [2][64]: the rows' totals of P, with an item's last block
   uint32_t ready_bar, free_bar;  // the half buffers' mbarriers (+ 8 * Sm90Half)
   uint32_t p_ready_bar;          // + 8 * buffer: P and the factors of the block there are written
-  uint32_t q_free_bar;           // the Q tile's (kSm90EarlyQFree)
 };
 
 // The roles scorer's softmax steps (the pairs schedule keeps its own, as measured): the
@@ -182,8 +166,6 @@ __device__ __forceinline__ void Sm90RolesScore(const Sm90RolesShared& sh, float 
       FenceOperands(s);
       FenceOperands(o);
       DCP_SM90_TRACE(traced, mark + sm90_trace::kScores);
-      // The item's last S has read Q: the producer may load the next item's (kSm90EarlyQFree).
-      if (kSm90EarlyQFree && b == 2 * num_pairs - 1) MbarrierArrive(sh.q_free_bar);
 
       float block_max[2];
       Sm90RolesMaskScores(s, valid_bits, scale_log2, block_max);
