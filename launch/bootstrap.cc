@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "collectives/mpi_status.h"
-#include "core/fnv_hash.h"
+#include "core/message_hash.h"
 #include "core/status.h"
 
 namespace dcp::launch {
@@ -40,7 +40,7 @@ void FinalizeMpi() {
 
 absl::Status SameCommandLineOnEveryRank(Communicator& comm, int argc, char** argv,
                                         const char* tool) {
-  Fnv1a64 hash;  // the arguments, each followed by a separator no byte equals
+  MessageHash64 hash;  // the arguments, each followed by a separator no byte equals
   for (int i = 1; i < argc; ++i) {
     for (const char* c = argv[i]; *c != '\0'; ++c) hash.AddWord(static_cast<unsigned char>(*c));
     hash.AddWord(0x100u);

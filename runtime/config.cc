@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/fnv_hash.h"
+#include "core/message_hash.h"
 #include "core/status.h"
 
 namespace dcp {
@@ -94,8 +94,8 @@ absl::Status AttentionConfig::Validate() const {
 }
 
 uint64_t SettingsFingerprint(const DcpOptions& o) {
-  Fnv1a64 fnv;  // over 8-byte words, then a final mix
-  const auto put = [&fnv](uint64_t word) { fnv.AddWord(word); };
+  MessageHash64 hash;  // a word a setting (value() mixes in the count)
+  const auto put = [&hash](uint64_t word) { hash.AddWord(word); };
   const ModelDims& m = o.model;
   for (const int v :
        {m.num_heads, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim,
@@ -111,11 +111,7 @@ uint64_t SettingsFingerprint(const DcpOptions& o) {
   put(scale_bits);
   put(static_cast<uint64_t>(o.workspace_rows_override));
   for (const char c : o.attention.prefill_backend) put(static_cast<unsigned char>(c));
-  uint64_t hash = fnv.value();
-  hash ^= hash >> 33;  // avalanche: a difference anywhere reaches every bit
-  hash *= 0xff51afd7ed558ccdull;
-  hash ^= hash >> 33;
-  return hash;
+  return hash.value();
 }
 
 absl::Status ValidateConfigs(const ModelDims& model, const DcpConfig& dcp,

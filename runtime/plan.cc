@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "attention/attention_params.h"
-#include "core/fnv_hash.h"
+#include "core/message_hash.h"
 #include "core/status.h"
 
 namespace dcp {
@@ -12,12 +12,12 @@ namespace {
 
 constexpr uint64_t kMagic = 0x4e414c50504344ull;  // "DCPPLAN"
 
-// FNV-1a over the payload's 8-byte words (every field is one; a byte-wise FNV was a chain of
-// one multiply per byte, ~5 us for the plan of 64 decodes). A trailing partial word, which a
-// damaged length could leave, is hashed byte by byte.
-uint64_t Fnv1a(std::string_view bytes) {
-  Fnv1a64 hash;
-  hash.AddWords(bytes);
+// MessageHash64 over the payload's 8-byte words (every field is one; a byte-wise hash was a
+// chain of one multiply per byte, ~5 us for the plan of 64 decodes). A trailing partial word,
+// which a damaged length could leave, is hashed zero-padded, with the length.
+uint64_t PayloadHash(std::string_view bytes) {
+  MessageHash64 hash;
+  hash.AddBytes(bytes);
   return hash.value();
 }
 
@@ -100,7 +100,7 @@ std::string SerializePlan(const Plan& plan) {
   header.Put(static_cast<int64_t>(kMagic));
   header.Put(Plan::kVersion);
   header.Put(static_cast<int64_t>(payload.bytes().size()));
-  header.Put(static_cast<int64_t>(Fnv1a(payload.bytes())));
+  header.Put(static_cast<int64_t>(PayloadHash(payload.bytes())));
   return header.bytes() + payload.bytes();
 }
 
@@ -116,7 +116,7 @@ absl::StatusOr<Plan> DeserializePlan(std::string_view bytes) {
   std::string_view payload = bytes.substr(32);
   DCP_CHECK_ARG(length == static_cast<int64_t>(payload.size()),
                 "plan payload is %d bytes, its header says %d", payload.size(), length);
-  if (static_cast<uint64_t>(checksum) != Fnv1a(payload)) {
+  if (static_cast<uint64_t>(checksum) != PayloadHash(payload)) {
     return DCP_ERROR(DataLoss, "plan checksum mismatch: the broadcast plan was damaged");
   }
 
