@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -105,6 +106,7 @@ void ExpectRankOutputsMatch(absl::Span<const float> out, absl::Span<const float>
   ASSERT_EQ(lse.size(), size_t(t) * hl);
   ASSERT_EQ(out.size(), size_t(t) * hl * d.dv);
   const double scale = ValueRms(whole, d);
+  double worst_row = 0;  // the largest row error (printed on CUDA ranks, which have no row bound)
   for (int64_t token = 0; token < t; ++token) {
     for (int hh = 0; hh < hl; ++hh) {
       const int h = rank * hl + hh;
@@ -136,13 +138,18 @@ void ExpectRankOutputsMatch(absl::Span<const float> out, absl::Span<const float>
       // much smaller than the rest (a dropped key there, say) could pass it; fp32 accumulation
       // leaves ~1e-6 here. CUDA ranks keep the per-element bound only (bf16 rows, fp8 caches:
       // a row bound for them is to be set from a GPU run).
+      const double floor = 0.1 * scale * std::sqrt(double(d.dv));
+      const double row_error = std::sqrt(diff_squares) / std::max(std::sqrt(want_squares), floor);
+      worst_row = std::max(worst_row, row_error);
       if (!UseCuda() && !bf16_out) {
-        const double floor = 0.1 * scale * std::sqrt(double(d.dv));
-        const double row_error = std::sqrt(diff_squares) / std::max(std::sqrt(want_squares), floor);
         ASSERT_LE(row_error, Tolerance())
             << "out token " << token << " head " << h << ": relative L2 error of the row";
       }
     }
+  }
+  if (UseCuda()) {
+    std::printf("[layer harness] rank %d: largest row relative L2 error %.3g (%s out)\n", rank,
+                worst_row, bf16_out ? "bf16" : "fp32");
   }
 }
 
