@@ -132,19 +132,19 @@ void ExpectRankOutputsMatch(absl::Span<const float> out, absl::Span<const float>
         diff_squares += (got - want) * (got - want);
         want_squares += want * want;
       }
-      // The row as a whole (CPU ranks, fp32): its relative L2 error, against a floor of a tenth
-      // of a typical row's norm so that rows near zero are not judged relative to nothing. The
-      // per-element bound above is relative to the value RMS of the whole problem, so one row
-      // much smaller than the rest (a dropped key there, say) could pass it; fp32 accumulation
-      // leaves ~1e-6 here. CUDA ranks keep the per-element bound only (bf16 rows, fp8 caches:
-      // a row bound for them is to be set from a GPU run).
+      // The row as a whole: its relative L2 error, against a floor of a tenth of a typical
+      // row's norm so that rows near zero are not judged relative to nothing. The per-element
+      // bound above is relative to the value RMS of the whole problem, so one row much smaller
+      // than the rest (a dropped key there, say) could pass it. Seen on CPU ranks (the worker
+      // and engine-workload suites, 2026-12-05): at most 2.2e-6 with an fp32 out, 0.0032 with a
+      // bf16 out (its roundings); on CUDA ranks (an H100, 1014 comparisons of the same suites at
+      // np 1-4, bf16 rows and fp8_ds_mla caches): p50 0.0075, p99 0.0104, max 0.0136 (fp32 out),
+      // 0.0106 (bf16 out). Bounds: the tolerance, plus 2^-7 for a bf16 out.
       const double floor = 0.1 * scale * std::sqrt(double(d.dv));
       const double row_error = std::sqrt(diff_squares) / std::max(std::sqrt(want_squares), floor);
       worst_row = std::max(worst_row, row_error);
-      if (!UseCuda() && !bf16_out) {
-        ASSERT_LE(row_error, Tolerance())
-            << "out token " << token << " head " << h << ": relative L2 error of the row";
-      }
+      ASSERT_LE(row_error, Tolerance() + (bf16_out ? 1.0 / 128 : 0.0))
+          << "out token " << token << " head " << h << ": relative L2 error of the row";
     }
   }
   if (UseCuda()) {
