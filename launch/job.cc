@@ -404,6 +404,13 @@ absl::Status Job::FitConfig() {
     }
     scheduler.max_num_seqs = int(max_requests);
   }
+  // --print-plan runs nothing: the KV pool and the memory check cover the first batch, the one
+  // it plans (a later 64 x 128k-token batch asked 46 GiB of a plan dump); the limits above
+  // still grow to fit every batch, so the plan is the one the run would execute.
+  std::vector<std::vector<RequestShape>> first_batch;
+  if (config_.run.print_plan) first_batch.push_back(batches_[0]);
+  const std::vector<std::vector<RequestShape>>& allocated =
+      config_.run.print_plan ? first_batch : batches_;
   // The per-rank KV pool: what the largest batch needs, unless set. The worker's default (N
   // full sequences of max_model_len) grows with max_num_seqs, which grows to fit the batch:
   // 10,000 decodes over 64 tokens would reserve 13 GB for 4096-token sequences.
@@ -411,7 +418,7 @@ absl::Status Job::FitConfig() {
       scheduler.block_size > 0 && config_.dcp.interleave > 0) {  // else ValidateConfigs fails
     const KvLayout layout{world, config_.dcp.interleave};
     int64_t needed = 1;
-    for (const std::vector<RequestShape>& batch : batches_) {
+    for (const std::vector<RequestShape>& batch : allocated) {
       int64_t blocks = 0;
       for (const RequestShape& r : batch) {
         blocks += (layout.local_length(r.seq_len, 0) + scheduler.block_size - 1) /
@@ -433,8 +440,8 @@ absl::Status Job::FitConfig() {
     RunConfig root_view = config_, other_view = config_;
     root_view.dcp.rank = 0;
     other_view.dcp.rank = world > 1 ? 1 : 0;
-    DCP_RETURN_IF_ERROR(CheckMemory(EstimateRankMemory(root_view, batches_, 0),
-                                    EstimateRankMemory(other_view, batches_, 0),
+    DCP_RETURN_IF_ERROR(CheckMemory(EstimateRankMemory(root_view, allocated, 0),
+                                    EstimateRankMemory(other_view, allocated, 0),
                                     process_.local_size, AvailableHostMemory()));
   }
   if (!problem_mode()) {

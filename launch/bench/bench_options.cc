@@ -101,10 +101,11 @@ Setter NameListFlag(std::vector<std::string> BenchOptions::*field) {
   };
 }
 
-// A batch list in dcp_run's grammar (launch/batch_spec.h); '' is the empty list.
+// A batch list in dcp_run's grammar (launch/batch_spec.h, which refuses whitespace); '' is the
+// empty list.
 Setter StringListFlag(const char* name, std::vector<std::string> BenchOptions::*field) {
   return [=](BenchOptions& o, const std::string& v) -> absl::Status {
-    if (absl::StripAsciiWhitespace(v).empty()) {
+    if (v.empty()) {
       (o.*field).clear();
       return absl::OkStatus();
     }

@@ -15,7 +15,12 @@
 //                                           (f32 on CPU ranks, the default; bf16 on CUDA
 //                                           ranks); the decode threshold of the run (default 1)
 //                                           tells which requests the dense route leaves to the
-//                                           sparse one
+//                                           sparse one; the result must also hold FORMATS.md's
+//                                           tensors and metadata (out and lse only, route
+//                                           dense_mha|sparse_mqa, integer interleave >= 1 and
+//                                           chunks >= 0, 0 on the sparse route)
+//   make_problem corrupt <result> <out> <tensor> <index> <value>   one element changed
+//   make_problem set_metadata <result> <out> <key> <json value>     one metadata value changed
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -98,51 +103,116 @@ struct Tensor {
   std::vector<double> values;
 };
 
+// False (with the reason on stderr) for a file that is not a well-formed safetensors image of
+// F32, BF16 and I32 tensors with string metadata: a result under test may be malformed, and
+// verify must then fail cleanly, never abort or read past the file.
 bool ReadFile(const std::string& path, std::map<std::string, Tensor>* tensors,
               std::map<std::string, std::string>* metadata) {
+  const auto bad = [&](const std::string& why) {
+    std::fprintf(stderr, "read %s: %s\n", path.c_str(), why.c_str());
+    return false;
+  };
   std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
+  if (!in) return bad("cannot open");
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (bytes.size() < 8) return false;
+  if (bytes.size() < 8) return bad("shorter than the 8-byte header length");
   uint64_t length;
   std::memcpy(&length, bytes.data(), 8);
-  if (length > bytes.size() - 8) return false;
+  if (length > bytes.size() - 8) return bad("header length past the end of the file");
   const json header = json::parse(bytes.substr(8, length), nullptr, false);
-  if (header.is_discarded()) return false;
+  if (header.is_discarded() || !header.is_object()) return bad("header is not a JSON object");
   const char* data = bytes.data() + 8 + length;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
-        (*metadata)[m.key()] = m.value().get<std::string>();
+  const uint64_t data_size = bytes.size() - 8 - length;
+  try {
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      if (it.key() == "__metadata__") {
+        if (!it.value().is_object()) return bad("__metadata__ is not an object");
+        for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+          if (!m.value().is_string()) return bad("__metadata__ '" + m.key() + "' is not a string");
+          (*metadata)[m.key()] = m.value().get<std::string>();
+        }
+        continue;
       }
-      continue;
-    }
-    Tensor tensor;
-    tensor.dtype = it.value()["dtype"];
-    tensor.shape = it.value()["shape"].get<std::vector<int64_t>>();
-    const uint64_t begin = it.value()["data_offsets"][0], end = it.value()["data_offsets"][1];
-    const size_t size = tensor.dtype == "BF16" ? 2 : 4;
-    for (uint64_t at = begin; at + size <= end; at += size) {
-      if (tensor.dtype == "F32") {
-        float v;
-        std::memcpy(&v, data + at, 4);
-        tensor.values.push_back(v);
-      } else if (tensor.dtype == "BF16") {
-        uint16_t bits;
-        std::memcpy(&bits, data + at, 2);
-        const uint32_t word = uint32_t(bits) << 16;
-        float v;
-        std::memcpy(&v, &word, 4);
-        tensor.values.push_back(v);
-      } else {
-        int32_t v;
-        std::memcpy(&v, data + at, 4);
-        tensor.values.push_back(v);
+      Tensor tensor;
+      tensor.dtype = it.value().at("dtype").get<std::string>();
+      tensor.shape = it.value().at("shape").get<std::vector<int64_t>>();
+      const uint64_t begin = it.value().at("data_offsets").at(0).get<uint64_t>();
+      const uint64_t end = it.value().at("data_offsets").at(1).get<uint64_t>();
+      if (tensor.dtype != "F32" && tensor.dtype != "BF16" && tensor.dtype != "I32") {
+        return bad("tensor '" + it.key() + "' has dtype " + tensor.dtype);
       }
+      const size_t size = tensor.dtype == "BF16" ? 2 : 4;
+      uint64_t count = 1;
+      for (int64_t d : tensor.shape) count *= uint64_t(d);
+      if (begin > end || end > data_size || end - begin != count * size) {
+        return bad("tensor '" + it.key() +
+                   "' has data_offsets that do not match its shape or "
+                   "lie past the data");
+      }
+      for (uint64_t at = begin; at + size <= end; at += size) {
+        if (tensor.dtype == "F32") {
+          float v;
+          std::memcpy(&v, data + at, 4);
+          tensor.values.push_back(v);
+        } else if (tensor.dtype == "BF16") {
+          uint16_t bits;
+          std::memcpy(&bits, data + at, 2);
+          const uint32_t word = uint32_t(bits) << 16;
+          float v;
+          std::memcpy(&v, &word, 4);
+          tensor.values.push_back(v);
+        } else {
+          int32_t v;
+          std::memcpy(&v, data + at, 4);
+          tensor.values.push_back(v);
+        }
+      }
+      (*tensors)[it.key()] = std::move(tensor);
     }
-    (*tensors)[it.key()] = std::move(tensor);
+  } catch (const json::exception& e) {
+    return bad(std::string("malformed header: ") + e.what());
   }
   return true;
+}
+
+// A non-negative decimal integer (the result's metadata values), or -1.
+int64_t MetadataInteger(const std::string& text) {
+  if (text.empty() || text.size() > 18) return -1;
+  int64_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return -1;
+    value = value * 10 + (c - '0');
+  }
+  return value;
+}
+
+// A copy of `in` whose __metadata__ key `key` is set to the JSON value `value` (text, e.g.
+// "\"bogus\"" or 3): verify's own tests of the result metadata FORMATS.md defines.
+int SetMetadata(const std::string& in, const std::string& out, const std::string& key,
+                const std::string& value) {
+  std::ifstream file(in, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  uint64_t length = 0;
+  if (bytes.size() >= 8) std::memcpy(&length, bytes.data(), 8);
+  json header = bytes.size() >= 8 && length <= bytes.size() - 8
+                    ? json::parse(bytes.substr(8, length), nullptr, false)
+                    : json(nullptr);
+  const json parsed = json::parse(value, nullptr, false);
+  if (!header.is_object() || parsed.is_discarded()) {
+    std::fprintf(stderr, "set_metadata: cannot read %s or parse the value %s\n", in.c_str(),
+                 value.c_str());
+    return 1;
+  }
+  header["__metadata__"][key] = parsed;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t new_length = text.size();
+  std::string image(reinterpret_cast<const char*>(&new_length), 8);
+  image += text;
+  image += bytes.substr(8 + length);
+  std::ofstream written(out, std::ios::binary);
+  written.write(image.data(), std::streamsize(image.size()));
+  return written ? 0 : 1;
 }
 
 // ---- the problem: small dims, requests in mixed order --------------------------------------
@@ -560,6 +630,24 @@ int Verify(const std::string& problem_path, const std::string& result_path, int 
       return 1;
     }
   }
+  // FORMATS.md: the result holds out and lse only; route is dense_mha or sparse_mqa, interleave
+  // (>= 1) and chunks are integers, and the sparse route uses no context chunks.
+  if (r.size() != 2) {
+    std::fprintf(stderr, "verify: the result holds %zu tensors; FORMATS.md's holds out and lse\n",
+                 r.size());
+    return 1;
+  }
+  const int64_t interleave = MetadataInteger(rm["interleave"]);
+  const int64_t chunks = MetadataInteger(rm["chunks"]);
+  if ((rm["route"] != "dense_mha" && rm["route"] != "sparse_mqa") || interleave < 1 || chunks < 0 ||
+      (rm["route"] == "sparse_mqa" && chunks != 0)) {
+    std::fprintf(stderr,
+                 "verify: result metadata route '%s', interleave '%s', chunks '%s': expected "
+                 "dense_mha or sparse_mqa, an integer >= 1, and an integer >= 0 (0 on the "
+                 "sparse route)\n",
+                 rm["route"].c_str(), rm["interleave"].c_str(), rm["chunks"].c_str());
+    return 1;
+  }
   if (rm["dcp_world_size"] != std::to_string(world_size) ||
       (!route.empty() && route != "-" && rm["route"] != route)) {
     std::fprintf(stderr, "verify: metadata route %s, dcp_world_size %s; expected %s, %d\n",
@@ -733,6 +821,9 @@ int main(int argc, char** argv) {
                 run.args.c_str());
     return WriteImage(argv[3], Image(file)) ? 0 : 1;
   }
+  if (command == "set_metadata" && argc == 6) {
+    return SetMetadata(argv[2], argv[3], argv[4], argv[5]);
+  }
   if (command == "corrupt" && argc == 7) {
     return Corrupt(argv[2], argv[3], argv[4], std::atoll(argv[5]), argv[6]);
   }
@@ -749,6 +840,7 @@ int main(int argc, char** argv) {
       stderr,
       "usage: make_problem write <variant> <path> | all <folder> | random <seed> <path> [fp8] | "
       "corrupt <result> <out> <tensor> <index> <value> | "
+      "set_metadata <result> <out> <key> <json value> | "
       "verify <problem> "
       "<result> <world_size> [route|-] [tolerance|-] [bf16|fp8_ds_mla|-] "
       "[decode_threshold|-] [f32|bf16: how the ranks store values, f32 on CPU ranks]\n");
