@@ -9,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "core/logging.h"
 #include "core/status.h"
 #include "launch/limits.h"
 
@@ -228,6 +229,14 @@ absl::StatusOr<Problem> ProblemFromFile(const SafetensorsFile& file, std::string
     problem.index_topk = int(topk->shape[1]);
   } else {
     problem.index_topk = configured_topk;
+  }
+  // Keys FORMATS.md does not define are not read; said, since a misspelt one (softmax-scale)
+  // would leave the default silently ("format" is the safetensors writers' own key).
+  for (const auto& [key, value] : file.metadata) {
+    if (key != "softmax_scale" && key != "index_topk" && key != "format") {
+      DCP_LOG(WARNING) << name << ": __metadata__ key '" << key
+                       << "' is not one dcp reads (softmax_scale, index_topk): ignored";
+    }
   }
 
   // Top-k indices.
