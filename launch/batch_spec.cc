@@ -92,7 +92,9 @@ std::string NewSpelling(std::string_view old_form) {
     if (c == ',') c = '_';
     else if (c == ';') c = ',';
   }
-  text.erase(std::remove(text.begin(), text.end(), ' '), text.end());
+  text.erase(
+      std::remove_if(text.begin(), text.end(), [](char c) { return absl::ascii_isspace(c); }),
+      text.end());
   return text;
 }
 

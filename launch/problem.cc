@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "core/logging.h"
@@ -234,7 +235,7 @@ absl::StatusOr<Problem> ProblemFromFile(const SafetensorsFile& file, std::string
   // would leave the default silently ("format" is the safetensors writers' own key).
   for (const auto& [key, value] : file.metadata) {
     if (key != "softmax_scale" && key != "index_topk" && key != "format") {
-      DCP_LOG(WARNING) << name << ": __metadata__ key '" << key
+      DCP_LOG(WARNING) << name << ": __metadata__ key '" << absl::CHexEscape(key)
                        << "' is not one dcp reads (softmax_scale, index_topk): ignored";
     }
   }

@@ -28,8 +28,8 @@ struct PlannedRequest {
 };
 
 struct Plan {
-  // 2: the checksum hashes 8-byte words; 3: topk_width; 4: settings
-  static constexpr uint32_t kVersion = 4;
+  // 2: the checksum hashes 8-byte words; 3: topk_width; 4: settings; 5: MessageHash64 checksum
+  static constexpr uint32_t kVersion = 5;
 
   Route route = Route::kSparseMqa;
   int32_t num_decodes = 0;

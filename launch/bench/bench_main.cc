@@ -90,10 +90,13 @@ int Run(int argc, char** argv, const launch::ProcessInfo& process) {
   if (!bootstrap.ok()) return report(bootstrap.status(), kExitFailed);
   const absl::Status same = AgreeOnStatus(
       **bootstrap, launch::SameCommandLineOnEveryRank(**bootstrap, argc, argv, "dcp_bench"));
-  if (!same.ok()) {
-    if (!root) std::fprintf(stderr, "dcp_bench: %s\n", std::string(same.message()).c_str());
-    return report(same, IsGroupFailure(same) ? kExitFailed : kExitUsage);
+  if (IsGroupFailure(same)) {  // a rank never arrived: nobody is left to agree with
+    std::fprintf(stderr, "dcp_bench: rank %d: fatal: %s; ending the job on every rank\n",
+                 process.rank, std::string(same.message()).c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, kExitFailed);
   }
+  if (!same.ok()) return report(same, kExitUsage);  // every rank holds it: rank 0 says it
   absl::StatusOr<BenchOptions> options = ParseBenchOptions(argc, argv);
   if (!options.ok()) {
     report(options.status(), kExitUsage);

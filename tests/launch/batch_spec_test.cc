@@ -38,9 +38,10 @@ TEST(BatchSpecTest, CommaSeparatesBatches) {
 }
 
 TEST(BatchSpecTest, TheOldSemicolonFormIsRefusedWithTheNewSpelling) {
-  for (const auto& [old_form, new_form] :
-       std::vector<std::pair<std::string, std::string>>{
-           {"q512,4q1s600;4q1s3k", "'q512_4q1s600,4q1s3k'"}, {"q8;2q1s9", "'q8,2q1s9'"}}) {
+  for (const auto& [old_form, new_form] : std::vector<std::pair<std::string, std::string>>{
+           {"q512,4q1s600;4q1s3k", "'q512_4q1s600,4q1s3k'"},
+           {"q8;2q1s9", "'q8,2q1s9'"},
+           {"q64;\tq32", "'q64,q32'"}}) {  // the spelling holds no whitespace either
     absl::Status status = SplitBatchList(old_form).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << old_form;
     EXPECT_NE(status.message().find("old form"), std::string::npos) << status;

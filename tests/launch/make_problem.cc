@@ -142,8 +142,15 @@ bool ReadFile(const std::string& path, std::map<std::string, Tensor>* tensors,
         return bad("tensor '" + it.key() + "' has dtype " + tensor.dtype);
       }
       const size_t size = tensor.dtype == "BF16" ? 2 : 4;
-      uint64_t count = 1;
-      for (int64_t d : tensor.shape) count *= uint64_t(d);
+      uint64_t count = 1;  // elements, bounded by what the data could hold (no wrap-around)
+      for (int64_t d : tensor.shape) {
+        if (d < 0 || (d > 0 && count > data_size / size / uint64_t(d))) {
+          return bad("tensor '" + it.key() +
+                     "' has a negative dimension or more elements "
+                     "than the file holds");
+        }
+        count *= uint64_t(d);
+      }
       if (begin > end || end > data_size || end - begin != count * size) {
         return bad("tensor '" + it.key() +
                    "' has data_offsets that do not match its shape or "

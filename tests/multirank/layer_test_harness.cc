@@ -106,7 +106,7 @@ void ExpectRankOutputsMatch(absl::Span<const float> out, absl::Span<const float>
   ASSERT_EQ(lse.size(), size_t(t) * hl);
   ASSERT_EQ(out.size(), size_t(t) * hl * d.dv);
   const double scale = ValueRms(whole, d);
-  double worst_row = 0;  // the largest row error (printed on CUDA ranks, which have no row bound)
+  double worst_row = 0;  // the largest row error (printed on CUDA ranks: their bound's margin)
   for (int64_t token = 0; token < t; ++token) {
     for (int hh = 0; hh < hl; ++hh) {
       const int h = rank * hl + hh;
