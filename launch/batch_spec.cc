@@ -85,6 +85,13 @@ absl::Status ParseTerm(std::string_view term, std::vector<RequestShape>* request
 
 }  // namespace
 
+std::string WithoutWhitespace(std::string text) {
+  text.erase(
+      std::remove_if(text.begin(), text.end(), [](char c) { return absl::ascii_isspace(c); }),
+      text.end());
+  return text;
+}
+
 // The old form (';' between batches, ',' between terms) in the new spelling.
 std::string NewSpelling(std::string_view old_form) {
   std::string text(old_form);
@@ -92,22 +99,15 @@ std::string NewSpelling(std::string_view old_form) {
     if (c == ',') c = '_';
     else if (c == ';') c = ',';
   }
-  text.erase(
-      std::remove_if(text.begin(), text.end(), [](char c) { return absl::ascii_isspace(c); }),
-      text.end());
-  return text;
+  return WithoutWhitespace(std::move(text));
 }
 
 // The grammar has no whitespace: a spec or list holding any is refused with its spelling
 // without it (vLLM's parser refuses it too).
 absl::Status RefuseWhitespace(std::string_view text) {
-  std::string compact(text);
-  compact.erase(
-      std::remove_if(compact.begin(), compact.end(), [](char c) { return absl::ascii_isspace(c); }),
-      compact.end());
   return DCP_ERROR(InvalidArgument,
                    "batch spec '%s' holds whitespace; the grammar has none: write '%s'", text,
-                   compact);
+                   WithoutWhitespace(std::string(text)));
 }
 
 bool HasWhitespace(std::string_view text) {

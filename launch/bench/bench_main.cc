@@ -86,16 +86,20 @@ int Run(int argc, char** argv, const launch::ProcessInfo& process) {
   // every rank's own: ranks started MPMD with others measured other shapes, or waited in
   // collectives their peers never joined); parsing them then gives every rank one outcome.
   // The timeout is the bootstrap's until --timeout is read.
+  // A group failure (a peer stopped, died or did not arrive in time) leaves the other ranks
+  // waiting in the next collective, which this rank would never join: end the job everywhere.
+  auto end_on_group_failure = [&](const absl::Status& status) {
+    if (!IsGroupFailure(status)) return;
+    std::fprintf(stderr, "dcp_bench: rank %d: fatal: %s; ending the job on every rank\n",
+                 process.rank, std::string(status.message()).c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, kExitFailed);
+  };
   auto bootstrap = MpiCommunicator::Create(MPI_COMM_WORLD, kBootstrapTimeoutS);
   if (!bootstrap.ok()) return report(bootstrap.status(), kExitFailed);
   const absl::Status same = AgreeOnStatus(
       **bootstrap, launch::SameCommandLineOnEveryRank(**bootstrap, argc, argv, "dcp_bench"));
-  if (IsGroupFailure(same)) {  // a rank never arrived: nobody is left to agree with
-    std::fprintf(stderr, "dcp_bench: rank %d: fatal: %s; ending the job on every rank\n",
-                 process.rank, std::string(same.message()).c_str());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, kExitFailed);
-  }
+  end_on_group_failure(same);
   if (!same.ok()) return report(same, kExitUsage);  // every rank holds it: rank 0 says it
   absl::StatusOr<BenchOptions> options = ParseBenchOptions(argc, argv);
   if (!options.ok()) {
@@ -113,16 +117,6 @@ int Run(int argc, char** argv, const launch::ProcessInfo& process) {
   }
   absl::StatusOr<ModelDims> dims = DimsByName(options->dims);
   if (!dims.ok()) return report(dims.status(), kExitUsage);
-
-  // A group failure (a peer stopped, died or did not arrive in time) leaves the other ranks
-  // waiting in the next collective, which this rank would never join: end the job everywhere.
-  auto end_on_group_failure = [&](const absl::Status& status) {
-    if (!IsGroupFailure(status)) return;
-    std::fprintf(stderr, "dcp_bench: rank %d: fatal: %s; ending the job on every rank\n",
-                 process.rank, std::string(status.message()).c_str());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, kExitFailed);
-  };
   (*bootstrap)->set_timeout_s(options->timeout_s);
   auto device = MakeBenchDevice(*options);
   absl::Status status = AgreeOnStatus(**bootstrap, device.status());
