@@ -225,6 +225,10 @@ absl::StatusOr<Problem> ProblemFromFile(const SafetensorsFile& file, std::string
                        "integer",
                        name, *topk_text);
     }
+    if (value > kMaxIndexTopk) {
+      return DCP_ERROR(InvalidArgument, "%s: __metadata__ index_topk %d is above the limit %d",
+                       name, value, kMaxIndexTopk);
+    }
     problem.index_topk = value;
   } else if (topk != nullptr) {
     problem.index_topk = int(topk->shape[1]);
@@ -247,6 +251,13 @@ absl::StatusOr<Problem> ProblemFromFile(const SafetensorsFile& file, std::string
                        "%s: tensor 'topk_indices' has shape %s, expected [%d, K] with K >= 1 (T = "
                        "sum of query_lens)",
                        name, topk->shape_string(), tokens);
+    }
+    // The worker's width limit, said here, where the file is named, rather than when the
+    // batch first runs.
+    if (topk->shape[1] > kMaxIndexTopk) {
+      return DCP_ERROR(InvalidArgument,
+                       "%s: tensor 'topk_indices' is %d wide, above the top-k width limit %d", name,
+                       topk->shape[1], kMaxIndexTopk);
     }
     problem.topk_width = int(topk->shape[1]);
     problem.topk.assign(topk->as<int32_t>(), topk->as<int32_t>() + topk->num_elements());

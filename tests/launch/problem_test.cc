@@ -3,7 +3,9 @@
 #include <cmath>
 #include <numeric>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "launch/limits.h"
 
 namespace dcp::launch {
 namespace {
@@ -173,6 +175,32 @@ TEST(ProblemTest, TopkIndicesMustBeCausalAndUnique) {
   SafetensorsFile file = ValidFile();
   file.tensors["topk_indices"] = MakeTensor<int32_t>({kTokens + 1, 2}, std::vector<int32_t>(8, -1));
   EXPECT_NE(ErrorOf(file).find("'topk_indices' has shape [4, 2]"), std::string::npos);
+}
+
+// The worker's top-k width limit (2^20) is refused when the file is read, naming the file and
+// the tensor or key, not when its batch first runs. The limit's own width still reads.
+TEST(ProblemTest, TopkWiderThanTheWorkersLimitIsRefusedAtRead) {
+  const int64_t limit = kMaxIndexTopk;
+  const auto with_width = [](int64_t width) {
+    SafetensorsFile file = ValidFile();
+    std::vector<int32_t> values(size_t(kTokens * width), -1);
+    values[0] = 3, values[size_t(width)] = 4, values[size_t(2 * width)] = 2;
+    file.tensors["topk_indices"] = MakeTensor<int32_t>({kTokens, width}, values);
+    return file;
+  };
+  absl::StatusOr<Problem> at_limit = ProblemFromFile(with_width(limit), "p", 2048);
+  ASSERT_TRUE(at_limit.ok()) << at_limit.status();
+  EXPECT_EQ(at_limit->topk_width, limit);
+  EXPECT_EQ(at_limit->index_topk, limit);
+  EXPECT_NE(ErrorOf(with_width(limit + 1))
+                .find(absl::StrCat("p.safetensors: tensor 'topk_indices' is ", limit + 1,
+                                   " wide, above the top-k width limit ", limit)),
+            std::string::npos);
+  SafetensorsFile file = ValidFile();
+  file.metadata["index_topk"] = absl::StrCat(limit + 1);
+  EXPECT_NE(ErrorOf(file).find(
+                absl::StrCat("__metadata__ index_topk ", limit + 1, " is above the limit ", limit)),
+            std::string::npos);
 }
 
 // Whether each request's rows select every causal position: what decides whether the dense
