@@ -62,7 +62,6 @@
 #include "attention/cuda/sparse_mqa_sm90_layout.cuh"
 #include "attention/cuda/sparse_mqa_sm90_roles.cuh"
 #include "attention/cuda/sparse_mqa_sm90_softmax.cuh"
-#include "attention/cuda/sparse_mqa_sm90_store.cuh"
 #include "attention/cuda/sparse_mqa_sm90_trace.cuh"
 #include "attention/cuda/sparse_mqa_work.cuh"
 #include "attention/cuda/wgmma_sm90.cuh"
@@ -82,19 +81,12 @@ inline constexpr bool kSm90NoGather = false;
 #endif
 // A measurement build only (-DDCP_SPARSE_MQA_NO_O_STORE, stage ab): the fp32 and bf16
 // epilogues skip the O rows' stores (the LSE is still written; results are wrong), so the
-// kernel's time is what it would be with the output's writes hidden entirely: the most an O
-// store overlapped with the next item could save.
+// kernel's time is what it would be with the output's writes gone entirely: the most any change
+// to the O store could save.
 #if defined(DCP_SPARSE_MQA_NO_O_STORE)
 inline constexpr bool kSm90NoOStore = true;
 #else
 inline constexpr bool kSm90NoOStore = false;
-#endif
-// O stored through shared memory (sparse_mqa_sm90_store.cuh) for items with pairs when the
-// output allows 16-byte stores; -DDCP_SPARSE_MQA_DIRECT_O_STORE: always from the registers.
-#if defined(DCP_SPARSE_MQA_DIRECT_O_STORE)
-inline constexpr bool kSm90StagedOStore = false;
-#else
-inline constexpr bool kSm90StagedOStore = true;
 #endif
 
 template <int kHeadDim, int kVDim, KvCacheDType kFormat,
@@ -557,9 +549,8 @@ __global__ void __launch_bounds__(384, 1)
       DCP_SM90_TRACE(traced, pair_mark + trace::kPvDone);
       MbarrierArrive(free_bar + 8 * (wg == 0 ? kL1 : kR0));
     }
-    // Every wgmma of this item has retired (each pair ends waiting for them): Q may be reloaded
-    // (with the staged O store, once the epilogue has used its shared memory).
-    if (num_pairs > 0 && !kSm90StagedOStore) MbarrierArrive(q_free_bar);
+    // Every wgmma of this item has retired (each pair ends waiting for them): Q may be reloaded.
+    if (num_pairs > 0) MbarrierArrive(q_free_bar);
     pairs_done += num_pairs;
 
     // Row sums of both WGs (each summed P of its own blocks), then normalise and store. The roles
@@ -619,41 +610,18 @@ __global__ void __launch_bounds__(384, 1)
     // one-token decode, docs/sparse_mqa_sm90.md): staging O in shared memory and storing it
     // with bulk copies, or with 16-byte stores of 512 contiguous bytes a warp, measured the same;
     // bf16 split partials written from the fragment (half the bytes, half-sector writes) took
-    // longer (4.3 us). The limit is the SM's write path, not this store pattern.
+    // longer (4.3 us). With every CTA storing (docs/PERFORMANCE.md, 2026-12-05, last): a build
+    // without these stores is 26% faster at 1024 x 128 x 512 and 13 us faster a 64-token
+    // launch on the H200, bf16 rows saving as much as fp32; staged 16-byte rows (19b9213), an
+    // evict-first L2 policy on them, and each CTA starting at its own row all measured within the
+    // spread. What the stores cost is not their bytes, their requests or L2 pollution: not found.
     // Sm90Epilogue::kBf16 (SparseMqaParams::out_bf16, one split): bf16 pairs instead.
     constexpr bool kToBf16 = kEpilogue == Sm90Epilogue::kBf16;
-    const bool pairs_ok =
-        (work.out_head_stride % 2 == 0) &&
-        (kToBf16 ? reinterpret_cast<uintptr_t>(out_bf16) % 4 == 0
-                 : reinterpret_cast<uintptr_t>(work.out) % 8 == 0);
-    // Staged through the Q tile's shared memory: only for an item with pairs (the producer loads
-    // the next item's Q tile once q_free says this one's is free; an item without pairs never
-    // arrives there, so the tile may be filling meanwhile).
-    static_assert(8 * kSm90StageWarpBytes <= Config::kBufferBytes, "the stage fits the Q tile");
-    const bool staged =
-        kSm90StagedOStore && !kSm90NoOStore && num_pairs > 0 &&
-        (kToBf16
-             ? reinterpret_cast<uintptr_t>(out_bf16) % 16 == 0 && work.out_head_stride % 8 == 0
-             : reinterpret_cast<uintptr_t>(work.out) % 16 == 0 && work.out_head_stride % 4 == 0);
-    if (staged) {
-      float inverse[2];
+    const bool pairs_ok = (work.out_head_stride % 2 == 0) &&
+                          (kToBf16 ? reinterpret_cast<uintptr_t>(out_bf16) % 4 == 0
+                                   : reinterpret_cast<uintptr_t>(work.out) % 8 == 0);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float total = kRoles ? roles_total[r] : s_sum[rows[r]] + s_sum[64 + rows[r]];
-        inverse[r] = Sm90RowInverse(total);
-        if (wg == 0 && c == 0 && rows[r] < work.heads) work.lse[rows[r]] = Sm90RowLse(m[r], total);
-      }
-      const uint32_t stage = q_base + (wg * 4 + warp) * kSm90StageWarpBytes;
-      if constexpr (kToBf16) {
-        Sm90StoreRowsStaged(o, inverse, stage, out_bf16 + wg * 256, work.out_head_stride, warp,
-                            lane, work.heads);
-      } else {
-        Sm90StoreRowsStaged(o, inverse, stage, work.out + wg * 256, work.out_head_stride, warp,
-                            lane, work.heads);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2 && !staged; ++r) {
+    for (int r = 0; r < 2; ++r) {
       const int row = rows[r];
       if (row >= work.heads) continue;
       const float total = kRoles ? roles_total[r] : s_sum[row] + s_sum[64 + row];
@@ -688,7 +656,6 @@ __global__ void __launch_bounds__(384, 1)
       }
       if (wg == 0 && c == 0) work.lse[row] = Sm90RowLse(m[r], total);
     }
-    if (kSm90StagedOStore && num_pairs > 0) MbarrierArrive(q_free_bar);
     // The next item writes s_sum again (an item without pairs passes no other barrier first).
     // (The roles schedule's s_sum entries are per block, read by WG1 before it frees the block.)
     if (!kRoles && item + gridDim.x < items) NamedBarrierSync(kBarSum, 256);
