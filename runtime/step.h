@@ -17,7 +17,9 @@ namespace dcp {
 // section 4) is slot table[j / B] * B + j % B. Entries past the blocks a request needs are
 // ignored. Host memory, read during Plan only.
 struct StepTables {
-  const int32_t* data = nullptr;  // [num_requests, stride] block ids
+  // [num_requests, stride] block ids; null (stride 0) on a rank that holds no row of any
+  // request of the step (at W > 1 a rank may need no block at all).
+  const int32_t* data = nullptr;
   int64_t stride = 0;             // >= the blocks any request of the step needs
   int64_t num_blocks = 0;         // the cache's blocks: every id used must be below
   int block_size = 0;             // B
