@@ -64,6 +64,19 @@ class Device {
     return absl::OkStatus();
   }
 
+  // What this device's kernels need of memory a layer's caller passes, beyond the engine's own
+  // shape checks: the KV cache's base address and row stride (bytes), and the layer output's
+  // address. DcpEngine::Run checks it before it enqueues anything (the cache write comes first,
+  // and a kernel refusing later would leave the new rows written). CPU ranks need nothing.
+  virtual absl::Status CheckLayerMemory(const void* cache_data, int64_t cache_row_bytes,
+                                        const void* out, DType out_dtype) const {
+    (void)cache_data;
+    (void)cache_row_bytes;
+    (void)out;
+    (void)out_dtype;
+    return absl::OkStatus();
+  }
+
   // Makes attention.prefill_backend `name` this device's DenseMha implementation for these
   // head sizes (num_heads: per rank): OK when it runs here, else the reason. "none" is OK and
   // changes nothing; "auto" and "native" mean DenseMhaSupport here; other names are known only

@@ -291,6 +291,14 @@ absl::Status DcpEngine::CheckRunArguments(const LayerWeightsView& weights,
                 "the step was planned %s a top-k but the layer has %s",
                 topk_width_ > 0 ? "with" : "without", tensors.topk ? "one" : "none");
   if (!any_tokens) return absl::OkStatus();
+  {
+    const size_t element = dtype_size(device_.storage_dtype());
+    DCP_RETURN_IF_ERROR(device_.CheckLayerMemory(cache.data,
+                                                 cache.format == KvCacheDType::kFp8DsMla
+                                                     ? cache.row_stride
+                                                     : cache.row_stride * int64_t(element),
+                                                 tensors.out, tensors.out_dtype));
+  }
   // What Run writes (out, lse, the cache rows) must not overlap what it reads or another write:
   // out written over kv_new would feed the decodes' outputs to the prefills' attention.
   struct Extent {

@@ -30,7 +30,8 @@
 // reads as context or that another new token writes, ranks that differ in the batch or the top-k
 // width, ranks created with different options: SettingsFingerprint, config.h) come back on
 // every rank. Run checks its arguments on the host (dtypes, the cache
-// against the plan, outputs that overlap its inputs or the cache) and returns InvalidArgument
+// against the plan, the alignment the device's kernels need of the cache and a BF16 out, outputs
+// that overlap its inputs or the cache) and returns InvalidArgument
 // before enqueueing anything, this rank's cache untouched. Run takes no host collective, so such
 // an error is this rank's alone: a caller that passes one rank a different cache view than the
 // others gets InvalidArgument there while its peers, whose caches are already written, wait in

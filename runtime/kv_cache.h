@@ -29,7 +29,9 @@ namespace dcp {
 //   kFp8DsMla: slot s is the 656-byte fp8_ds_mla row at data + s * row_stride BYTES; row_stride
 //              must be 656 (fp8_ds_mla::kRowBytes) and the data 16-byte aligned on CUDA ranks.
 //              The engine writes new tokens quantized and reads rows dequantized to dtype.
-// In both formats dtype is the rank's storage dtype (Device::storage_dtype).
+// In both formats dtype is the rank's storage dtype (Device::storage_dtype). On CUDA ranks the
+// data is 16-byte aligned and rows lie a multiple of 16 bytes apart (a bf16 row_stride that is a
+// multiple of 8), else Run refuses the layer before writing anything (Device::CheckLayerMemory).
 struct KvCacheView {
   void* data = nullptr;     // [num_blocks * block_size] rows, see above
   DType dtype = DType::kF32;  // the rank's storage dtype (Device::storage_dtype)

@@ -37,6 +37,12 @@
 
 namespace dcp {
 
+// CudaDevice::CheckLayerMemory's rule, without a device (tests run it on machines without a
+// GPU): the KV cache 16-byte aligned with rows a multiple of 16 bytes apart (the sparse MQA
+// kernel's 16-byte row loads), a BF16 layer output 4-byte aligned (the kernels' pair stores).
+absl::Status CheckCudaLayerMemory(const void* cache_data, int64_t cache_row_bytes, const void* out,
+                                  DType out_dtype);
+
 class CudaDevice final : public Device {
  public:
   // Binds the calling thread to GPU `ordinal` (cudaSetDevice) and creates the stream and the
@@ -53,6 +59,9 @@ class CudaDevice final : public Device {
   DType storage_dtype() const override { return DType::kBF16; }
   // The native DenseMha kernel is compiled for qk 192 / v 128 and 256 / 256.
   absl::Status DenseMhaSupport(int qk_dim, int v_dim) const override;
+  // CheckCudaLayerMemory.
+  absl::Status CheckLayerMemory(const void* cache_data, int64_t cache_row_bytes, const void* out,
+                                DType out_dtype) const override;
   // "native", "cudnn" (loads cuDNN; error when absent or the sizes are unsupported) or "auto"
   // (cudnn where it loads and supports the sizes, chosen per shape against native; else
   // native).

@@ -32,6 +32,22 @@ absl::Status CudaDevice::DenseMhaSupport(int qk_dim, int v_dim) const {
                    qk_dim, v_dim);
 }
 
+absl::Status CheckCudaLayerMemory(const void* cache_data, int64_t cache_row_bytes, const void* out,
+                                  DType out_dtype) {
+  DCP_CHECK_ARG(reinterpret_cast<uintptr_t>(cache_data) % 16 == 0 && cache_row_bytes % 16 == 0,
+                "the KV cache must be 16-byte aligned with rows a multiple of 16 bytes apart on "
+                "CUDA ranks (data %p, row stride %d bytes)",
+                cache_data, cache_row_bytes);
+  DCP_CHECK_ARG(out_dtype != DType::kBF16 || reinterpret_cast<uintptr_t>(out) % 4 == 0,
+                "a BF16 layer output must be 4-byte aligned on CUDA ranks (out %p)", out);
+  return absl::OkStatus();
+}
+
+absl::Status CudaDevice::CheckLayerMemory(const void* cache_data, int64_t cache_row_bytes,
+                                          const void* out, DType out_dtype) const {
+  return CheckCudaLayerMemory(cache_data, cache_row_bytes, out, out_dtype);
+}
+
 absl::Status CudaDevice::SelectPrefillBackend(const std::string& name, int num_heads, int qk_dim,
                                               int v_dim) {
   DCP_RETURN_IF_ERROR(Activate());

@@ -49,6 +49,29 @@ class CudaDeviceTest : public GpuTest {
   std::unique_ptr<CudaDevice> device_;
 };
 
+// The memory rule DcpEngine::Run checks on CUDA ranks before it writes the cache (no GPU
+// needed): each refusal names what is wrong; what the kernels take passes.
+TEST(CudaLayerMemoryTest, MisalignedCacheOrBf16OutputIsRefused) {
+  alignas(16) static char memory[64];
+  void* aligned = memory;
+  EXPECT_TRUE(CheckCudaLayerMemory(aligned, 1152, aligned, DType::kBF16).ok());
+  EXPECT_TRUE(CheckCudaLayerMemory(aligned, 656, memory + 1, DType::kF32).ok());
+  const auto message = [](absl::Status status) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    return std::string(status.message());
+  };
+  EXPECT_NE(message(CheckCudaLayerMemory(memory + 8, 1152, aligned, DType::kBF16))
+                .find("KV cache must be 16-byte aligned"),
+            std::string::npos);
+  // A bf16 row stride of 580 elements: 1160 bytes.
+  EXPECT_NE(message(CheckCudaLayerMemory(aligned, 1160, aligned, DType::kBF16))
+                .find("row stride 1160 bytes"),
+            std::string::npos);
+  EXPECT_NE(message(CheckCudaLayerMemory(aligned, 1152, memory + 2, DType::kBF16))
+                .find("BF16 layer output must be 4-byte aligned"),
+            std::string::npos);
+}
+
 TEST_F(CudaDeviceTest, Identity) {
   EXPECT_EQ(device_->name(), "cuda:0");
   EXPECT_EQ(device_->memory_space(), MemorySpace::kDevice);

@@ -1,6 +1,7 @@
 // A decode step of DcpEngine captured in a CUDA graph and replayed equals the eager run, bit
 // for bit: one rank, one GPU, NCCL world of one in stream order (the engine's own path on the
-// caller's stream); then a second step with new inputs, replayed again, equals its eager run.
+// caller's stream); then a second step with new inputs, replayed again, equals its eager run;
+// then memory the kernels cannot take is refused before anything is written.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -141,6 +142,41 @@ TEST_F(EngineGraphTest, CapturedDecodeStepReplaysEqualToEager) {
 
   DCP_ASSERT_CUDA(cudaGraphExecDestroy(exec));
   DCP_ASSERT_CUDA(cudaGraphDestroy(graph));
+
+  // Memory the kernels cannot take (a cache off its 16-byte alignment, a bf16 row stride that
+  // is not a multiple of 8, a BF16 out off its 4-byte alignment) is refused before Run writes
+  // anything: the step's new rows (fresh values, so a write would show) are not in the cache.
+  ASSERT_EQ(to_device(kv_b, random(t * kWidth), {t, kWidth}), kv_new);
+  const size_t cache_bytes = size_t(kBlocks) * kBlock * kWidth * 2;
+  std::vector<char> cache_before(cache_bytes), cache_after(cache_bytes);
+  DCP_ASSERT_CUDA(cudaMemcpy(cache_before.data(), cache, cache_bytes, cudaMemcpyDefault));
+  KvCacheView shifted = cache_view;
+  shifted.data = static_cast<char*>(cache) + 8;
+  KvCacheView wide = cache_view;
+  wide.row_stride = kWidth + 4;  // (its blocks would run past the allocation: never read)
+  LayerTensors bf16_out = tensors;
+  bf16_out.out = static_cast<char*>(*out_d) + 2;
+  bf16_out.out_dtype = DType::kBF16;
+  const struct {
+    KvCacheView cache;
+    LayerTensors tensors;
+    const char* named;
+  } refused[] = {{shifted, tensors, "16-byte aligned"},
+                 {wide, tensors, "row stride 1160 bytes"},
+                 {cache_view, bf16_out, "4-byte aligned"}};
+  for (const auto& c : refused) {
+    const absl::Status status = (*engine)->Run(weights, c.cache, c.tensors, stream);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find(c.named), std::string::npos) << status;
+  }
+  DCP_ASSERT_CUDA(cudaStreamSynchronize(stream));
+  DCP_ASSERT_CUDA(cudaMemcpy(cache_after.data(), cache, cache_bytes, cudaMemcpyDefault));
+  EXPECT_EQ(0, std::memcmp(cache_before.data(), cache_after.data(), cache_bytes));
+  // The same step then runs (the plan stands) and writes them.
+  ASSERT_TRUE((*engine)->Run(weights, cache_view, tensors, stream).ok());
+  DCP_ASSERT_CUDA(cudaStreamSynchronize(stream));
+  DCP_ASSERT_CUDA(cudaMemcpy(cache_after.data(), cache, cache_bytes, cudaMemcpyDefault));
+  EXPECT_NE(0, std::memcmp(cache_before.data(), cache_after.data(), cache_bytes));
   comm->reset();
   engine->reset();
   DCP_ASSERT_CUDA(cudaStreamDestroy(stream));
