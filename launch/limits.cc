@@ -85,8 +85,10 @@ MemoryEstimate EstimateRankMemory(const RunConfig& config,
 
   // The worker's own formulas (runtime/worker.cc): N full sequences of KV unless configured.
   const KvLayout layout{world, config.dcp.interleave};
-  const auto cache_bytes = [&](const KvLayout& l, int64_t element_bytes) {
-    int64_t blocks = s.num_kv_blocks;
+  // pools: how many ranks' configured pools the cache holds (the --check reference's world of
+  // one holds all W: launch/check.cc, Reference::Create).
+  const auto cache_bytes = [&](const KvLayout& l, int64_t element_bytes, int64_t pools = 1) {
+    int64_t blocks = s.num_kv_blocks * pools;
     if (blocks == 0) {
       blocks = (l.local_length(s.max_model_len, 0) + s.block_size - 1) / s.block_size *
                int64_t(s.max_num_seqs);
@@ -130,9 +132,9 @@ MemoryEstimate EstimateRankMemory(const RunConfig& config,
     e.results = largest_results + problem_bytes;
     if (config.run.check) {
       // A world-of-one context on the CPU: the whole KV cache in F32, plus the whole batch.
-      e.reference = cache_bytes(KvLayout{1, config.dcp.interleave}, 4) + largest_whole +
-                    2 * int64_t(m.num_heads) * m.kv_lora_rank *
-                        (m.qk_nope_head_dim + m.v_head_dim) * 4;
+      e.reference =
+          cache_bytes(KvLayout{1, config.dcp.interleave}, 4, world) + largest_whole +
+          2 * int64_t(m.num_heads) * m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim) * 4;
     }
   }
   return e;

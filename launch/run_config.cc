@@ -1,6 +1,7 @@
 #include "launch/run_config.h"
 
 #include <charconv>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
@@ -90,6 +91,24 @@ absl::StatusOr<T> Scalar(const YAML::Node& node, std::string_view where, std::st
       return DCP_ERROR(InvalidArgument, "%s must be %s, got '%s'", where, type, node.Scalar());
     }
     return static_cast<T>(*value);
+  } else if constexpr (std::is_same_v<T, float>) {
+    // Read as a double, then narrowed only where a float holds it: 1e-50 would become 0 (for
+    // softmax_scale, "the default") and 1e39 infinity.
+    double value = 0;
+    try {
+      value = node.as<double>();
+    } catch (const YAML::Exception&) {
+      return DCP_ERROR(InvalidArgument, "%s must be %s, got '%s'", where, type, node.Scalar());
+    }
+    const double magnitude = std::fabs(value);
+    if (std::isfinite(value) && magnitude != 0 &&
+        (magnitude > std::numeric_limits<float>::max() ||
+         magnitude < std::numeric_limits<float>::min())) {
+      return DCP_ERROR(InvalidArgument, "%s = '%s' is outside a float's range (%g to %g)", where,
+                       node.Scalar(), std::numeric_limits<float>::min(),
+                       std::numeric_limits<float>::max());
+    }
+    return static_cast<float>(value);
   } else {
     try {
       return node.as<T>();

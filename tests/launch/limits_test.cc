@@ -91,5 +91,24 @@ TEST(LimitsTest, MemoryEstimateRefusesWhatTheMachineCannotHold) {
   EXPECT_GT(AvailableHostMemory(), 0);
 }
 
+// The --check reference is a world of one holding every rank's KV pool (Reference::Create
+// multiplies num_kv_blocks by W): its estimate grows with W where the pool is given per rank,
+// and stays where the formula sizes it for whole sequences.
+TEST(LimitsTest, TheCheckReferenceHoldsEveryRanksPool) {
+  const auto reference = [](int world, int64_t blocks) {
+    RunConfig config = Small();
+    config.dcp.world_size = world;
+    config.run.check = true;
+    config.scheduler.num_kv_blocks = blocks;
+    return EstimateRankMemory(config, {{{64, 64}}}, 0).reference;
+  };
+  const RunConfig config = Small();
+  const int64_t pool =
+      int64_t{1000} * config.scheduler.block_size * config.model.latent_width() * 4;
+  EXPECT_EQ(reference(2, 1000) - reference(1, 1000), pool);
+  EXPECT_EQ(reference(4, 1000) - reference(1, 1000), 3 * pool);
+  EXPECT_EQ(reference(4, 0), reference(1, 0));
+}
+
 }  // namespace
 }  // namespace dcp::launch

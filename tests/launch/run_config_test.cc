@@ -143,6 +143,13 @@ TEST_F(RunConfigTest, BadValuesAreErrors) {
   EXPECT_NE(ErrorOf("model: [1, 2]\n").find("must be a map"), std::string::npos);
   EXPECT_NE(ErrorOf("model: {num_heads: 4\n").find("not valid YAML"), std::string::npos);
   EXPECT_NE(ErrorOf("- a\n- b\n").find("map of sections"), std::string::npos);
+  // A float past a float's range is refused, not rounded to 0 (softmax_scale's "default") or
+  // to infinity.
+  EXPECT_NE(ErrorOf("model: {softmax_scale: 1e-50}\n")
+                .find("model.softmax_scale = '1e-50' is outside a float's range"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("model: {softmax_scale: 1e39}\n").find("outside a float's range"),
+            std::string::npos);
 }
 
 // A YAML list item may itself list batches (',' between them, '_' joining terms).
