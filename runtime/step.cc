@@ -1,5 +1,8 @@
 #include "runtime/step.h"
 
+#include <cstdint>
+#include <limits>
+
 #include "core/status.h"
 
 namespace dcp {
@@ -18,6 +21,10 @@ absl::Status CheckStepTables(absl::Span<const BatchRequest> batch, const StepTab
     DCP_CHECK_ARG(tables.data != nullptr, "the step has no block tables");
     DCP_CHECK_ARG(tables.num_blocks >= 1, "block tables over a cache of %d blocks",
                   tables.num_blocks);
+    // Slots are int32 from here on (the plan's write slots, the kernels' slot lists).
+    DCP_CHECK_ARG(tables.num_blocks <= std::numeric_limits<int32_t>::max() / tables.block_size,
+                  "block tables over %d blocks of %d rows exceed the int32 slot range",
+                  tables.num_blocks, tables.block_size);
     DCP_CHECK_ARG(needed <= tables.stride,
                   "request id %d needs %d blocks on rank %d for seq_len %d, but the block table "
                   "rows hold %d",

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -14,6 +15,27 @@
 
 namespace dcp {
 namespace {
+
+// What CheckStepTables asks of a step's tables: none where this rank holds no row of the step
+// (empty tables, data null, at W > 1), slots in int32 range, block ids inside the cache.
+TEST(CheckStepTablesTest, EmptyTablesWhereNoRowIsHeldAndSlotsInInt32) {
+  const KvLayout layout{2, 16};
+  const std::vector<BatchRequest> batch = {{1, 5, 1}};  // positions 0-4: all on rank 0
+  EXPECT_TRUE(CheckStepTables(batch, {nullptr, 0, 8, 16}, layout, 1).ok());
+  const absl::Status rank0 = CheckStepTables(batch, {nullptr, 0, 8, 16}, layout, 0);
+  EXPECT_NE(rank0.message().find("the step has no block tables"), std::string::npos) << rank0;
+  const int32_t row[1] = {3};
+  EXPECT_TRUE(CheckStepTables(batch, {row, 1, 8, 16}, layout, 0).ok());
+  const int64_t too_many = int64_t{1} << 27;  // x 16 rows = 2^31 slots
+  const absl::Status wide = CheckStepTables(batch, {row, 1, too_many, 16}, layout, 0);
+  EXPECT_NE(wide.message().find("exceed the int32 slot range"), std::string::npos) << wide;
+  EXPECT_TRUE(CheckStepTables(batch, {row, 1, too_many - 1, 16}, layout, 0).ok());
+  const int32_t outside[1] = {8};
+  const absl::Status bad = CheckStepTables(batch, {outside, 1, 8, 16}, layout, 0);
+  EXPECT_NE(bad.message().find("block table entry 0 is 8, outside the cache's 8 blocks"),
+            std::string::npos)
+      << bad;
+}
 
 TEST(TokenSlotWalkerTest, MatchesBruteForceDealing) {
   std::mt19937_64 rng(testing::UnitTest::GetInstance()->random_seed() + 7);
