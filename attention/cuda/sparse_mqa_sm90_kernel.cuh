@@ -80,8 +80,8 @@ inline constexpr bool kSm90NoGather = true;
 inline constexpr bool kSm90NoGather = false;
 #endif
 // A measurement build only (-DDCP_SPARSE_MQA_NO_O_STORE, stage ab): the fp32 and bf16
-// epilogues skip the O rows' stores (the LSE is still written; results are wrong), so the
-// kernel's time is what it would be with the output's writes gone entirely: the most any change
+// epilogues skip the O rows' stores at run time (the LSE is still written; results are wrong),
+// so the kernel's time is what it would be with the output's writes gone: the most any change
 // to the O store could save.
 #if defined(DCP_SPARSE_MQA_NO_O_STORE)
 inline constexpr bool kSm90NoOStore = true;
@@ -610,11 +610,9 @@ __global__ void __launch_bounds__(384, 1)
     // one-token decode, docs/sparse_mqa_sm90.md): staging O in shared memory and storing it
     // with bulk copies, or with 16-byte stores of 512 contiguous bytes a warp, measured the same;
     // bf16 split partials written from the fragment (half the bytes, half-sector writes) took
-    // longer (4.3 us). With every CTA storing (docs/PERFORMANCE.md, 2026-12-05, last): a build
-    // without these stores is 26% faster at 1024 x 128 x 512 and 13 us faster a 64-token
-    // launch on the H200, bf16 rows saving as much as fp32; staged 16-byte rows (19b9213), an
-    // evict-first L2 policy on them, and each CTA starting at its own row all measured within the
-    // spread. What the stores cost is not their bytes, their requests or L2 pollution: not found.
+    // longer (4.3 us). With every CTA storing (docs/PERFORMANCE.md, 2026-12-05, last): staged
+    // 16-byte rows (commit 19b9213), an evict-first L2 policy on them, and each CTA starting at
+    // its own row all measured within the spread of the direct store.
     // Sm90Epilogue::kBf16 (SparseMqaParams::out_bf16, one split): bf16 pairs instead.
     constexpr bool kToBf16 = kEpilogue == Sm90Epilogue::kBf16;
     const bool pairs_ok = (work.out_head_stride % 2 == 0) &&
@@ -627,7 +625,12 @@ __global__ void __launch_bounds__(384, 1)
       const float total = kRoles ? roles_total[r] : s_sum[row] + s_sum[64 + row];
       const float inverse = Sm90RowInverse(total);
       const int64_t at = int64_t(row) * work.out_head_stride + wg * 256 + 2 * c;
-      if constexpr (kSm90NoOStore) {
+      // The measurement build skips the stores at run time, on a kernel parameter (always true
+      // when it runs): skipped at compile time, ptxas deletes the P V wgmmas whose sums nothing
+      // reads (all 8 m64n256 of them), and the build times a kernel without its P V. (An
+      // Opaque() constant does not hide it: ptxas sees through the mov.)
+      const bool skip_store = kSm90NoOStore && p.num_heads > 0;
+      if (skip_store) {
       } else if constexpr (kToBf16) {
         __nv_bfloat16* out = out_bf16 + at;
 #pragma unroll
