@@ -299,8 +299,9 @@ absl::Status DcpEngine::CheckRunArguments(const LayerWeightsView& weights,
                                                      : cache.row_stride * int64_t(element),
                                                  tensors.out, tensors.out_dtype));
   }
-  // What Run writes (out, lse, the cache rows) must not overlap what it reads or another write:
-  // out written over kv_new would feed the decodes' outputs to the prefills' attention.
+  // What Run writes (out, lse, the cache rows) must not overlap what it reads (the layer's
+  // inputs and weights) or another write: out written over kv_new would feed the decodes'
+  // outputs to the prefills' attention, over w_uv the next layer's projection.
   struct Extent {
     const char* name;
     uintptr_t begin = 0, end = 0;
@@ -319,6 +320,10 @@ absl::Status DcpEngine::CheckRunArguments(const LayerWeightsView& weights,
       extent("q_rope", tensors.q_rope, t * heads_ * m.qk_rope_head_dim * element),
       extent("kv_new", tensors.kv_new, t * width * element),
       extent("topk", tensors.topk, t * topk_width_ * 4),
+      extent("w_uk", weights.w_uk, int64_t{heads_} * m.qk_nope_head_dim * m.kv_lora_rank * element),
+      extent("w_uv", weights.w_uv, int64_t{heads_} * m.kv_lora_rank * m.v_head_dim * element),
+      extent("w_kv_b", weights.w_kv_b,
+             int64_t{heads_} * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank * element),
   };
   const Extent writes[] = {
       extent("out", tensors.out, t * heads_ * m.v_head_dim * dtype_size(tensors.out_dtype)),

@@ -1212,6 +1212,9 @@ TEST_F(WorkerTest, EngineRunRefusesAliasedOutputs) {
   EXPECT_NE(status.message().find("out overlaps"), std::string::npos) << status;
   status = run(out.data(), q_rope.data());
   EXPECT_NE(status.message().find("lse overlaps q_rope"), std::string::npos) << status;
+  // The weights are read too: an out over w_uv (this test passes one buffer as both).
+  status = run(weights.data() + 3, lse.data());
+  EXPECT_NE(status.message().find("out overlaps w_uk"), std::string::npos) << status;
   for (float v : cache) ASSERT_EQ(v, sentinel) << "the cache was written";
 }
 
