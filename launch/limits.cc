@@ -100,7 +100,8 @@ MemoryEstimate EstimateRankMemory(const RunConfig& config,
                                                config.attention.index_topk, world,
                                                config.dcp.interleave, int(width),
                                                config.workspace_rows});
-  if (workspace.ok()) {
+  // None without a dense route (prefill_backend none: the engine allocates no workspace).
+  if (workspace.ok() && config.attention.prefill_backend != "none") {
     // The workspace, the reorganized rows and the up-projected K/V of one chunk.
     e.workspace = workspace->total_rows * width * element +
                   workspace->rows_per_chunk *

@@ -91,6 +91,15 @@ TEST(LimitsTest, MemoryEstimateRefusesWhatTheMachineCannotHold) {
   EXPECT_GT(AvailableHostMemory(), 0);
 }
 
+// Without a dense route (prefill_backend none) the engine allocates no workspace: the estimate
+// counts none.
+TEST(LimitsTest, NoWorkspaceWithoutADenseRoute) {
+  RunConfig config = Small();
+  EXPECT_GT(EstimateRankMemory(config, {{{64, 64}}}, 0).workspace, 0);
+  config.attention.prefill_backend = "none";
+  EXPECT_EQ(EstimateRankMemory(config, {{{64, 64}}}, 0).workspace, 0);
+}
+
 // The --check reference is a world of one holding every rank's KV pool (Reference::Create
 // multiplies num_kv_blocks by W): its estimate grows with W where the pool is given per rank,
 // and stays where the formula sizes it for whole sequences.
