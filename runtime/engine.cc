@@ -242,7 +242,12 @@ absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTab
   // plan's check with the preparation (ExchangePlan).
   PlannerConfig config = planner_;
   config.topk_width = topk_width;
-  DCP_RETURN_IF_ERROR(ExchangePlan(comm_, batch, config, local, prepare, damage).status());
+  const absl::Status exchanged =
+      ExchangePlan(comm_, batch, config, local, prepare, damage).status();
+  if (!exchanged.ok()) {
+    plan_ = dcp::Plan{};  // plan() describes no step until a Plan succeeds
+    return exchanged;
+  }
   topk_width_ = topk_width;
   min_cache_blocks_ = tables.num_blocks;
   planned_ = true;

@@ -122,6 +122,7 @@ class DcpEngine {
   // layer's end (one wait a layer; not capturable), into last_stats(); off by default.
   void set_collect_stats(bool on) { collect_stats_ = on; }
   const ForwardStats& last_stats() const { return stats_; }
+  // The step of the last successful Plan; empty (no requests) after a failed one.
   const dcp::Plan& plan() const { return plan_; }
   bool dense_mha_available() const { return planner_.dense_mha_available; }
   const PlannerConfig& planner() const { return planner_; }

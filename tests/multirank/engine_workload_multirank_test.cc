@@ -440,6 +440,7 @@ void EngineWorkloadTest::RunWorkload(uint64_t seed, int steps, bool through_cont
       const absl::Status refused = engine->Plan(sb.batch, bad_tables, sb.give_topk ? K : 0);
       EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
       EXPECT_NE(refused.message().find(named), std::string::npos) << refused;
+      EXPECT_TRUE(engine->plan().requests.empty()) << "a refused step left a plan";
       const absl::Status unplanned = engine->Run({weights_uk[0], weights_uv[0]}, cache_view(0), {});
       EXPECT_NE(unplanned.message().find("before a successful Plan"), std::string::npos)
           << unplanned;
