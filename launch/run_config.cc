@@ -80,12 +80,42 @@ std::optional<int64_t> ParseYamlInteger(std::string_view text) {
   return negative ? int64_t(0 - magnitude) : int64_t(magnitude);
 }
 
+// The same spellings without a sign (or with '+'), up to 2^64 - 1: the unsigned fields (the
+// seed, which --seed takes in full).
+std::optional<uint64_t> ParseYamlUnsigned(std::string_view text) {
+  int base = 10;
+  if (text.starts_with("0o")) {
+    base = 8, text.remove_prefix(2);
+  } else if (text.starts_with("0x")) {
+    base = 16, text.remove_prefix(2);
+  } else if (text.starts_with("+")) {
+    text.remove_prefix(1);
+  }
+  if (text.empty()) return std::nullopt;
+  uint64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value, base);
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
 template <typename T>
 absl::StatusOr<T> Scalar(const YAML::Node& node, std::string_view where, std::string_view type) {
   if (!node.IsScalar()) {
     return DCP_ERROR(InvalidArgument, "%s must be %s", where, type);
   }
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+  if constexpr (std::is_same_v<T, bool>) {
+    // YAML 1.2's core schema: yaml-cpp (YAML 1.1) also reads y, yes, on, n, no, off.
+    const std::string& text = node.Scalar();
+    if (text == "true" || text == "True" || text == "TRUE") return true;
+    if (text == "false" || text == "False" || text == "FALSE") return false;
+    return DCP_ERROR(InvalidArgument, "%s must be %s, got '%s'", where, type, text);
+  } else if constexpr (std::is_same_v<T, uint64_t>) {
+    const std::optional<uint64_t> value = ParseYamlUnsigned(node.Scalar());
+    if (!value.has_value()) {
+      return DCP_ERROR(InvalidArgument, "%s must be %s, got '%s'", where, type, node.Scalar());
+    }
+    return *value;
+  } else if constexpr (std::is_integral_v<T>) {
     const std::optional<int64_t> value = ParseYamlInteger(node.Scalar());
     if (!value.has_value() || !std::in_range<T>(*value)) {
       return DCP_ERROR(InvalidArgument, "%s must be %s, got '%s'", where, type, node.Scalar());

@@ -262,6 +262,27 @@ TEST_F(RunConfigTest, IntegersAreYaml12) {
   }
   absl::StatusOr<RunConfig> negative = Configure("run: {seed: -1}\n", {"--batch=q4"});
   EXPECT_FALSE(negative.ok()) << "a negative seed";
+  // The seed is unsigned 64-bit, as --seed takes it: 2^64 - 1 reads, 2^64 does not.
+  absl::StatusOr<RunConfig> largest =
+      Configure("run: {seed: 18446744073709551615}\n", {"--batch=q4"});
+  ASSERT_TRUE(largest.ok()) << largest.status();
+  EXPECT_EQ(largest->run.seed, 18446744073709551615u);
+  EXPECT_NE(ErrorOf("run: {seed: 18446744073709551616}\n", {"--batch=q4"})
+                .find("run.seed must be a non-negative integer"),
+            std::string::npos);
+  // Booleans are YAML 1.2's too: true / false (and their capitalised forms), not yes / on.
+  for (const char* text : {"true", "True", "TRUE"}) {
+    absl::StatusOr<RunConfig> config =
+        Configure(std::string("run: {json: ") + text + "}\n", {"--batch=q4"});
+    ASSERT_TRUE(config.ok()) << text << ": " << config.status();
+    EXPECT_TRUE(config->run.json) << text;
+  }
+  for (const char* text : {"yes", "on", "y", "no", "off", "1"}) {
+    EXPECT_NE(ErrorOf(std::string("run: {json: ") + text + "}\n", {"--batch=q4"})
+                  .find("run.json must be true or false"),
+              std::string::npos)
+        << text;
+  }
 }
 
 // A file of several documents: every one is parsed, and more than one is an error (the reader
