@@ -355,6 +355,19 @@ absl::Status Job::FitConfig() {
   const int world = process_.world_size;
   if (header_.has_value()) {
     DCP_RETURN_IF_ERROR(CheckModelAgainstProblem(header_->model));
+    // So does the top-k width: the file's index_topk metadata, else its topk_indices' width
+    // (FORMATS.md); a stated one that disagrees is refused like a dimension.
+    const bool topk_flag = command_line_.given.contains("index_topk");
+    if ((topk_flag || config_.is_explicit("attention.index_topk")) &&
+        config_.attention.index_topk != header_->index_topk) {
+      return DCP_ERROR(InvalidArgument,
+                       "%s disagrees with the problem file, whose index_topk is %d (its "
+                       "index_topk metadata, else the width of topk_indices)",
+                       topk_flag ? absl::StrFormat("--index-topk %d", config_.attention.index_topk)
+                                 : absl::StrFormat("attention.index_topk %d (config)",
+                                                   config_.attention.index_topk),
+                       header_->index_topk);
+    }
     config_.model = header_->model;
     config_.attention.index_topk = header_->index_topk;
     // The dense route attends to every causal key of a prefill, which is what the file's top-k
