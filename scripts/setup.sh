@@ -38,6 +38,43 @@ PY
   fi
 fi
 
+# cuobjdump and nvdisasm (the SASS of the sm_90a kernels, read by the sass_* tests without a
+# GPU; the CUDA toolkit of the CI machine has nvcc and ptxas but not these): the binaries of
+# their pinned PyPI wheels into .deps/cuda_sass/bin.
+cuda_sass_version=13.5.37
+cuda_sass_dir=.deps/cuda_sass
+if [ "$(cat "$cuda_sass_dir/VERSION" 2>/dev/null)" != "$cuda_sass_version" ]; then
+  if command -v python3 >/dev/null && python3 -m pip --version >/dev/null 2>&1; then
+    wheel_dir=$(mktemp -d)
+    if python3 -m pip download --quiet --timeout 20 --retries 1 --no-deps --only-binary=:all: \
+        "nvidia-cuda-cuobjdump==$cuda_sass_version" "nvidia-cuda-nvdisasm==$cuda_sass_version" \
+        -d "$wheel_dir"; then
+      rm -rf "$cuda_sass_dir"
+      mkdir -p "$cuda_sass_dir/bin"
+      python3 - "$wheel_dir" "$cuda_sass_dir/bin" <<'PY'
+import glob, os, sys, zipfile
+for wheel in glob.glob(sys.argv[1] + "/*.whl"):
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            base = os.path.basename(name)
+            if "/bin/" in name and base in ("cuobjdump", "nvdisasm"):
+                target = os.path.join(sys.argv[2], base)
+                with archive.open(name) as source, open(target, "wb") as out:
+                    out.write(source.read())
+                os.chmod(target, 0o755)
+PY
+      echo "$cuda_sass_version" > "$cuda_sass_dir/VERSION"
+      echo "setup: cuobjdump and nvdisasm $cuda_sass_version in $cuda_sass_dir/bin"
+    else
+      echo "setup: could not download cuobjdump / nvdisasm $cuda_sass_version;" \
+           "the sass_* tests will say so" >&2
+    fi
+    rm -rf "$wheel_dir"
+  else
+    echo "setup: no python3 -m pip; cuobjdump / nvdisasm not installed" >&2
+  fi
+fi
+
 packages=(
   build-essential cmake ninja-build pkg-config
   openmpi-bin libopenmpi-dev libucx-dev ucx-utils
