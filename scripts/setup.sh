@@ -7,73 +7,57 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# cuDNN frontend (C++ graph API, header-only) for prefill_backend: cudnn. CMake finds it in
-# .deps/cudnn_frontend/include (cache variable DCP_CUDNN_FRONTEND_INCLUDE_DIR).
-cudnn_frontend_version=1.32.0
-cudnn_frontend_dir=.deps/cudnn_frontend
-if [ "$(cat "$cudnn_frontend_dir/VERSION" 2>/dev/null)" != "$cudnn_frontend_version" ]; then
-  if command -v python3 >/dev/null && python3 -m pip --version >/dev/null 2>&1; then
-    wheel_dir=$(mktemp -d)
-    if python3 -m pip download --quiet --timeout 20 --retries 1 --no-deps --only-binary=:all: \
-        "nvidia-cudnn-frontend==$cudnn_frontend_version" -d "$wheel_dir"; then
-      rm -rf "$cudnn_frontend_dir"
-      mkdir -p "$cudnn_frontend_dir"
-      python3 - "$wheel_dir" "$cudnn_frontend_dir" <<'PY'
-import glob, sys, zipfile
-wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
-with zipfile.ZipFile(wheel) as archive:
-    for name in archive.namelist():
-        if name.startswith("include/") and not name.endswith("/"):
-            archive.extract(name, sys.argv[2])
-PY
-      echo "$cudnn_frontend_version" > "$cudnn_frontend_dir/VERSION"
-      echo "setup: cuDNN frontend $cudnn_frontend_version headers in $cudnn_frontend_dir"
-    else
-      echo "setup: could not download nvidia-cudnn-frontend $cudnn_frontend_version;" \
-           "prefill_backend cudnn will be off" >&2
-    fi
-    rm -rf "$wheel_dir"
-  else
-    echo "setup: no python3 -m pip; cuDNN frontend headers not installed" >&2
+# Files of pinned PyPI wheels into .deps/<dir> (skipped when that version is there):
+#   pinned_wheels DIR VERSION WHAT KIND SPEC...
+# KIND include: the wheels' include/ trees into DIR/include; bin: their bin/ executables
+# (cuobjdump, nvdisasm) into DIR/bin. WHAT: what is off without them, for the message.
+pinned_wheels() {
+  local dir=$1 version=$2 what=$3 kind=$4
+  shift 4
+  [ "$(cat "$dir/VERSION" 2>/dev/null)" = "$version" ] && return 0
+  if ! command -v python3 >/dev/null || ! python3 -m pip --version >/dev/null 2>&1; then
+    echo "setup: no python3 -m pip; $* not installed ($what)" >&2
+    return 0
   fi
-fi
-
-# cuobjdump and nvdisasm (the SASS of the sm_90a kernels, read by the sass_* tests without a
-# GPU; the CUDA toolkit of the CI machine has nvcc and ptxas but not these): the binaries of
-# their pinned PyPI wheels into .deps/cuda_sass/bin.
-cuda_sass_version=13.5.37
-cuda_sass_dir=.deps/cuda_sass
-if [ "$(cat "$cuda_sass_dir/VERSION" 2>/dev/null)" != "$cuda_sass_version" ]; then
-  if command -v python3 >/dev/null && python3 -m pip --version >/dev/null 2>&1; then
-    wheel_dir=$(mktemp -d)
-    if python3 -m pip download --quiet --timeout 20 --retries 1 --no-deps --only-binary=:all: \
-        "nvidia-cuda-cuobjdump==$cuda_sass_version" "nvidia-cuda-nvdisasm==$cuda_sass_version" \
-        -d "$wheel_dir"; then
-      rm -rf "$cuda_sass_dir"
-      mkdir -p "$cuda_sass_dir/bin"
-      python3 - "$wheel_dir" "$cuda_sass_dir/bin" <<'PY'
+  local wheel_dir
+  wheel_dir=$(mktemp -d)
+  if python3 -m pip download --quiet --timeout 20 --retries 1 --no-deps --only-binary=:all: \
+      "$@" -d "$wheel_dir"; then
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    python3 - "$wheel_dir" "$dir" "$kind" <<'PY'
 import glob, os, sys, zipfile
-for wheel in glob.glob(sys.argv[1] + "/*.whl"):
+wheels, target, kind = sys.argv[1], sys.argv[2], sys.argv[3]
+for wheel in glob.glob(wheels + "/*.whl"):
     with zipfile.ZipFile(wheel) as archive:
         for name in archive.namelist():
-            base = os.path.basename(name)
-            if "/bin/" in name and base in ("cuobjdump", "nvdisasm"):
-                target = os.path.join(sys.argv[2], base)
-                with archive.open(name) as source, open(target, "wb") as out:
+            if name.endswith("/"):
+                continue
+            if kind == "include" and name.startswith("include/"):
+                archive.extract(name, target)
+            elif kind == "bin" and "/bin/" in name:
+                os.makedirs(os.path.join(target, "bin"), exist_ok=True)
+                path = os.path.join(target, "bin", os.path.basename(name))
+                with archive.open(name) as source, open(path, "wb") as out:
                     out.write(source.read())
-                os.chmod(target, 0o755)
+                os.chmod(path, 0o755)
 PY
-      echo "$cuda_sass_version" > "$cuda_sass_dir/VERSION"
-      echo "setup: cuobjdump and nvdisasm $cuda_sass_version in $cuda_sass_dir/bin"
-    else
-      echo "setup: could not download cuobjdump / nvdisasm $cuda_sass_version;" \
-           "the sass_* tests will say so" >&2
-    fi
-    rm -rf "$wheel_dir"
+    echo "$version" > "$dir/VERSION"
+    echo "setup: $* in $dir"
   else
-    echo "setup: no python3 -m pip; cuobjdump / nvdisasm not installed" >&2
+    echo "setup: could not download $*; $what" >&2
   fi
-fi
+  rm -rf "$wheel_dir"
+}
+
+# cuDNN frontend (C++ graph API, header-only) for prefill_backend: cudnn. CMake finds it in
+# .deps/cudnn_frontend/include (cache variable DCP_CUDNN_FRONTEND_INCLUDE_DIR).
+pinned_wheels .deps/cudnn_frontend 1.32.0 "prefill_backend cudnn will be off" include \
+  "nvidia-cudnn-frontend==1.32.0"
+# cuobjdump and nvdisasm (the SASS of the sm_90a kernels, read by the sass_* tests without a
+# GPU; the CUDA toolkit of the CI machine has nvcc and ptxas but not these).
+pinned_wheels .deps/cuda_sass 13.5.37 "the sass_* tests will say so" bin \
+  "nvidia-cuda-cuobjdump==13.5.37" "nvidia-cuda-nvdisasm==13.5.37"
 
 packages=(
   build-essential cmake ninja-build pkg-config
