@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "attention/attention_params.h"
 #include "core/message_hash.h"
 #include "core/status.h"
 
@@ -87,6 +88,10 @@ absl::Status SchedulerConfig::Validate() const {
 
 absl::Status AttentionConfig::Validate() const {
   DCP_CHECK_ARG(index_topk > 0, "attention.index_topk must be positive, got %d", index_topk);
+  // A step planned without a top-k selects every causal position of requests up to index_topk
+  // long: that width, too, the kernels take up to kMaxTopkWidth only.
+  DCP_CHECK_ARG(index_topk <= kMaxTopkWidth, "attention.index_topk %d is above the limit %d",
+                index_topk, kMaxTopkWidth);
   DCP_CHECK_ARG(!prefill_backend.empty(), "attention.prefill_backend must not be empty "
                 "(auto, none or a backend name)");
   DCP_RETURN_IF_ERROR(CheckKvCacheDTypeSupported(kv_cache_dtype, "attention.kv_cache_dtype"));

@@ -64,6 +64,14 @@ class Device {
     return absl::OkStatus();
   }
 
+  // Whether SparseMqa runs latent rows of head_dim (R + Dr) with v_dim (R) values here: every
+  // step's decodes take it, so an engine refuses a model it cannot run at Create.
+  virtual absl::Status SparseMqaSupport(int head_dim, int v_dim) const {
+    (void)head_dim;
+    (void)v_dim;
+    return absl::OkStatus();
+  }
+
   // What this device's kernels need of memory a layer's caller passes, beyond the engine's own
   // shape checks: the KV cache's base address and row stride (bytes), and the layer output's
   // address. DcpEngine::Run checks it before it enqueues anything (the cache write comes first,

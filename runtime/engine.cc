@@ -103,6 +103,9 @@ absl::StatusOr<std::unique_ptr<DcpEngine>> DcpEngine::Create(const DcpOptions& o
   const int width = m.latent_width();
   const KvLayout layout{options.dcp.world_size, options.dcp.interleave};
 
+  // Decodes always take the sparse route: a model its kernels cannot run is refused here, not
+  // at the first Run (after the cache write).
+  DCP_RETURN_IF_ERROR(device.SparseMqaSupport(width, m.kv_lora_rank));
   // Prefill backend and workspace.
   DCP_ASSIGN_OR_RETURN(e.planner_.dense_mha_available,
                        ResolvePrefillBackend(options.attention,

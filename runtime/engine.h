@@ -86,7 +86,8 @@ struct LayerWeightsView {
 struct LayerTensors {
   const void* q_nope = nullptr;  // [T, H/W, Dn] storage dtype
   const void* q_rope = nullptr;  // [T, H/W, Dr] storage dtype
-  const void* kv_new = nullptr;  // [T, R + Dr] storage dtype, the same on every rank
+  const void* kv_new = nullptr;  // [T, R + Dr] storage dtype, the same on every rank (CUDA
+                                 // ranks with fp8_ds_mla rows: 16-byte aligned)
   const int32_t* topk = nullptr; // [T, K] request-local positions, -1 = none; nullptr iff the
                                  // step was planned with topk_width 0 (every causal key)
   void* out = nullptr;           // [T, H/W, Dv] of out_dtype
@@ -98,6 +99,9 @@ struct LayerTensors {
 
 class DcpEngine {
  public:
+  // Refuses options the device cannot run: a prefill backend it lacks (explicitly asked for),
+  // and a model whose latent rows its sparse MQA kernels are not built for (CUDA ranks: R + Dr
+  // = 576, R = 512), since every decode takes that route.
   static absl::StatusOr<std::unique_ptr<DcpEngine>> Create(const DcpOptions& options,
                                                            Communicator& comm, Device& device);
 

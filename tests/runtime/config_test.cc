@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "attention/attention_params.h"
 #include "gtest/gtest.h"
 
 namespace dcp {
@@ -70,6 +71,10 @@ TEST(ConfigTest, ZeroSizesNameTheField) {
   AttentionConfig attention;
   attention.index_topk = 0;
   ExpectInvalid(attention.Validate(), "attention.index_topk");
+  attention.index_topk = kMaxTopkWidth;
+  EXPECT_TRUE(attention.Validate().ok());
+  attention.index_topk = kMaxTopkWidth + 1;
+  ExpectInvalid(attention.Validate(), "attention.index_topk 1048577 is above the limit 1048576");
   DcpConfig dcp;
   dcp.world_size = 0;
   ExpectInvalid(dcp.Validate(), "dcp.world_size");

@@ -2,6 +2,8 @@
 // copies, conversion (bit-exact against dtype.h's rounding), error Statuses, and the attention
 // entry points cross-checked against the CPU twins (attention/cpu) on the same bf16 inputs.
 // Ground truth for the kernels is the float64 tests of tests/attention/cuda; this is the plumbing.
+#include "runtime/cuda/cuda_device.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,10 +13,10 @@
 
 #include "attention/cpu/attention_cpu.h"
 #include "attention/topk_validation.h"
-#include "gtest/gtest.h"
-#include "runtime/cuda/cuda_device.h"
 #include "collectives/cuda/nccl_status.h"
 #include "core/cuda/cuda_status.h"
+#include "gtest/gtest.h"
+#include "runtime/config.h"
 #include "tests/common/gpu_test_util.h"
 
 namespace dcp::testing {
@@ -70,6 +72,17 @@ TEST(CudaLayerMemoryTest, MisalignedCacheOrBf16OutputIsRefused) {
   EXPECT_NE(message(CheckCudaLayerMemory(aligned, 1152, memory + 2, DType::kBF16))
                 .find("BF16 layer output must be 4-byte aligned"),
             std::string::npos);
+}
+
+// The model sizes an engine on a CUDA rank accepts at Create (no GPU needed): the sparse MQA
+// kernels' 576 / 512; the small test model (80 / 64) is refused, naming both numbers.
+TEST(CudaSparseMqaSupportTest, OnlyTheCompiledLatentSizes) {
+  EXPECT_TRUE(CheckCudaSparseMqaSupport(576, 512).ok());
+  const ModelDims small;
+  const absl::Status refused = CheckCudaSparseMqaSupport(small.latent_width(), small.kv_lora_rank);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("this model has 80 / 64"), std::string::npos) << refused;
+  EXPECT_FALSE(CheckCudaSparseMqaSupport(576, 448).ok());
 }
 
 TEST_F(CudaDeviceTest, Identity) {
