@@ -56,6 +56,10 @@ class Communicator {
   virtual int world_size() const = 0;
   virtual MemorySpace memory_space() const = 0;
   virtual std::string name() const = 0;  // "mpi", "local", "nccl", ...
+  // The most elements one collective call may carry per rank (the count arguments below): MPI
+  // counts are int; NCCL's and the local group's are size_t. An engine refuses a step whose
+  // collectives would pass it at Plan, before any Run writes a cache.
+  virtual uint64_t max_count() const { return UINT64_MAX; }
 
   // send: [count]; recv: [W, count], rank-major.
   virtual absl::Status AllGather(const void* send, void* recv, size_t count, DType dtype) = 0;

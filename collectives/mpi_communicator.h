@@ -15,6 +15,7 @@
 
 #include <mpi.h>
 
+#include <climits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +36,7 @@ class MpiCommunicator final : public Communicator {
   int world_size() const override { return world_size_; }
   MemorySpace memory_space() const override { return MemorySpace::kHost; }
   std::string name() const override { return "mpi"; }
+  uint64_t max_count() const override { return INT_MAX; }  // MPI counts are int
   MPI_Comm mpi_comm() const { return comm_; }
   // The deadline of every later call (a launcher waits longer for work one rank does alone).
   double timeout_s() const { return timeout_s_; }

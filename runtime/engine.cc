@@ -123,6 +123,14 @@ absl::StatusOr<std::unique_ptr<DcpEngine>> DcpEngine::Create(const DcpOptions& o
                             options.dcp.world_size, options.dcp.interleave, width,
                             options.workspace_rows_override}));
   if (e.planner_.dense_mha_available) {
+    // A chunk's all-gather carries S/W rows a rank (fp8 rows as 328 16-bit units, bf16 as
+    // R + Dr): past what one call carries (MPI: int), every chunk would fail inside Run.
+    const uint64_t chunk_count = uint64_t(e.planner_.workspace.local_rows) *
+                                 uint64_t(std::max(width, fp8_ds_mla::kRowBytes / 2));
+    DCP_CHECK_ARG(options.dcp.world_size == 1 || chunk_count <= comm.max_count(),
+                  "a workspace chunk of %d rows a rank needs all-gathers of %d elements, more "
+                  "than one %s call carries (%d): set a smaller workspace_rows",
+                  e.planner_.workspace.local_rows, chunk_count, comm.name(), comm.max_count());
     DCP_ASSIGN_OR_RETURN(e.workspace_,
                          device.Allocate(size_t(e.planner_.workspace.total_rows) * width *
                                          dtype_size(device.storage_dtype())));
@@ -147,6 +155,24 @@ absl::Status DcpEngine::Plan(absl::Span<const BatchRequest> batch, const StepTab
                       tables.block_size, options_.scheduler.block_size);
   }
   if (local.ok()) local = CheckStepTables(batch, tables, layout, rank);
+  if (local.ok() && layout.world_size > 1) {
+    // Every collective of the step carries at most tokens x H/W x max(R + Dr, W) elements a
+    // rank (the sparse route's q' all-gather is the largest; the combine's are smaller): one
+    // past what the communicator's calls carry (MPI: int) would fail inside Run, after the
+    // cache write.
+    int64_t tokens = 0;
+    for (const BatchRequest& r : batch) tokens += r.query_len;
+    const int width = options_.model.latent_width();
+    const uint64_t count =
+        uint64_t(tokens) * uint64_t(heads_) * uint64_t(std::max(width, layout.world_size));
+    if (count > comm_.max_count()) {
+      local = DCP_ERROR(InvalidArgument,
+                        "a step of %d tokens needs collectives of %d elements a rank (tokens x %d "
+                        "heads x %d), more than one %s call carries (%d): split the step",
+                        tokens, count, heads_, std::max(width, layout.world_size), comm_.name(),
+                        comm_.max_count());
+    }
+  }
   if (local.ok() && (topk_width < 0 || topk_width > kMaxTopkWidth)) {
     local = DCP_ERROR(InvalidArgument, "top-k width %d outside [0, 2^20]", topk_width);
   }

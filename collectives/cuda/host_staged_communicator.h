@@ -35,6 +35,7 @@ class HostStagedCommunicator final : public Communicator {
   int world_size() const override { return host_.world_size(); }
   MemorySpace memory_space() const override { return MemorySpace::kDevice; }
   std::string name() const override { return host_.name() + "+host_staging"; }
+  uint64_t max_count() const override { return host_.max_count(); }
 
   absl::Status AllGather(const void* send, void* recv, size_t count, DType dtype) override;
   absl::Status AllGatherV(const void* send, size_t send_count, void* recv,

@@ -11,8 +11,10 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "collectives/communicator.h"
 #include "core/status.h"
 #include "runtime/dcp.h"
@@ -1216,6 +1218,50 @@ TEST_F(WorkerTest, EngineRunRefusesAliasedOutputs) {
   status = run(weights.data() + 3, lse.data());
   EXPECT_NE(status.message().find("out overlaps w_uk"), std::string::npos) << status;
   for (float v : cache) ASSERT_EQ(v, sentinel) << "the cache was written";
+}
+
+// A step whose collectives would carry more elements a rank than one MPI call takes (int) is
+// refused by Plan on every rank, naming the count, before any Run writes a cache (it failed in
+// the q' all-gather, after the cache write). Nothing is allocated for it: Plan refuses first.
+TEST_F(WorkerTest, EnginePlanRefusesCollectivesPastTheCommunicatorsCount) {
+  if (world() == 1) GTEST_SKIP() << "a group of one runs no collective";
+  const Dims dims = TestDims(4 * world());
+  DcpOptions options = ScenarioOptions(Scenario{}, dims, world(), rank());
+  options.attention.prefill_backend = "none";  // no workspace for these lengths
+  const int64_t hl = options.model.num_heads / world(), width = dims.r + dims.dr;
+  // One prefill whose q' all-gather needs tokens x H/W x (R + Dr) = just past 2^31 - 1.
+  const int query = int(int64_t{INT32_MAX} / (hl * width) + 1);
+  options.scheduler.max_model_len = query;
+  auto device = MakeCpuDevice(DType::kF32);
+  auto engine = DcpEngine::Create(options, mpi_comm(), *device);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const int B = options.scheduler.block_size;
+  const int64_t blocks = (int64_t(query) + B - 1) / B;  // enough for any rank's share
+  std::vector<int32_t> tables(static_cast<size_t>(blocks), 0);
+  std::iota(tables.begin(), tables.end(), 0);
+  const std::vector<BatchRequest> batch = {{1, query, query}};
+  const absl::Status refused = (*engine)->Plan(batch, {tables.data(), blocks, blocks, B}, 64);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(
+      refused.message().find(absl::StrCat("a step of ", query, " tokens needs collectives of ",
+                                          int64_t(query) * hl * width, " elements a rank")),
+      std::string::npos)
+      << refused;
+  EXPECT_NE(refused.message().find("more than one mpi call carries (2147483647)"),
+            std::string::npos)
+      << refused;
+  // One token fewer fits (and is not planned here: its buffers would take gigabytes).
+  EXPECT_LE(uint64_t(query - 1) * hl * width, mpi_comm().max_count());
+
+  // The same for the dense route's chunk all-gather, at Create: a workspace whose chunk gives a
+  // rank more rows than one call carries (fp8 rows move as 328 16-bit units, more than R + Dr
+  // here) is refused before anything is allocated.
+  DcpOptions wide = ScenarioOptions(Scenario{}, dims, world(), rank());
+  wide.workspace_rows_override = int64_t(world()) * (int64_t{INT32_MAX} / 328 + 1);
+  const auto refused_create = DcpEngine::Create(wide, mpi_comm(), *device);
+  ASSERT_FALSE(refused_create.ok());
+  EXPECT_NE(refused_create.status().message().find("needs all-gathers of"), std::string::npos)
+      << refused_create.status();
 }
 
 // Speculative decoding through the convenience layer: a step of extends (drafts being verified)
