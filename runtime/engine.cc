@@ -325,14 +325,11 @@ absl::Status DcpEngine::CheckRunArguments(const LayerWeightsView& weights,
                 "the step was planned %s a top-k but the layer has %s",
                 topk_width_ > 0 ? "with" : "without", tensors.topk ? "one" : "none");
   if (!any_tokens) return absl::OkStatus();
-  {
-    const size_t element = dtype_size(device_.storage_dtype());
-    DCP_RETURN_IF_ERROR(device_.CheckLayerMemory(cache.data,
-                                                 cache.format == KvCacheDType::kFp8DsMla
-                                                     ? cache.row_stride
-                                                     : cache.row_stride * int64_t(element),
-                                                 tensors.out, tensors.out_dtype));
-  }
+  const size_t element = dtype_size(device_.storage_dtype());
+  const int64_t cache_row_bytes =
+      cache.format == KvCacheDType::kFp8DsMla ? cache.row_stride : cache.row_stride * element;
+  DCP_RETURN_IF_ERROR(
+      device_.CheckLayerMemory(cache.data, cache_row_bytes, tensors.out, tensors.out_dtype));
   // What Run writes (out, lse, the cache rows) must not overlap what it reads (the layer's
   // inputs and weights) or another write: out written over kv_new would feed the decodes'
   // outputs to the prefills' attention, over w_uv the next layer's projection.
@@ -342,13 +339,10 @@ absl::Status DcpEngine::CheckRunArguments(const LayerWeightsView& weights,
   };
   const ModelDims& m = options_.model;
   const int64_t t = plan_.num_tokens;
-  const size_t element = dtype_size(device_.storage_dtype());
   auto extent = [](const char* name, const void* data, int64_t bytes) {
     const auto begin = reinterpret_cast<uintptr_t>(data);
     return Extent{name, begin, data != nullptr ? begin + uintptr_t(bytes) : begin};
   };
-  const int64_t cache_row_bytes =
-      cache.format == KvCacheDType::kFp8DsMla ? cache.row_stride : cache.row_stride * element;
   const Extent reads[] = {
       extent("q_nope", tensors.q_nope, t * heads_ * m.qk_nope_head_dim * element),
       extent("q_rope", tensors.q_rope, t * heads_ * m.qk_rope_head_dim * element),
