@@ -82,9 +82,7 @@ absl::Status Check(const SparseMqaParams& p) {
   DCP_CHECK_ARG(p.dtype == DType::kBF16, "SparseMqa (CUDA): dtype must be BF16, got %s",
                 dtype_name(p.dtype));
   DCP_RETURN_IF_ERROR(CheckKvCacheDTypeSupported(p.kv_format, "SparseMqa (CUDA)"));
-  DCP_CHECK_ARG(p.head_dim == 576 && p.v_dim == 512,
-                "SparseMqa (CUDA): head_dim %d / v_dim %d not compiled; only 576 / 512", p.head_dim,
-                p.v_dim);
+  DCP_RETURN_IF_ERROR(CheckSparseMqaSizes(p.head_dim, p.v_dim));
   DCP_CHECK_ARG(
       p.block_heads == 0 || p.block_heads == 16 || p.block_heads == 32 || p.block_heads == 64,
       "SparseMqa: block_heads %d is not 0 (chosen), 16, 32 or 64", p.block_heads);
@@ -245,6 +243,15 @@ int64_t SparseMqaWorkspaceBytes(const SparseMqaParams& p, int splits) {
   if (splits <= 1) return 0;
   const int64_t rows = int64_t(splits) * p.num_tokens * p.num_heads;
   return rows * p.v_dim * 4 + (rows * 4 + 255) / 256 * 256;
+}
+
+absl::Status CheckSparseMqaSizes(int head_dim, int v_dim) {
+  DCP_CHECK_ARG(head_dim == 576 && v_dim == 512,
+                "the CUDA sparse MQA kernels are compiled for latent rows of 576 (kv_lora_rank + "
+                "qk_rope_head_dim) with 512 values (kv_lora_rank), DeepSeek-V3.2's and GLM-5's; "
+                "this model has %d / %d",
+                head_dim, v_dim);
+  return absl::OkStatus();
 }
 
 absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream) {

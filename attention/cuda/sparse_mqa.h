@@ -31,6 +31,11 @@ struct SparseMqaSplit;
 
 absl::Status SparseMqa(const SparseMqaParams& params, cudaStream_t stream);
 
+// Whether the kernels are compiled for rows of head_dim (R + Dr) with v_dim (R) values: 576 /
+// 512 only, DeepSeek-V3.2's and GLM-5's latent rows (InvalidArgument naming both otherwise).
+// SparseMqa checks it on every call; an engine checks it at Create (Device::SparseMqaSupport).
+absl::Status CheckSparseMqaSizes(int head_dim, int v_dim);
+
 // The kernel SparseMqa runs for params.kernel on the current device: 1 (mma.sync) or 2 (wgmma).
 int SparseMqaResolveKernel(const SparseMqaParams& params);
 

@@ -43,10 +43,6 @@ namespace dcp {
 absl::Status CheckCudaLayerMemory(const void* cache_data, int64_t cache_row_bytes, const void* out,
                                   DType out_dtype);
 
-// CudaDevice::SparseMqaSupport's rule, without a device: the kernels are compiled for latent
-// rows of 576 (R + Dr) with 512 values (R), DeepSeek-V3.2's and GLM-5's.
-absl::Status CheckCudaSparseMqaSupport(int head_dim, int v_dim);
-
 class CudaDevice final : public Device {
  public:
   // Binds the calling thread to GPU `ordinal` (cudaSetDevice) and creates the stream and the
@@ -63,7 +59,7 @@ class CudaDevice final : public Device {
   DType storage_dtype() const override { return DType::kBF16; }
   // The native DenseMha kernel is compiled for qk 192 / v 128 and 256 / 256.
   absl::Status DenseMhaSupport(int qk_dim, int v_dim) const override;
-  // CheckCudaSparseMqaSupport.
+  // cuda::CheckSparseMqaSizes (attention/cuda/sparse_mqa.h).
   absl::Status SparseMqaSupport(int head_dim, int v_dim) const override;
   // CheckCudaLayerMemory.
   absl::Status CheckLayerMemory(const void* cache_data, int64_t cache_row_bytes, const void* out,

@@ -32,17 +32,8 @@ absl::Status CudaDevice::DenseMhaSupport(int qk_dim, int v_dim) const {
                    qk_dim, v_dim);
 }
 
-absl::Status CheckCudaSparseMqaSupport(int head_dim, int v_dim) {
-  DCP_CHECK_ARG(head_dim == 576 && v_dim == 512,
-                "the CUDA sparse MQA kernels are compiled for latent rows of 576 (kv_lora_rank + "
-                "qk_rope_head_dim) with 512 values (kv_lora_rank), DeepSeek-V3.2's and GLM-5's; "
-                "this model has %d / %d",
-                head_dim, v_dim);
-  return absl::OkStatus();
-}
-
 absl::Status CudaDevice::SparseMqaSupport(int head_dim, int v_dim) const {
-  return CheckCudaSparseMqaSupport(head_dim, v_dim);
+  return cuda::CheckSparseMqaSizes(head_dim, v_dim);
 }
 
 absl::Status CheckCudaLayerMemory(const void* cache_data, int64_t cache_row_bytes, const void* out,

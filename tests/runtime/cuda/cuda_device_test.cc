@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attention/cpu/attention_cpu.h"
+#include "attention/cuda/sparse_mqa.h"
 #include "attention/topk_validation.h"
 #include "collectives/cuda/nccl_status.h"
 #include "core/cuda/cuda_status.h"
@@ -77,12 +78,12 @@ TEST(CudaLayerMemoryTest, MisalignedCacheOrBf16OutputIsRefused) {
 // The model sizes an engine on a CUDA rank accepts at Create (no GPU needed): the sparse MQA
 // kernels' 576 / 512; the small test model (80 / 64) is refused, naming both numbers.
 TEST(CudaSparseMqaSupportTest, OnlyTheCompiledLatentSizes) {
-  EXPECT_TRUE(CheckCudaSparseMqaSupport(576, 512).ok());
+  EXPECT_TRUE(cuda::CheckSparseMqaSizes(576, 512).ok());
   const ModelDims small;
-  const absl::Status refused = CheckCudaSparseMqaSupport(small.latent_width(), small.kv_lora_rank);
+  const absl::Status refused = cuda::CheckSparseMqaSizes(small.latent_width(), small.kv_lora_rank);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_NE(refused.message().find("this model has 80 / 64"), std::string::npos) << refused;
-  EXPECT_FALSE(CheckCudaSparseMqaSupport(576, 448).ok());
+  EXPECT_FALSE(cuda::CheckSparseMqaSizes(576, 448).ok());
 }
 
 TEST_F(CudaDeviceTest, Identity) {
