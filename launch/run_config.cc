@@ -58,44 +58,43 @@ int CountDocuments(std::string_view text, int cap) {
 }
 
 // An integer as YAML 1.2's core schema spells it: [-+]?[0-9]+ in decimal (leading zeros
-// included: 010 is ten), 0o[0-7]+ octal, 0x[0-9a-fA-F]+ hexadecimal. yaml-cpp reads YAML 1.1,
-// where 010 is eight and 08 an error.
-std::optional<int64_t> ParseYamlInteger(std::string_view text) {
-  int base = 10;
+// included: 010 is ten), 0o[0-7]+ octal, 0x[0-9a-fA-F]+ hexadecimal, as its sign and its
+// magnitude (up to 2^64 - 1). yaml-cpp reads YAML 1.1, where 010 is eight and 08 an error.
+struct YamlInteger {
   bool negative = false;
+  uint64_t magnitude = 0;
+};
+std::optional<YamlInteger> ParseYamlIntegerParts(std::string_view text) {
+  int base = 10;
+  YamlInteger value;
   if (text.starts_with("0o")) {
     base = 8, text.remove_prefix(2);
   } else if (text.starts_with("0x")) {
     base = 16, text.remove_prefix(2);
   } else if (!text.empty() && (text[0] == '-' || text[0] == '+')) {
-    negative = text[0] == '-', text.remove_prefix(1);
+    value.negative = text[0] == '-', text.remove_prefix(1);
   }
   if (text.empty()) return std::nullopt;
-  uint64_t magnitude = 0;
   const auto [end, error] =
-      std::from_chars(text.data(), text.data() + text.size(), magnitude, base);
-  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
-  constexpr uint64_t kMax = uint64_t(std::numeric_limits<int64_t>::max());
-  if (magnitude > kMax + (negative ? 1 : 0)) return std::nullopt;
-  return negative ? int64_t(0 - magnitude) : int64_t(magnitude);
-}
-
-// The same spellings without a sign (or with '+'), up to 2^64 - 1: the unsigned fields (the
-// seed, which --seed takes in full).
-std::optional<uint64_t> ParseYamlUnsigned(std::string_view text) {
-  int base = 10;
-  if (text.starts_with("0o")) {
-    base = 8, text.remove_prefix(2);
-  } else if (text.starts_with("0x")) {
-    base = 16, text.remove_prefix(2);
-  } else if (text.starts_with("+")) {
-    text.remove_prefix(1);
-  }
-  if (text.empty()) return std::nullopt;
-  uint64_t value = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value, base);
+      std::from_chars(text.data(), text.data() + text.size(), value.magnitude, base);
   if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return value;
+}
+
+// The signed fields.
+std::optional<int64_t> ParseYamlInteger(std::string_view text) {
+  const std::optional<YamlInteger> value = ParseYamlIntegerParts(text);
+  if (!value.has_value()) return std::nullopt;
+  constexpr uint64_t kMax = uint64_t(std::numeric_limits<int64_t>::max());
+  if (value->magnitude > kMax + (value->negative ? 1 : 0)) return std::nullopt;
+  return value->negative ? int64_t(0 - value->magnitude) : int64_t(value->magnitude);
+}
+
+// The unsigned fields (the seed, which --seed takes in full): no '-'.
+std::optional<uint64_t> ParseYamlUnsigned(std::string_view text) {
+  const std::optional<YamlInteger> value = ParseYamlIntegerParts(text);
+  if (!value.has_value() || value->negative) return std::nullopt;
+  return value->magnitude;
 }
 
 template <typename T>
