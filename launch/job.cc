@@ -100,8 +100,9 @@ class Job {
   absl::Status Configure(int argc, char** argv);
   absl::Status LoadWorkload();
   absl::Status FitConfig();
-  // Problem mode: the model the user stated against the problem file's (FitConfig).
-  absl::Status CheckModelAgainstProblem(const ModelDims& file) const;
+  // Problem mode: the model and top-k width the user stated against the problem file's
+  // (FitConfig).
+  absl::Status CheckModelAgainstProblem(const ModelDims& file, int file_topk) const;
   absl::Status StartGroup();
   absl::Status PrintPlan();
   absl::Status StartReference();
@@ -300,7 +301,7 @@ absl::Status Job::LoadWorkload() {
   return absl::OkStatus();
 }
 
-absl::Status Job::CheckModelAgainstProblem(const ModelDims& file) const {
+absl::Status Job::CheckModelAgainstProblem(const ModelDims& file, int file_topk) const {
   // The problem file defines the model. A dimension the user stated (a flag, a config key, or
   // a preset, through --model or model.preset) that disagrees with it is a mistake: refused,
   // not overridden silently. One that agrees is fine.
@@ -341,6 +342,19 @@ absl::Status Job::CheckModelAgainstProblem(const ModelDims& file) const {
                      "defines the model: leave the model out, or give the file's)",
                      source, d.what, d.in_file);
   }
+  // So does the top-k width: the file's index_topk metadata, else its topk_indices' width
+  // (FORMATS.md).
+  const bool topk_flag = command_line_.given.contains("index_topk");
+  if ((topk_flag || config_.is_explicit("attention.index_topk")) &&
+      config_.attention.index_topk != file_topk) {
+    return DCP_ERROR(InvalidArgument,
+                     "%s disagrees with the problem file, whose index_topk is %d (its "
+                     "index_topk metadata, else the width of topk_indices)",
+                     topk_flag ? absl::StrFormat("--index-topk %d", config_.attention.index_topk)
+                               : absl::StrFormat("attention.index_topk %d (config)",
+                                                 config_.attention.index_topk),
+                     file_topk);
+  }
   if (config_.is_explicit("model.softmax_scale") && given.softmax_scale > 0 &&
       std::fabs(given.softmax_scale - file.scale()) > 1e-6f * file.scale()) {
     return DCP_ERROR(InvalidArgument,
@@ -354,20 +368,7 @@ absl::Status Job::CheckModelAgainstProblem(const ModelDims& file) const {
 absl::Status Job::FitConfig() {
   const int world = process_.world_size;
   if (header_.has_value()) {
-    DCP_RETURN_IF_ERROR(CheckModelAgainstProblem(header_->model));
-    // So does the top-k width: the file's index_topk metadata, else its topk_indices' width
-    // (FORMATS.md); a stated one that disagrees is refused like a dimension.
-    const bool topk_flag = command_line_.given.contains("index_topk");
-    if ((topk_flag || config_.is_explicit("attention.index_topk")) &&
-        config_.attention.index_topk != header_->index_topk) {
-      return DCP_ERROR(InvalidArgument,
-                       "%s disagrees with the problem file, whose index_topk is %d (its "
-                       "index_topk metadata, else the width of topk_indices)",
-                       topk_flag ? absl::StrFormat("--index-topk %d", config_.attention.index_topk)
-                                 : absl::StrFormat("attention.index_topk %d (config)",
-                                                   config_.attention.index_topk),
-                       header_->index_topk);
-    }
+    DCP_RETURN_IF_ERROR(CheckModelAgainstProblem(header_->model, header_->index_topk));
     config_.model = header_->model;
     config_.attention.index_topk = header_->index_topk;
     // The dense route attends to every causal key of a prefill, which is what the file's top-k
